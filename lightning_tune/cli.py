@@ -200,8 +200,25 @@ def _run_report_command(args: argparse.Namespace) -> int:
     return 0
 
 
+def _add_calc_parser(commands: Any) -> None:
+    from lightning_tune.commands.calc import add_parser
+
+    add_parser(commands)
+
+
+def _add_bench_parser(commands: Any) -> None:
+    from lightning_tune.commands.bench import add_parser
+
+    add_parser(commands)
+
+
 #: Sub-command registrars, in the order ``--help`` lists them.
-_COMMANDS: tuple[Callable[[Any], None], ...] = (_add_demo_parser, _add_report_parser)
+_COMMANDS: tuple[Callable[[Any], None], ...] = (
+    _add_demo_parser,
+    _add_calc_parser,
+    _add_bench_parser,
+    _add_report_parser,
+)
 
 
 def _usage_error(command: str, err: BaseException) -> int:
