@@ -6,9 +6,11 @@ Add them to a ``Trainer``; the module itself is not edited::
     trainer = Trainer(callbacks=[lt.WarmupCosine(warmup_ratio=0.05), lt.AdaptiveLROnPlateau(monitor="val_loss")])
 """
 
+from lightning_tune.batch import SimulatedMemory
 from lightning_tune.callbacks import (
     AdaptiveLROnPlateau,
     AttentionSwap,
+    DynamicBatchSize,
     LinearWarmup,
     OneCycle,
     OptimizerSwap,
@@ -28,10 +30,12 @@ except PackageNotFoundError:  # running from a source tree that was not installe
 __all__ = [
     "AdaptiveLROnPlateau",
     "AttentionSwap",
+    "DynamicBatchSize",
     "LinearWarmup",
     "OneCycle",
     "OptimizerSwap",
     "ScheduleLR",
+    "SimulatedMemory",
     "ThroughputLatencyMonitor",
     "TunePlugin",
     "WarmupCosine",

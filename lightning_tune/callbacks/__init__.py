@@ -1,6 +1,7 @@
 """Lightning callbacks of lightning_tune."""
 
 from lightning_tune.callbacks.attention_swap import AttentionSwap
+from lightning_tune.callbacks.dynamic_batch import DynamicBatchSize
 from lightning_tune.callbacks.lr_plateau import AdaptiveLROnPlateau
 from lightning_tune.callbacks.lr_schedule import LinearWarmup, OneCycle, ScheduleCallback, WarmupCosine
 from lightning_tune.callbacks.optimizer_swap import OptimizerSwap
@@ -9,6 +10,7 @@ from lightning_tune.callbacks.throughput import ThroughputLatencyMonitor
 __all__ = [
     "AdaptiveLROnPlateau",
     "AttentionSwap",
+    "DynamicBatchSize",
     "LinearWarmup",
     "OneCycle",
     "OptimizerSwap",

@@ -1,0 +1,246 @@
+"""The batch-size control law: which micro-batch size to run next, given the memory seen.
+
+At each decision the controller records the interval's peak memory in its :class:`MemoryModel` and picks the
+largest size on its grid whose predicted peak stays at or under ``target × total``. The grid is the multiples of
+``multiple_of`` inside ``[min_batch_size, max_batch_size]`` (and below ``cap``, the effective batch, when the
+effective batch is held), plus halvings below the smallest multiple so that it can still shrink to
+``min_batch_size``.
+
+It settles instead of oscillating:
+
+- it grows only when the new size is at least ``min_change`` (relative) above the current one, and only to sizes
+  the model predicts within target;
+- it shrinks when the interval's measured peak went over target, when the allocator was under pressure, or when a
+  size ran out of memory; a size that ran out of memory is a ceiling for the next ``ceiling_decisions``
+  decisions;
+- with only one size seen and no prior, the model cannot separate fixed from per-sample memory, so the first
+  decision probes one grid step up to measure a slope, when even the over-estimated slope says that step fits the
+  device.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any
+
+from lightning_tune._validation import check_float, check_int
+from lightning_tune.batch.memory import MemoryModel
+
+__all__ = ["BatchSizeController", "Decision"]
+
+
+@dataclass(frozen=True)
+class Decision:
+    """One decision of the controller.
+
+    Attributes:
+        batch_size: The micro-batch size to run next.
+        predicted_fraction: Predicted peak at ``batch_size`` as a fraction of the device total, when the model can
+            predict.
+        reason: Why: ``"grow"``, ``"probe"``, ``"shrink"``, ``"pressure"``, ``"oom"`` or ``"hold"``.
+    """
+
+    batch_size: int
+    predicted_fraction: float | None
+    reason: str
+
+
+class BatchSizeController:
+    """Chooses micro-batch sizes that keep peak memory at a target fraction of the device.
+
+    Args:
+        target: Fraction of the device's total memory to fill, in (0, 1].
+        min_batch_size: Smallest size it may choose.
+        max_batch_size: Largest size it may choose (``None``: no limit but the memory).
+        multiple_of: Sizes at or above this are multiples of it.
+        min_change: Smallest relative growth worth a change.
+        ceiling_decisions: How many decisions a size that ran out of memory stays off limits.
+        model: The memory model (a fresh :class:`MemoryModel` by default).
+
+    Raises:
+        TypeError: If an argument has the wrong type.
+        ValueError: If an argument is out of range or ``min_batch_size > max_batch_size``.
+
+    Example:
+        >>> ctl = BatchSizeController(target=0.9, min_batch_size=1, max_batch_size=None, multiple_of=8)
+        >>> ctl.decide(8, peak_bytes=180, total_bytes=1000)  # one size seen: probe a step up
+        Decision(batch_size=16, predicted_fraction=None, reason='probe')
+        >>> ctl.decide(16, peak_bytes=260, total_bytes=1000)  # a slope: 100 + 10 per sample
+        Decision(batch_size=80, predicted_fraction=0.9, reason='grow')
+    """
+
+    def __init__(
+        self,
+        *,
+        target: float,
+        min_batch_size: int,
+        max_batch_size: int | None,
+        multiple_of: int,
+        min_change: float = 0.1,
+        ceiling_decisions: int = 10,
+        model: MemoryModel | None = None,
+    ) -> None:
+        check_float("target", target, low=0.0, high=1.0, low_inclusive=False)
+        check_int("min_batch_size", min_batch_size, minimum=1)
+        check_int("max_batch_size", max_batch_size, minimum=1, allow_none=True)
+        check_int("multiple_of", multiple_of, minimum=1)
+        check_float("min_change", min_change, low=0.0)
+        check_int("ceiling_decisions", ceiling_decisions, minimum=1)
+        if max_batch_size is not None and min_batch_size > max_batch_size:
+            raise ValueError(f"`min_batch_size` ({min_batch_size}) must not exceed `max_batch_size` ({max_batch_size})")
+        self.target = target
+        self.min_batch_size = min_batch_size
+        self.max_batch_size = max_batch_size
+        self.multiple_of = multiple_of
+        self.min_change = min_change
+        self.ceiling_decisions = ceiling_decisions
+        self.model = model if model is not None else MemoryModel()
+        self._ceiling: int | None = None  # smallest size that ran out of memory (or came under pressure) lately
+        self._ceiling_age = 0
+
+    # -- the grid ---------------------------------------------------------------------------------------------------
+    def _upper(self, cap: int | None) -> float:
+        limits = [x for x in (self.max_batch_size, cap) if x is not None]
+        if self._ceiling is not None:
+            limits.append(self._ceiling - 1)
+        return float(min(limits)) if limits else math.inf
+
+    def round_down(self, size: float, cap: int | None = None) -> int:
+        """Largest grid size at or below ``size`` (at least ``min_batch_size``).
+
+        Args:
+            size: Any positive size.
+            cap: An extra upper limit (the held effective batch), which is itself on the grid.
+
+        Returns:
+            The grid size.
+        """
+        size = min(size, self._upper(cap))
+        if cap is not None and size >= cap and (self.max_batch_size is None or cap <= self.max_batch_size):
+            return max(self.min_batch_size, cap)
+        if size >= self.multiple_of:
+            best = int(size // self.multiple_of) * self.multiple_of
+        else:
+            best = self.multiple_of
+            while best > size and best > 1:
+                best //= 2
+            best = best if best <= size else 0
+        return max(self.min_batch_size, best)
+
+    def step_up(self, size: int, cap: int | None = None) -> int:
+        """Next grid size above ``size``, or ``size`` itself at the top."""
+        upper = self._upper(cap)
+        if size < self.multiple_of:
+            nxt = size * 2 if size * 2 <= self.multiple_of else self.multiple_of
+        else:
+            nxt = (size // self.multiple_of + 1) * self.multiple_of
+        if cap is not None and size < cap < nxt:
+            nxt = cap
+        return nxt if nxt <= upper else size
+
+    # -- decisions -------------------------------------------------------------------------------------------------
+    def decide(
+        self,
+        batch_size: int,
+        *,
+        peak_bytes: float,
+        total_bytes: float,
+        pressure: bool = False,
+        cap: int | None = None,
+        observed_size: int | None = None,
+    ) -> Decision:
+        """Record an interval run at ``batch_size`` and choose the next size.
+
+        Args:
+            batch_size: Micro-batch size of the interval.
+            peak_bytes: Its peak memory.
+            observed_size: Largest micro-batch that actually ran, when smaller than ``batch_size`` (a short last
+                batch of an epoch); the peak is recorded against it.
+            total_bytes: The device's total memory.
+            pressure: Whether the allocator retried allocations during the interval.
+            cap: Upper limit from outside (the held effective batch).
+
+        Returns:
+            The decision.
+        """
+        self._age_ceiling()
+        budget = self.target * total_bytes
+        seen = batch_size if observed_size is None else observed_size
+        self.model.observe(seen, peak_bytes)
+        if pressure:
+            self._set_ceiling(batch_size)
+            smaller = self.round_down(batch_size - 1, cap)
+            return Decision(smaller, self._fraction(smaller, total_bytes), "pressure")
+        best_real = self.model.largest_batch(budget)
+        assert best_real is not None  # an observation was just recorded
+        best = self.round_down(best_real, cap)
+        if peak_bytes > budget:
+            best = min(best, self.round_down(batch_size - 1, cap))
+            return Decision(best, self._fraction(best, total_bytes), "shrink")
+        if self.model.sizes_seen < 2 and self.model.prior is None:
+            probe = self.step_up(batch_size, cap)
+            # with no fixed part the slope is over-estimated, so this bound on the probe's memory is safe
+            if probe != batch_size and peak_bytes / seen * probe <= total_bytes:
+                return Decision(probe, None, "probe")
+            return Decision(batch_size, self._fraction(batch_size, total_bytes), "hold")
+        if best > batch_size and best >= batch_size * (1.0 + self.min_change):
+            return Decision(best, self._fraction(best, total_bytes), "grow")
+        if best < batch_size:  # predicted over target though this interval was not: trust the measurement
+            return Decision(batch_size, self._fraction(batch_size, total_bytes), "hold")
+        return Decision(batch_size, self._fraction(batch_size, total_bytes), "hold")
+
+    def on_oom(self, batch_size: int, *, total_bytes: float, cap: int | None = None) -> int:
+        """Choose a smaller size after ``batch_size`` ran out of memory.
+
+        Args:
+            batch_size: The size that failed.
+            total_bytes: The device's total memory.
+            cap: Upper limit from outside (the held effective batch).
+
+        Returns:
+            The size to retry with: what the model predicts within target, and at most half of ``batch_size``
+            while the model has fewer than two sizes to go on.
+
+        Raises:
+            torch.OutOfMemoryError: If ``batch_size`` is already ``min_batch_size``.
+        """
+        import torch
+
+        if batch_size <= self.min_batch_size:
+            raise torch.OutOfMemoryError(
+                f"out of memory at the smallest allowed micro-batch (min_batch_size={self.min_batch_size}); "
+                "lower `min_batch_size`, free memory (8-bit optimizer, activation checkpointing) or use more devices"
+            )
+        self._set_ceiling(batch_size)
+        predicted = self.model.predict(batch_size)
+        if predicted is not None and predicted <= total_bytes:  # the model said it fits: memory use has changed
+            self.model.forget()
+        fits = self.model.largest_batch(self.target * total_bytes) if self.model.sizes_seen >= 2 else None
+        limit = batch_size / 2 if fits is None else min(fits, batch_size - 1)
+        return min(self.round_down(limit, cap), batch_size - 1) if limit >= 1 else self.min_batch_size
+
+    def _fraction(self, batch_size: int, total_bytes: float) -> float | None:
+        predicted = self.model.predict(batch_size)
+        return None if predicted is None else round(predicted / total_bytes, 6)
+
+    def _set_ceiling(self, batch_size: int) -> None:
+        self._ceiling = batch_size if self._ceiling is None else min(self._ceiling, batch_size)
+        self._ceiling_age = 0
+
+    def _age_ceiling(self) -> None:
+        if self._ceiling is None:
+            return
+        self._ceiling_age += 1
+        if self._ceiling_age > self.ceiling_decisions:
+            self._ceiling = None
+
+    def state_dict(self) -> dict[str, Any]:
+        """Memory model and ceiling, for a checkpoint."""
+        return {"model": self.model.state_dict(), "ceiling": self._ceiling, "ceiling_age": self._ceiling_age}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Restore what :meth:`state_dict` saved."""
+        self.model.load_state_dict(state["model"])
+        self._ceiling = state["ceiling"]
+        self._ceiling_age = int(state["ceiling_age"])

@@ -1,0 +1,146 @@
+"""A linear memory model, peak ≈ fixed + per-sample × batch size, learned from what training has shown.
+
+Observations are (micro-batch size, peak bytes) pairs, one per measurement interval. The model keeps the latest peak
+of each of the most recently seen batch sizes, so that it follows a change in memory use (longer sequences later in
+training) instead of averaging it away, and fits a line through them by least squares.
+
+With a single size seen it cannot tell the fixed part from the per-sample part. It then either anchors a prior slope
+(from :func:`lightning_tune.plan.estimate_memory`, say) at the measured point, or, with no prior, assumes no fixed
+part: ``per_sample = peak / batch``, an over-estimate of the slope, so that predictions err towards too much memory.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from lightning_tune._validation import check_float, check_int
+
+__all__ = ["MemoryModel"]
+
+
+class MemoryModel:
+    """Peak memory as a line in the batch size, fitted to recent observations.
+
+    Args:
+        prior_fixed_bytes: Fixed part of a prior estimate (used only while fewer than two sizes have been seen).
+        prior_bytes_per_sample: Per-sample part of a prior estimate.
+        window: How many of the most recently observed batch sizes the fit uses.
+        tolerance: Relative prediction error beyond which older observations are dropped (see :meth:`observe`).
+
+    Raises:
+        TypeError: If an argument is not an integer.
+        ValueError: If an argument is out of range, or only one half of the prior is given.
+
+    Example:
+        >>> model = MemoryModel()
+        >>> model.observe(8, 1800)
+        >>> model.observe(16, 2600)
+        >>> model.fixed_bytes, model.bytes_per_sample
+        (1000.0, 100.0)
+        >>> model.predict(32)
+        4200.0
+        >>> model.largest_batch(5000)
+        40.0
+    """
+
+    def __init__(
+        self,
+        *,
+        prior_fixed_bytes: int | None = None,
+        prior_bytes_per_sample: int | None = None,
+        window: int = 6,
+        tolerance: float = 0.05,
+    ) -> None:
+        check_int("prior_fixed_bytes", prior_fixed_bytes, minimum=0, allow_none=True)
+        check_int("prior_bytes_per_sample", prior_bytes_per_sample, minimum=1, allow_none=True)
+        check_int("window", window, minimum=2)
+        check_float("tolerance", tolerance, low=0.0, low_inclusive=False)
+        if (prior_fixed_bytes is None) != (prior_bytes_per_sample is None):
+            raise ValueError(
+                "`prior_fixed_bytes` and `prior_bytes_per_sample` go together: give both or neither, got "
+                f"{prior_fixed_bytes!r} and {prior_bytes_per_sample!r}"
+            )
+        self.prior = (
+            None if prior_bytes_per_sample is None else (float(prior_fixed_bytes or 0), float(prior_bytes_per_sample))
+        )
+        self.window = window
+        self.tolerance = tolerance
+        self._points: dict[int, float] = {}  # batch size -> latest peak, in insertion (recency) order
+
+    @property
+    def sizes_seen(self) -> int:
+        """How many distinct batch sizes the fit is using."""
+        return len(self._points)
+
+    def observe(self, batch_size: int, peak_bytes: float) -> None:
+        """Record the peak memory of an interval run at ``batch_size``.
+
+        A peak more than ``tolerance`` (relative) away from what the fit predicted means memory use itself changed
+        (longer sequences, a new phase of training): the older observations are dropped and the fit starts again
+        from this one.
+        """
+        if len(self._points) >= 2:
+            predicted = self.predict(batch_size)
+            if predicted is not None and abs(predicted - peak_bytes) > self.tolerance * max(peak_bytes, 1.0):
+                self._points.clear()
+        self._points.pop(batch_size, None)
+        self._points[batch_size] = float(peak_bytes)
+        while len(self._points) > self.window:
+            del self._points[next(iter(self._points))]
+
+    def _fit(self) -> tuple[float, float] | None:
+        points = list(self._points.items())
+        if not points:
+            return self.prior
+        if len(points) == 1:
+            ((b, peak),) = points
+            if self.prior is not None:
+                fixed = peak - self.prior[1] * b
+                if fixed >= 0:
+                    return fixed, self.prior[1]
+            return 0.0, peak / b
+        n = len(points)
+        mean_b = sum(b for b, _ in points) / n
+        mean_p = sum(p for _, p in points) / n
+        var = sum((b - mean_b) ** 2 for b, _ in points)
+        slope = sum((b - mean_b) * (p - mean_p) for b, p in points) / var
+        fixed = mean_p - slope * mean_b
+        if slope <= 0 or fixed < 0:  # noise swamped the slope: fall back to the over-estimate through the worst point
+            return 0.0, max(p / b for b, p in points)
+        return fixed, slope
+
+    @property
+    def fixed_bytes(self) -> float | None:
+        """Estimated memory that does not depend on the batch size, or ``None`` with nothing to go on."""
+        fit = self._fit()
+        return None if fit is None else fit[0]
+
+    @property
+    def bytes_per_sample(self) -> float | None:
+        """Estimated memory each sample adds, or ``None`` with nothing to go on."""
+        fit = self._fit()
+        return None if fit is None else fit[1]
+
+    def predict(self, batch_size: int) -> float | None:
+        """Predicted peak bytes at ``batch_size``, or ``None`` with nothing to go on."""
+        fit = self._fit()
+        return None if fit is None else fit[0] + fit[1] * batch_size
+
+    def largest_batch(self, budget_bytes: float) -> float | None:
+        """Largest (real-valued) batch size whose predicted peak stays within ``budget_bytes``."""
+        fit = self._fit()
+        if fit is None:
+            return None
+        return max(0.0, (budget_bytes - fit[0]) / fit[1])
+
+    def forget(self) -> None:
+        """Drop every observation (the prior stays)."""
+        self._points.clear()
+
+    def state_dict(self) -> dict[str, Any]:
+        """Observations, for a checkpoint."""
+        return {"points": [[b, p] for b, p in self._points.items()]}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Restore observations saved by :meth:`state_dict`."""
+        self._points = {int(b): float(p) for b, p in state["points"]}

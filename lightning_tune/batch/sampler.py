@@ -1,0 +1,130 @@
+"""A batch sampler whose batch size can change while an epoch runs, and that can resume mid-epoch.
+
+It takes the place of a DataLoader's ``BatchSampler`` and keeps its sampler (so order, shuffling and a
+``DistributedSampler``'s sharding stay the user's), its ``drop_last``, and everything else of the DataLoader
+(workers, collate function, pinning). The epoch's order is drawn from the sampler once, when the epoch starts;
+batches are then cut from it at whatever size :attr:`batch_size` has when each batch is handed out. A DataLoader
+with workers asks for indices ahead of time, so a change reaches the training step a few batches later; nothing is
+skipped or repeated either way.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sized
+from typing import Any
+
+import torch
+from torch.utils.data import Sampler
+
+from lightning_tune._validation import check_int
+
+__all__ = ["ResizableBatchSampler"]
+
+
+class ResizableBatchSampler(Sampler[list[int]]):
+    """Yield lists of indices from ``sampler`` in batches of a size that may change at any time.
+
+    Args:
+        sampler: The per-sample sampler (``SequentialSampler``, ``RandomSampler``, ``DistributedSampler``, ...).
+        batch_size: Initial batch size.
+        drop_last: As ``BatchSampler``'s: leave out the samples that would not fill a last batch of the DataLoader's
+            original size ``granule``.
+        granule: Batch size that ``drop_last`` refers to (the DataLoader's own batch size).
+
+    Raises:
+        TypeError: If ``sampler`` has no length or an argument has the wrong type.
+        ValueError: If a size is below 1.
+
+    Example:
+        >>> from torch.utils.data import SequentialSampler
+        >>> batches = ResizableBatchSampler(SequentialSampler(range(10)), batch_size=4)
+        >>> it = iter(batches)
+        >>> next(it)
+        [0, 1, 2, 3]
+        >>> batches.batch_size = 2
+        >>> list(it)
+        [[4, 5], [6, 7], [8, 9]]
+    """
+
+    def __init__(self, sampler: Sampler[int], batch_size: int, *, drop_last: bool = False, granule: int = 1) -> None:
+        if not isinstance(sampler, Sized):
+            raise TypeError(f"`sampler` must have a length, got {type(sampler).__name__}")
+        check_int("batch_size", batch_size, minimum=1)
+        check_int("granule", granule, minimum=1)
+        self.sampler = sampler  # the name DataLoader and Lightning look for (set_epoch, DistributedSampler)
+        self.drop_last = drop_last
+        self.granule = granule
+        self._batch_size = batch_size
+        self._order: list[int] | None = None  # the running epoch's order
+        self._handed_out = 0  # samples of the running epoch already handed out
+        self._batches_out = 0  # batches of the running epoch already handed out
+        self._resume: tuple[list[int] | None, int, int] | None = None
+
+    @property
+    def batch_size(self) -> int:
+        """Size of the batches handed out from now on."""
+        return self._batch_size
+
+    @batch_size.setter
+    def batch_size(self, value: int) -> None:
+        check_int("batch_size", value, minimum=1)
+        self._batch_size = value
+
+    def _epoch_samples(self) -> int:
+        n = len(self.sampler)
+        return (n // self.granule) * self.granule if self.drop_last else n
+
+    def __len__(self) -> int:
+        """Batches of this epoch: those handed out plus the rest at the current size (the full epoch when idle)."""
+        if self._order is None:
+            if self._resume is None:
+                return self._count(self._epoch_samples())
+            order, consumed, batches_done = self._resume
+            return batches_done + self._count((self._epoch_samples() if order is None else len(order)) - consumed)
+        return self._batches_out + self._count(len(self._order) - self._handed_out)
+
+    def _count(self, samples: int) -> int:
+        return -(-max(samples, 0) // self._batch_size)
+
+    def resume(self, consumed: int, batches_done: int, order: list[int] | None = None) -> None:
+        """Make the next epoch start after ``consumed`` samples (a run resumed mid-epoch).
+
+        Args:
+            consumed: Samples of the epoch already trained on.
+            batches_done: Batches they came in (counted in the epoch's length, as the training loop counts them).
+            order: The epoch's full order as it was, when the sampler cannot reproduce it (``None``: draw it again
+                from the sampler, which must then give the same order, as ``DistributedSampler`` and
+                ``SequentialSampler`` do).
+        """
+        check_int("consumed", consumed, minimum=0)
+        check_int("batches_done", batches_done, minimum=0)
+        self._resume = (order, consumed, batches_done)
+
+    def epoch_order(self) -> list[int] | None:
+        """The running epoch's order (``None`` between epochs)."""
+        return self._order
+
+    def __iter__(self) -> Iterator[list[int]]:
+        if self._resume is not None:
+            saved, consumed, batches_done = self._resume
+            self._resume = None
+            order = list(saved) if saved is not None else [int(i) for i in self.sampler]
+        else:
+            consumed = batches_done = 0
+            order = [int(i) for i in self.sampler]
+        if self.drop_last:
+            order = order[: (len(order) // self.granule) * self.granule]
+        self._order, self._handed_out, self._batches_out = order, consumed, batches_done
+        try:
+            while self._handed_out < len(order):
+                batch = order[self._handed_out : self._handed_out + self._batch_size]
+                self._handed_out += len(batch)
+                self._batches_out += 1
+                yield batch
+        finally:
+            self._order = None
+
+    def state(self, consumed: int) -> dict[str, Any]:
+        """What a checkpoint needs to resume the running epoch after ``consumed`` trained samples."""
+        order = None if self._order is None else torch.tensor(self._order, dtype=torch.int64)
+        return {"consumed": consumed, "order": order}

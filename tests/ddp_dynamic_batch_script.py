@@ -1,0 +1,52 @@
+"""Run by test_dynamic_batch_ddp.py: two CPU processes (gloo) under DynamicBatchSize, each with its own memory.
+
+Rank 1's simulated device has less room per sample than rank 0's, and the first batch size only runs out of memory on
+rank 1: both ranks must retry together and take every later decision on the worst rank's figures.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from lightning.pytorch import Trainer  # noqa: E402
+
+import lightning_tune as lt  # noqa: E402
+from tests.helpers import finish_ddp  # noqa: E402
+from tests.test_dynamic_batch import Net, Record  # noqa: E402
+
+
+def main(out: Path) -> None:
+    memories = [lt.SimulatedMemory(10_000, 2_000, 100), lt.SimulatedMemory(10_000, 2_000, 150)]
+    dyn = lt.DynamicBatchSize(adjust_every=2, multiple_of=4, probe=None)
+    record = Record(dyn)
+    trainer = Trainer(
+        accelerator="cpu",
+        devices=2,
+        strategy="ddp",
+        max_epochs=2,
+        callbacks=[dyn, record],
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+    )
+    dyn.probe = memories[trainer.global_rank]
+    model = Net(batch_size=64, n=1024)  # 64 samples: 8400 bytes on rank 0, 11600 (> 10000) on rank 1
+    trainer.fit(model)
+    checksum = float(sum(p.detach().double().sum() for p in model.parameters()))
+    payload = {
+        "sizes": record.sizes,
+        "seen": {str(k): v for k, v in record.seen.items()},
+        "oom_recoveries": dyn.oom_recoveries,
+        "local_ooms": dyn.probe.out_of_memory_errors,
+        "checksum": checksum,
+        "steps": trainer.global_step,
+    }
+    finish_ddp(out, trainer.global_rank, payload)
+
+
+if __name__ == "__main__":
+    main(Path(sys.argv[1]))
