@@ -1,5 +1,7 @@
-"""The engine behind :class:`~lightning_tune.DynamicBatchSize`: memory probes, the memory model, the control law,
-the resizable batch sampler and batch splitting. None of it knows about the Trainer.
+"""The engine behind :class:`~lightning_tune.DynamicBatchSize`.
+
+Memory probes, the memory model, the control law, the resizable batch sampler and batch splitting; none of it knows
+about the Trainer.
 """
 
 from lightning_tune.batch.control import BatchSizeController, Decision

@@ -274,8 +274,8 @@ class DynamicBatchSize(Callback):
             if isinstance(loader.dataset, IterableDataset):
                 raise MisconfigurationException(
                     "DynamicBatchSize needs a map-style dataset (with __getitem__ and __len__) in the train "
-                    f"DataLoader, got the iterable dataset {type(loader.dataset).__name__}; batch an iterable dataset yourself "
-                    "or wrap it in a map-style one"
+                    f"DataLoader, got the iterable dataset {type(loader.dataset).__name__}; batch an iterable "
+                    "dataset yourself or wrap it in a map-style one"
                 )
             if original is not None and type(original) is not BatchSampler:
                 raise MisconfigurationException(
