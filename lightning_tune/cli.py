@@ -147,6 +147,23 @@ def _rate(summary: DemoSummary) -> str:
     return f"{summary.samples_per_sec:,.0f} samples/s over the whole fit"
 
 
+def _batch_line(summary: DemoSummary) -> list[str]:
+    batch = summary.batch
+    if not batch:
+        return []
+    device = (
+        f"a simulated {batch['device_gib']:.1f} GiB device (no GPU here)"
+        if batch["simulated"]
+        else f"{batch['device_gib']:.1f} GiB of device memory"
+    )
+    ooms = batch["oom_recoveries"]
+    recovered = f", {ooms} out-of-memory error{'s' if ooms != 1 else ''} recovered" if ooms else ""
+    return [
+        f"  micro-batch    {batch['start']} -> {batch['final']} by DynamicBatchSize, 90 % target of {device}"
+        f"{recovered}; every step still trained on {batch['start']} sequences"
+    ]
+
+
 def _format_demo_summary(summary: DemoSummary) -> str:
     drop = summary.loss_drop
     gap = summary.final_loss - summary.entropy_floor
@@ -158,6 +175,7 @@ def _format_demo_summary(summary: DemoSummary) -> str:
             f"({100 * abs(drop):.1f} % {'lower' if drop >= 0 else 'higher'})",
             f"  entropy floor  {summary.entropy_floor:.3f} nats/token (the best achievable; final loss is {gap:.3f} "
             "above it)",
+            *_batch_line(summary),
             f"  logs           {summary.log_dir}",
             f"  view them with {summary.tensorboard_command}",
         ]

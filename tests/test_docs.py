@@ -54,9 +54,11 @@ def test_logged_keys_table_matches_what_is_emitted(tmp_path: Path) -> None:
 
     token_logger = CSVLogger(str(tmp_path), name="tokens")
     config = GPTConfig(d_model=32, n_layers=1, seq_len=16)
-    make_trainer(tmp_path, [lt.ThroughputLatencyMonitor()], max_steps=2, logger=token_logger, log_every_n_steps=1).fit(
-        DemoGPT(config), datamodule=SyntheticTokenDataModule(4, seq_len=16, vocab_size=config.vocab_size)
-    )
+    memory = lt.SimulatedMemory(total_bytes=10_000, fixed_bytes=2_000, bytes_per_sample=100)
+    dynamic = lt.DynamicBatchSize(adjust_every=1, multiple_of=2, probe=memory)
+    make_trainer(
+        tmp_path, [lt.ThroughputLatencyMonitor(), dynamic], max_steps=3, logger=token_logger, log_every_n_steps=1
+    ).fit(DemoGPT(config), datamodule=SyntheticTokenDataModule(4, seq_len=16, vocab_size=config.vocab_size))
     rows = csv_rows(logger.log_dir) + csv_rows(token_logger.log_dir)
     emitted = {k for row in rows for k, v in row.items() if v and k.startswith(("tune/", "perf/"))}
     table = documented()

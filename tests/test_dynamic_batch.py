@@ -477,3 +477,21 @@ def test_prior_starts_at_the_predicted_size(tmp_path: Path) -> None:
     fit(Net(batch_size=8), [dyn, record], tmp_path, accumulate_grad_batches=16, max_steps=3)
     assert record.sizes == [64, 64]
     assert math.isclose(dyn.last_decision.predicted_fraction or 0, 0.84)  # type: ignore[union-attr]
+
+
+def test_the_loss_callbacks_see_is_the_step_mean(tmp_path: Path) -> None:
+    class Outputs(Callback):
+        def __init__(self) -> None:
+            self.losses: list[float] = []
+
+        def on_train_batch_end(
+            self, trainer: Trainer, pl_module: Any, outputs: Any, batch: Any, batch_idx: int
+        ) -> None:
+            self.losses.append(float(outputs["loss"]))
+
+    reference, ours = Outputs(), Outputs()
+    fit(Net(batch_size=32), [reference], tmp_path, max_steps=4)
+    fit(
+        Net(batch_size=32), [lt.DynamicBatchSize(multiple_of=4, probe=sim(per_sample=400)), ours], tmp_path, max_steps=4
+    )
+    assert ours.losses == pytest.approx(reference.losses, rel=1e-5)  # split in two, shown as the mean over 32

@@ -14,8 +14,8 @@ It settles instead of oscillating:
   size ran out of memory; a size that ran out of memory is a ceiling for the next ``ceiling_decisions``
   decisions;
 - with only one size seen and no prior, the model cannot separate fixed from per-sample memory, so the first
-  decision probes one grid step up to measure a slope, when even the over-estimated slope says that step fits the
-  device.
+  decision probes for a slope: one grid step up when even the over-estimated slope says that step fits the device,
+  otherwise half the size (always safe).
 """
 
 from __future__ import annotations
@@ -179,10 +179,13 @@ class BatchSizeController:
             best = min(best, self.round_down(batch_size - 1, cap))
             return Decision(best, self._fraction(best, total_bytes), "shrink")
         if self.model.sizes_seen < 2 and self.model.prior is None:
-            probe = self.step_up(batch_size, cap)
+            up = self.step_up(batch_size, cap)
             # with no fixed part the slope is over-estimated, so this bound on the probe's memory is safe
-            if probe != batch_size and peak_bytes / seen * probe <= total_bytes:
-                return Decision(probe, None, "probe")
+            if up != batch_size and peak_bytes / seen * up <= total_bytes:
+                return Decision(up, None, "probe")
+            down = self.round_down(batch_size / 2, cap)  # a step up might not fit: measure a smaller size instead
+            if down < batch_size:
+                return Decision(down, None, "probe")
             return Decision(batch_size, self._fraction(batch_size, total_bytes), "hold")
         if best > batch_size and best >= batch_size * (1.0 + self.min_change):
             return Decision(best, self._fraction(best, total_bytes), "grow")

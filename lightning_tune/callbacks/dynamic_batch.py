@@ -460,7 +460,7 @@ class DynamicBatchSize(Callback):
                 if n <= self.batch_size and not distributed:
                     output = self._forward(batch, batch_idx, args, kwargs, n)
                     self._returned_loss = _loss_of(output)
-                    return output
+                    return _with_value(output, [], self._weight(n))
                 return self._run_window(trainer, distributed)
             except _OOM as err:
                 self._recover(trainer, batch_idx, err)
@@ -473,6 +473,7 @@ class DynamicBatchSize(Callback):
         return samples / (count_samples(self._window[0]) or samples)
 
     def _forward(self, chunk: Any, batch_idx: int, args: tuple[Any, ...], kwargs: dict[str, Any], samples: int) -> Any:
+        """Run ``training_step`` on a micro-batch; its loss comes back weighted by the micro-batch's share."""
         assert self.probe is not None
         self.probe.before_micro_batch(samples)
         self._largest_run = max(self._largest_run, samples)
@@ -481,15 +482,20 @@ class DynamicBatchSize(Callback):
         return output if weight == 1.0 else _scale_output(output, weight)
 
     def _run_window(self, trainer: pl.Trainer, distributed: bool) -> Any:
-        """Run the window's micro-batches; return what Lightning should backward (the last one, or a sync graph)."""
+        """Run the window's micro-batches; return what Lightning should backward (the last one, or a sync graph).
+
+        What is returned carries the window's mean loss as its value (what the progress bar and callbacks see) and
+        the last micro-batch's weighted loss as its gradient.
+        """
         assert self._window is not None and self.batch_size is not None
         batch, batch_idx, args, kwargs = self._window
         chunks = split_batch(batch, self.batch_size)
+        total_weight = sum(self._weight(count_samples(chunk) or 0) for chunk in chunks)
         self._zero_grad(batch_idx)
         self._owns_zero_grad = True
         manual = chunks if distributed else chunks[:-1]
         oom: BaseException | None = None
-        shown = []
+        shown: list[Tensor] = []
         with _no_sync(trainer):
             for chunk in manual:
                 try:
@@ -503,13 +509,13 @@ class DynamicBatchSize(Callback):
             failed = torch.tensor([0.0 if oom is None else 1.0], device=trainer.strategy.root_device)
             if float(_all_reduce_max(trainer, failed)[0]) > 0:  # some rank ran out of memory: all retry
                 raise oom if oom is not None else torch.OutOfMemoryError("out of memory on another rank")
-            return _sync_graph(trainer.lightning_module, shown)
+            return _sync_graph(trainer.lightning_module, shown, total_weight)
         if oom is not None:
             raise oom
         last = chunks[-1]
         output = self._forward(last, batch_idx, args, kwargs, count_samples(last) or 0)
         self._returned_loss = _loss_of(output)
-        return output
+        return _with_value(output, shown, total_weight)
 
     def _forward_backward(
         self, trainer: pl.Trainer, chunk: Any, batch_idx: int, args: tuple[Any, ...], kwargs: dict[str, Any]
@@ -632,15 +638,25 @@ def _scale_output(output: Any, weight: float) -> Any:
     return output
 
 
-def _sync_graph(pl_module: pl.LightningModule, shown: list[Tensor]) -> Tensor:
-    """A zero loss touching every trainable parameter, valued at the window's loss.
+def _with_value(output: Any, earlier: list[Tensor], total_weight: float) -> Any:
+    """Give the returned loss the window's mean loss as value, keeping the last micro-batch's gradient."""
+    loss = _loss_of(output)
+    if loss is None or (not earlier and total_weight == 1.0):
+        return output
+    value = (torch.stack([*earlier, loss.detach()]).sum() / total_weight).to(loss.dtype)
+    shown = loss + (value - loss.detach())
+    return shown if isinstance(output, Tensor) else {**output, "loss": shown}
+
+
+def _sync_graph(pl_module: pl.LightningModule, shown: list[Tensor], total_weight: float) -> Tensor:
+    """A zero loss touching every trainable parameter, valued at the window's mean loss.
 
     Its backward adds nothing to the gradients but makes DDP all-reduce them, once every rank has agreed that the
     window's micro-batches all fit.
     """
     params = [p for p in pl_module.parameters() if p.requires_grad]
     zero = torch.stack([p.sum() for p in params]).sum() * 0.0
-    value = torch.stack(shown).sum() if shown else torch.zeros((), device=zero.device)
+    value = torch.stack(shown).sum() / total_weight if shown else torch.zeros((), device=zero.device)
     return value.to(zero.dtype) + zero
 
 

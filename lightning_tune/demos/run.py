@@ -45,6 +45,8 @@ class DemoSummary:
         device: The device trained on, e.g. ``"cpu"`` or ``"cuda:0 (NVIDIA H100 80GB HBM3)"``.
         perf: Whole-run figures of :class:`~lightning_tune.ThroughputLatencyMonitor` (``samples_per_sec``,
             ``tokens_per_sec``, ``step_ms_p50`` ..., ``data_wait_frac``, and on a GPU ``vram_peak_gib``, ``mfu``).
+        batch: What :class:`~lightning_tune.DynamicBatchSize` did: ``start`` and ``final`` micro-batch sizes,
+            ``oom_recoveries``, ``simulated`` (True off a GPU) and ``device_gib``; empty when it did not run.
     """
 
     start_loss: float
@@ -56,6 +58,7 @@ class DemoSummary:
     log_dir: str
     device: str
     perf: Mapping[str, float] = field(default_factory=dict)
+    batch: Mapping[str, Any] = field(default_factory=dict)
 
     @property
     def loss_drop(self) -> float:
@@ -180,6 +183,7 @@ class _DemoRun:
     datamodule: SyntheticTokenDataModule
     tracker: _LossTracker
     monitor: lt.ThroughputLatencyMonitor
+    dynamic: lt.DynamicBatchSize | None
     logger: TensorBoardLogger
 
 
@@ -223,6 +227,7 @@ def _prepare_demo(
     model = DemoGPT(config, lr=DEMO_LR)
     tracker = _LossTracker(window=max(1, min(10, max_steps // 5)))
     monitor = lt.ThroughputLatencyMonitor()
+    dynamic = _dynamic_batch(accelerator, batch_size)
     root = os.fspath(default_root_dir)
     logger = TensorBoardLogger(save_dir=root, name="lightning_logs", default_hp_metric=False)
     # A one-step run has no room for a warm-up (the schedule needs warm-up < total steps).
@@ -246,12 +251,39 @@ def _prepare_demo(
             lt.AdaptiveLROnPlateau(monitor="val_loss", patience=2),
             monitor,
             tracker,
+            *([dynamic] if dynamic is not None else []),
             *callbacks,
         ],
     )
     return _DemoRun(
-        trainer=trainer, model=model, datamodule=datamodule, tracker=tracker, monitor=monitor, logger=logger
+        trainer=trainer,
+        model=model,
+        datamodule=datamodule,
+        tracker=tracker,
+        monitor=monitor,
+        logger=logger,
+        dynamic=dynamic,
     )
+
+
+#: The device the demo simulates when there is no GPU: 1 GiB, 600 MiB of it fixed.
+SIMULATED_TOTAL_BYTES = 1 << 30
+SIMULATED_FIXED_BYTES = 600 << 20
+
+
+def _dynamic_batch(accelerator: str, batch_size: int) -> lt.DynamicBatchSize | None:
+    """DynamicBatchSize for the demo: on a CUDA GPU the real memory, elsewhere a simulated 1 GiB device.
+
+    The simulated device is sized so that the requested batch does not fit: the run shows an out-of-memory error
+    recovered, a probe, and the batch settling under the 90 % target. A batch of 1 cannot be shown shrinking.
+    """
+    if accelerator in ("auto", "gpu", "cuda") and torch.cuda.is_available():
+        return lt.DynamicBatchSize(target_vram=0.9, adjust_every=10, multiple_of=4)
+    if batch_size < 2:
+        return None
+    per_sample = math.ceil((SIMULATED_TOTAL_BYTES - SIMULATED_FIXED_BYTES) / (0.8 * batch_size))
+    memory = lt.SimulatedMemory(SIMULATED_TOTAL_BYTES, SIMULATED_FIXED_BYTES, per_sample)
+    return lt.DynamicBatchSize(target_vram=0.9, adjust_every=10, multiple_of=4, probe=memory)
 
 
 def _fit_demo(run: _DemoRun) -> DemoSummary:
@@ -273,4 +305,18 @@ def _fit_demo(run: _DemoRun) -> DemoSummary:
         log_dir=str(run.logger.log_dir),
         device=_describe_device(run.trainer),
         perf=dict(run.monitor.summary),
+        batch=_batch_summary(run),
     )
+
+
+def _batch_summary(run: _DemoRun) -> dict[str, Any]:
+    dynamic = run.dynamic
+    if dynamic is None or dynamic.batch_size is None or dynamic.probe is None:
+        return {}
+    return {
+        "start": run.datamodule.batch_size,
+        "final": dynamic.batch_size,
+        "oom_recoveries": dynamic.oom_recoveries,
+        "simulated": isinstance(dynamic.probe, lt.SimulatedMemory),
+        "device_gib": dynamic.probe.total_bytes() / (1 << 30),
+    }
