@@ -18,6 +18,15 @@ from lightning_tune.callbacks import (
     WarmupCosine,
 )
 from lightning_tune.lr import ScheduleLR, scale_lr
+from lightning_tune.plan import (
+    MODEL_SHAPES,
+    MemoryEstimate,
+    TransformerShape,
+    ZeroPlan,
+    estimate_memory,
+    measure_memory,
+    plan_zero,
+)
 from lightning_tune.plugins import TunePlugin
 
 try:
@@ -32,13 +41,20 @@ __all__ = [
     "AttentionSwap",
     "DynamicBatchSize",
     "LinearWarmup",
+    "MODEL_SHAPES",
+    "MemoryEstimate",
     "OneCycle",
     "OptimizerSwap",
     "ScheduleLR",
     "SimulatedMemory",
     "ThroughputLatencyMonitor",
+    "TransformerShape",
     "TunePlugin",
     "WarmupCosine",
+    "ZeroPlan",
     "__version__",
+    "estimate_memory",
+    "measure_memory",
+    "plan_zero",
     "scale_lr",
 ]

@@ -16,6 +16,8 @@ PACKAGES = [
     "lightning_tune.lr",
     "lightning_tune.perf",
     "lightning_tune.demos",
+    "lightning_tune.batch",
+    "lightning_tune.plan",
 ]
 
 

@@ -467,15 +467,12 @@ def test_simulated_memory_bad_arguments(kwargs: dict[str, Any], message: str) ->
     assert message in str(info.value)
 
 
-def test_prior_starts_at_the_predicted_size(tmp_path: Path) -> None:
-    class Plan:
-        fixed_bytes = 2_000
-        bytes_per_sample = 100
-
-    dyn = lt.DynamicBatchSize(adjust_every=1, prior=Plan(), probe=sim())
+def test_a_memory_plan_is_the_starting_point(tmp_path: Path) -> None:
+    plan = lt.MemoryEstimate(parameters=250, weight_bytes=1_000, bytes_per_sample=100, fixed_bytes=2_000)
+    dyn = lt.DynamicBatchSize(adjust_every=1, prior=plan, probe=sim())
     record = Record(dyn)
-    fit(Net(batch_size=8), [dyn, record], tmp_path, accumulate_grad_batches=16, max_steps=3)
-    assert record.sizes == [64, 64]
+    fit(Net(batch_size=8), [dyn, record], tmp_path, accumulate_grad_batches=16)
+    assert record.sizes == [64, 64]  # no probing: the plan's line gives 64 at once
     assert math.isclose(dyn.last_decision.predicted_fraction or 0, 0.84)  # type: ignore[union-attr]
 
 

@@ -1,0 +1,194 @@
+"""``lightning-tune calc``: planning calculations that need no GPU.
+
+``calc batch-size`` prints the memory breakdown of training a transformer (from the shape table or a Hugging Face
+``config.json``) and the largest micro-batch that fits a GPU at the three margins; when nothing fits it says what
+would, with the figures. Exit status: 0 when a batch fits, 1 when none does, 2 on a usage error.
+"""
+
+from __future__ import annotations
+
+import argparse
+from typing import TYPE_CHECKING, Any
+
+from lightning_tune.cli import PROG, _int_at_least, _usage_error
+
+if TYPE_CHECKING:
+    from lightning_tune.plan.estimate import MemoryEstimate
+
+_COMMAND = "calc batch-size"
+_MIB = 2**20
+#: Rank the "what would fit" advice tries for LoRA.
+_LORA_RANK = 16
+#: GPU counts the advice tries for sharding.
+_GPU_COUNTS = (2, 4, 8, 16, 32, 64)
+
+
+def add_parser(commands: Any) -> None:
+    """Register ``calc`` and its sub-commands on the ``lightning-tune`` sub-parsers.
+
+    Args:
+        commands: The sub-parsers action of the top-level parser.
+    """
+    calc = commands.add_parser(
+        "calc",
+        help="planning calculations on any machine: what batch size fits a GPU",
+        description="Planning calculations that need no GPU.",
+    )
+    calculations = calc.add_subparsers(title="calculations", dest="calculation", metavar="<calculation>")
+    calc.set_defaults(handler=lambda args: _print_help(calc))
+    _add_batch_size_parser(calculations)
+
+
+def _print_help(parser: argparse.ArgumentParser) -> int:
+    import sys
+
+    parser.print_help(sys.stderr)
+    return 2
+
+
+def _add_batch_size_parser(calculations: Any) -> None:
+    from lightning_tune.plan.analytic import ATTENTIONS, OPTIMIZERS, PRECISIONS
+
+    parser = calculations.add_parser(
+        "batch-size",
+        help="memory breakdown of training a transformer and the largest batch that fits a GPU",
+        description=(
+            "Estimate the memory of training a transformer (weights, gradients, optimizer states, activations per "
+            "sample) from its shape and print the largest micro-batch that fits one GPU at the safe, optimal and "
+            "aggressive margins (20, 10 and 5 %% of the GPU kept back). Exit status 1 when no batch fits."
+        ),
+    )
+    parser.add_argument(
+        "--model", required=True, help="a known model name (e.g. llama-2-7b) or a path to a Hugging Face config.json"
+    )
+    parser.add_argument("--gpu-memory", type=_int_at_least(1), required=True, metavar="MIB", help="memory of one GPU")
+    parser.add_argument(
+        "--sequence-length", type=_int_at_least(1), required=True, metavar="N", help="tokens per sample"
+    )
+    parser.add_argument(
+        "--precision", choices=PRECISIONS, default="bf16", help="dtype of weights and activations (default: bf16)"
+    )
+    parser.add_argument("--optimizer", choices=OPTIMIZERS, default="adamw", help="optimizer (default: adamw)")
+    parser.add_argument(
+        "--lora-rank", type=_int_at_least(1), default=None, metavar="R", help="train LoRA adapters of rank R only"
+    )
+    parser.add_argument("--grad-checkpointing", action="store_true", help="recompute activations in backward")
+    parser.add_argument("--attention", choices=ATTENTIONS, default="flash", help="attention kernel (default: flash)")
+    parser.add_argument(
+        "--no-master-weights",
+        action="store_true",
+        help="no float32 master copy of 16-bit weights (default: kept in fp16/bf16)",
+    )
+    parser.set_defaults(handler=_run_batch_size)
+
+
+def _estimate(args: argparse.Namespace, **changes: Any) -> MemoryEstimate:
+    from lightning_tune.plan.analytic import estimate_memory
+
+    options: dict[str, Any] = {
+        "sequence_length": args.sequence_length,
+        "precision": args.precision,
+        "optimizer": args.optimizer,
+        "master_weights": False if args.no_master_weights else None,
+        "attention": args.attention,
+        "gradient_checkpointing": args.grad_checkpointing,
+        "lora_rank": args.lora_rank,
+    }
+    options.update(changes)
+    return estimate_memory(args.shape, **options)
+
+
+def _run_batch_size(args: argparse.Namespace) -> int:
+    from lightning_tune.plan.analytic import _resolve
+
+    try:
+        args.shape = _resolve(args.model)
+        estimate = _estimate(args)
+    except (ValueError, TypeError, OSError) as err:
+        return _usage_error(_COMMAND, err)
+    budget = args.gpu_memory * _MIB
+    sizes = estimate.batch_sizes(budget)
+    print(_format_breakdown(args, estimate, budget))
+    if sizes["optimal"] == 0:
+        print()
+        print(_format_advice(args, estimate, budget))
+    print()
+    print(f"Recommended: {sizes['safe']} (safe), {sizes['optimal']} (optimal), {sizes['aggressive']} (aggressive)")
+    return 0 if sizes["aggressive"] > 0 else 1
+
+
+def _format_breakdown(args: argparse.Namespace, estimate: MemoryEstimate, budget: int) -> str:
+    from lightning_tune.plan.estimate import format_bytes
+
+    params = estimate.parameters
+    trainable = estimate.trainable_parameters or 0
+    bytes_per_param = estimate.weight_bytes // max(params, 1)
+    rows = [
+        ("Parameters", f"{params / 1e9:.2f} B ({params:,}; {trainable:,} trainable)"),
+        ("Model size", f"{format_bytes(estimate.weight_bytes)} ({args.precision}, {bytes_per_param} bytes each)"),
+        ("Gradients", format_bytes(estimate.gradient_bytes)),
+    ]
+    if estimate.master_weight_bytes:
+        rows.append(("Master weights", f"{format_bytes(estimate.master_weight_bytes)} (float32)"))
+    rows += [
+        ("Optimizer states", f"{format_bytes(estimate.optimizer_bytes)} ({args.optimizer})"),
+        ("Buffers", format_bytes(estimate.buffer_bytes)),
+        ("Fixed total", format_bytes(estimate.fixed_bytes)),
+        (
+            "Activations per sample",
+            f"{format_bytes(estimate.bytes_per_sample)} (sequence length {args.sequence_length})",
+        ),
+    ]
+    head = [
+        *estimate.notes,
+        f"GPU memory {format_bytes(budget)} ({args.gpu_memory} MiB); peak = fixed total + activations x batch",
+        "",
+    ]
+    return "\n".join(head + [f"  {label:<24}{value}" for label, value in rows])
+
+
+def _fit(estimate: MemoryEstimate, budget: int) -> str:
+    from lightning_tune.plan.estimate import format_bytes
+
+    batch = estimate.max_batch_size(budget, "optimal")
+    if batch:
+        return f"fits batch {batch} (optimal margin); fixed total {format_bytes(estimate.fixed_bytes)}"
+    over = estimate.total_bytes(1) - estimate.usable_bytes(budget, "optimal")
+    return f"still does not fit: batch 1 needs {format_bytes(estimate.total_bytes(1))}, {format_bytes(over)} too much"
+
+
+def _format_advice(args: argparse.Namespace, estimate: MemoryEstimate, budget: int) -> str:
+    from lightning_tune.plan.estimate import format_bytes
+    from lightning_tune.plan.zero import plan_zero
+
+    usable = estimate.usable_bytes(budget, "optimal")
+    aggressive = estimate.max_batch_size(budget, "aggressive")
+    status = f"Only the aggressive margin fits (batch {aggressive})" if aggressive else "Nothing fits"
+    lines = [
+        f"{status}: batch 1 needs {format_bytes(estimate.total_bytes(1))} and {format_bytes(usable)} is usable at "
+        "the optimal margin. What would fit:"
+    ]
+    changes: list[tuple[str, dict[str, Any]]] = []
+    if args.optimizer != "adamw8bit":
+        changes.append(("--optimizer adamw8bit", {"optimizer": "adamw8bit"}))
+    if not args.grad_checkpointing:
+        changes.append(("--grad-checkpointing", {"gradient_checkpointing": True}))
+    if args.lora_rank is None:
+        changes.append((f"--lora-rank {_LORA_RANK}", {"lora_rank": _LORA_RANK}))
+    if len(changes) > 1:
+        combined = {key: value for _, change in changes for key, value in change.items()}
+        changes.append((" ".join(flag for flag, _ in changes), combined))
+    for flag, change in changes:
+        lines.append(f"  {flag}: {_fit(_estimate(args, **change), budget)}")
+    offload = plan_zero(estimate, gpu_memory_bytes=budget, num_gpus=1, batch_size=1)
+    if offload.stage or offload.offload_optimizer:
+        lines.append(f"  DeepSpeed on 1 GPU: {offload.reason.split(';')[0]}")
+    for count in _GPU_COUNTS:
+        plan = plan_zero(estimate, gpu_memory_bytes=budget, num_gpus=count, batch_size=1)
+        if plan.fits and not plan.offload_optimizer:
+            lines.append(f"  {count} GPUs: {plan.reason.split(';')[0]}")
+            break
+    else:
+        lines.append(f"  {_GPU_COUNTS[-1]} GPUs without offload still do not fit at batch 1")
+    lines.append(f"  (see '{PROG} calc batch-size --help' for the flags)")
+    return "\n".join(lines)

@@ -1,0 +1,47 @@
+"""Memory planning on any machine: what a training run holds, what batch fits a GPU, which ZeRO stage it needs.
+
+Two ways to get a :class:`MemoryEstimate`:
+
+- :func:`estimate_memory`, analytic, from a transformer's shape (a name in :data:`MODEL_SHAPES`, a Hugging Face
+  ``config.json`` or a :class:`TransformerShape`): no model is built;
+- :func:`measure_memory`, measured, from one training step of any ``nn.Module`` or LightningModule on fake tensors:
+  no memory of the model's size is used, so a CPU-only machine can plan a GPU run.
+
+:func:`plan_zero` turns an estimate into the least-sharding DeepSpeed ZeRO configuration that fits.
+"""
+
+from lightning_tune.plan.analytic import ATTENTIONS, OPTIMIZERS, PRECISIONS, estimate_memory, lora_parameters
+from lightning_tune.plan.estimate import MARGIN_RESERVE, MARGINS, Margin, MemoryEstimate, format_bytes
+from lightning_tune.plan.measured import MEASURE_PRECISIONS, measure_memory
+from lightning_tune.plan.shapes import (
+    FAMILIES,
+    HF_MODEL_TYPES,
+    MODEL_SHAPES,
+    TransformerShape,
+    from_hf_config,
+    get_shape,
+)
+from lightning_tune.plan.zero import ZeroPlan, plan_zero
+
+__all__ = [
+    "ATTENTIONS",
+    "FAMILIES",
+    "HF_MODEL_TYPES",
+    "MARGINS",
+    "MARGIN_RESERVE",
+    "MEASURE_PRECISIONS",
+    "MODEL_SHAPES",
+    "Margin",
+    "MemoryEstimate",
+    "OPTIMIZERS",
+    "PRECISIONS",
+    "TransformerShape",
+    "ZeroPlan",
+    "estimate_memory",
+    "format_bytes",
+    "from_hf_config",
+    "get_shape",
+    "lora_parameters",
+    "measure_memory",
+    "plan_zero",
+]

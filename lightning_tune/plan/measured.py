@@ -1,0 +1,405 @@
+"""Measured memory estimate: one training step of a real module on fake tensors, so no memory of its size is used.
+
+Fake tensors carry shape, dtype and device but no data: every op of the forward pass, the backward pass and
+``optimizer.step()`` runs for real (the module's own code, autocast, the optimizer's update), only without
+allocating or computing. A small dispatch mode sees every op's outputs and keeps a running count of the live
+storages, so the count at any moment is what a device would hold, and its maximum is the step's peak. A laptop
+without a GPU can therefore plan a GPU run of any size.
+
+Two steps run at each of two batch sizes: the first creates the optimizer state, the second is measured in two
+phases, forward + backward and the optimizer step. The per-sample cost is the slope of the forward/backward peaks;
+the fixed cost is the larger of their intercept and the optimizer-step peak (which does not grow with the batch),
+so the linear model never predicts less than either phase needs.
+
+Planning a GPU run on a CPU: the step runs on fake CPU tensors (torch cannot make fake CUDA tensors without CUDA).
+With ``for_device="cuda"`` the optimizer takes its multi-tensor (``foreach``) path, as torch does by default on
+GPUs; its temporaries are part of the optimizer-step peak. bitsandbytes optimizers read tensor values inside
+``step()`` and cannot run on fake tensors; use :func:`~lightning_tune.plan.estimate_memory` for them.
+
+Example:
+    >>> from torch import nn
+    >>> model = nn.Sequential(nn.Linear(64, 256), nn.ReLU(), nn.Linear(256, 1))
+    >>> estimate = measure_memory(model, torch.zeros(8, 64))
+    >>> estimate.parameters, estimate.weight_bytes, estimate.gradient_bytes, estimate.optimizer_bytes
+    (16897, 67588, 67588, 135192)
+"""
+
+from __future__ import annotations
+
+import warnings
+import weakref
+from collections.abc import Callable, Iterator, Mapping
+from typing import Any, Final, Literal, get_args
+
+import torch
+from torch import Tensor, nn
+from torch.optim import Optimizer
+
+from lightning_tune._validation import check_choice, check_int
+from lightning_tune.plan.estimate import MemoryEstimate
+
+__all__ = ["MEASURE_PRECISIONS", "MeasurePrecision", "measure_memory"]
+
+#: Lightning precision settings :func:`measure_memory` reproduces.
+MeasurePrecision = Literal["32-true", "16-mixed", "bf16-mixed", "16-true", "bf16-true"]
+MEASURE_PRECISIONS: Final[tuple[str, ...]] = get_args(MeasurePrecision)
+
+_PARAM_DTYPE: Final[dict[str, torch.dtype]] = {
+    "32-true": torch.float32,
+    "16-mixed": torch.float32,
+    "bf16-mixed": torch.float32,
+    "16-true": torch.float16,
+    "bf16-true": torch.bfloat16,
+}
+_AUTOCAST_DTYPE: Final[dict[str, torch.dtype]] = {"16-mixed": torch.float16, "bf16-mixed": torch.bfloat16}
+
+LossFn = Callable[[nn.Module, Any], Tensor]
+OptimizerFactory = Callable[[list[nn.Parameter]], Optimizer]
+
+
+class _LiveBytes:
+    """Running total of the bytes held by live tensor storages, and its peak."""
+
+    def __init__(self) -> None:
+        self.current = 0
+        self.peak = 0
+        self._refs: dict[int, weakref.ref[Any]] = {}
+
+    def track(self, value: Any) -> None:
+        """Count the storages of the tensors in ``value`` (a tensor or nested tuples/lists) not yet counted."""
+        for tensor in _tensors(value):
+            storage = tensor.untyped_storage()
+            key = id(storage)
+            ref = self._refs.get(key)
+            if ref is not None and ref() is storage:
+                continue
+            size = storage.nbytes()
+            self._refs[key] = weakref.ref(storage, self._release(key, size))
+            self.current += size
+            self.peak = max(self.peak, self.current)
+
+    def _release(self, key: int, size: int) -> Callable[[Any], None]:
+        def release(_: Any) -> None:
+            self.current -= size
+            self._refs.pop(key, None)
+
+        return release
+
+    def reset_peak(self) -> None:
+        """Start a new phase: the peak becomes the current total."""
+        self.peak = self.current
+
+
+def _tensors(value: Any) -> Iterator[Tensor]:
+    if isinstance(value, Tensor):
+        yield value
+    elif isinstance(value, (tuple, list)):
+        for item in value:
+            yield from _tensors(item)
+    elif isinstance(value, Mapping):
+        for item in value.values():
+            yield from _tensors(item)
+
+
+def _fake_modes(counter: _LiveBytes) -> tuple[Any, Any]:
+    """A fake-tensor mode and a dispatch mode that reports every op's outputs to ``counter``.
+
+    These are the only private torch APIs of the package, checked on torch 2.13: ``FakeTensorMode`` (tensors with
+    metadata and no data; torch has no public way to run a module without allocating its activations) and
+    ``TorchDispatchMode`` (the hook that sees each op's outputs; ``torch.cuda`` memory statistics do not exist for
+    fake tensors). ``tests/test_plan_measured.py`` fails if either changes what this relies on.
+    """
+    from torch._subclasses.fake_tensor import FakeTensorMode
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    class _Tracker(TorchDispatchMode):
+        def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+            out = func(*args, **(kwargs or {}))
+            counter.track(out)
+            return out
+
+    return FakeTensorMode(allow_non_fake_inputs=True), _Tracker()
+
+
+class _Step(nn.Module):
+    """Wraps the user's module so that ``torch.func.functional_call`` can run its loss with fake parameters."""
+
+    def __init__(self, module: nn.Module, loss_fn: LossFn) -> None:
+        super().__init__()
+        self.module = module
+        self.loss_fn = loss_fn
+
+    def forward(self, batch: Any) -> Tensor:
+        return self.loss_fn(self.module, batch)
+
+
+def _default_loss(module: nn.Module, batch: Any) -> Tensor:
+    """Call the module on the batch (``*`` a tuple/list, ``**`` a mapping) and reduce what it returns to a scalar."""
+    if isinstance(batch, Mapping):
+        out = module(**batch)
+    elif isinstance(batch, (tuple, list)):
+        out = module(*batch)
+    else:
+        out = module(batch)
+    return _scalar(out, "the module's output")
+
+
+def _lightning_loss(module: nn.Module, batch: Any) -> Tensor:
+    return _scalar(module.training_step(batch, 0), "training_step")  # type: ignore[operator]
+
+
+def _scalar(out: Any, what: str) -> Tensor:
+    loss = getattr(out, "loss", None)
+    if isinstance(out, Mapping):
+        loss = out.get("loss")
+    if isinstance(loss, Tensor):
+        out = loss
+    if isinstance(out, (tuple, list)) and out and isinstance(out[0], Tensor):
+        out = out[0]
+    if not isinstance(out, Tensor):
+        raise TypeError(
+            f"{what} must return a Tensor, a mapping or output with a 'loss' tensor, got {type(out).__name__}"
+        )
+    return out if out.ndim == 0 else out.float().sum()
+
+
+def _is_lightning(model: nn.Module) -> bool:
+    import lightning.pytorch as pl
+
+    return isinstance(model, pl.LightningModule)
+
+
+def _lightning_optimizer(model: nn.Module) -> Optimizer:
+    """The single optimizer a LightningModule's ``configure_optimizers`` returns, in any of Lightning's forms."""
+    try:
+        config = model.configure_optimizers()  # type: ignore[operator]
+    except RuntimeError as err:  # e.g. it reads self.trainer, which is not attached
+        raise ValueError(
+            f"`model`: configure_optimizers() failed outside a Trainer ({err}); pass `optimizer=` to measure_memory"
+        ) from err
+    if isinstance(config, Mapping):
+        config = config.get("optimizer")
+    if isinstance(config, (tuple, list)) and len(config) == 2 and isinstance(config[0], (tuple, list)):
+        config = config[0]  # ([optimizers], [schedulers])
+    if isinstance(config, (tuple, list)) and len(config) == 1:
+        config = config[0]
+    if isinstance(config, Mapping):
+        config = config.get("optimizer")
+    if not isinstance(config, Optimizer):
+        raise ValueError(
+            "`model`: configure_optimizers() must give exactly one optimizer for measure_memory, got "
+            f"{type(config).__name__}; pass `optimizer=`"
+        )
+    return config
+
+
+def _rebuild(template: Optimizer, fakes: Mapping[int, nn.Parameter]) -> Optimizer:
+    """The same optimizer class and parameter groups as ``template``, over the fake parameters."""
+    groups = [{**group, "params": [fakes[id(p)] for p in group["params"]]} for group in template.param_groups]
+    factory: Callable[[list[dict[str, Any]]], Optimizer] = type(template)  # torch optimizers take groups alone
+    return factory(groups)
+
+
+def _make_batch(batch: Any, size: int, device: torch.device) -> Any:
+    if callable(batch):
+        return batch(size)
+    if isinstance(batch, Tensor):
+        if batch.ndim == 0:
+            raise ValueError("`batch`: a tensor in the example batch has no batch dimension (it is 0-dimensional)")
+        return torch.empty((size, *batch.shape[1:]), dtype=batch.dtype, device=device)
+    if isinstance(batch, Mapping):
+        return {key: _make_batch(value, size, device) for key, value in batch.items()}
+    if isinstance(batch, (tuple, list)):
+        return type(batch)(_make_batch(value, size, device) for value in batch)
+    return batch
+
+
+def _storage_bytes(tensors: Iterator[Tensor]) -> int:
+    seen: set[int] = set()
+    total = 0
+    for tensor in tensors:
+        storage = tensor.untyped_storage()
+        if id(storage) not in seen:
+            seen.add(id(storage))
+            total += storage.nbytes()
+    return total
+
+
+def _run(
+    model: nn.Module,
+    batch: Any,
+    batch_size: int,
+    *,
+    precision: str,
+    loss_fn: LossFn,
+    optimizer: OptimizerFactory | Optimizer | None,
+    device: torch.device,
+    foreach: bool,
+) -> dict[str, int]:
+    """Two training steps on fake tensors at one batch size; the second step's phase peaks and breakdown."""
+    counter = _LiveBytes()
+    fake_mode, tracker = _fake_modes(counter)
+    step = _Step(model, loss_fn)
+    dtype = _PARAM_DTYPE[precision]
+    autocast = _AUTOCAST_DTYPE.get(precision)
+    with fake_mode, tracker:
+        fakes: dict[int, nn.Parameter] = {}
+        state: dict[str, Tensor] = {}
+        for name, param in step.named_parameters(remove_duplicate=False):
+            if id(param) not in fakes:
+                empty = torch.empty(
+                    param.shape, dtype=dtype if param.is_floating_point() else param.dtype, device=device
+                )
+                fakes[id(param)] = nn.Parameter(empty, requires_grad=param.requires_grad)
+            state[name] = fakes[id(param)]
+        for name, buffer in step.named_buffers(remove_duplicate=False):
+            buffer_dtype = dtype if buffer.is_floating_point() and precision.endswith("-true") else buffer.dtype
+            state[name] = torch.empty(buffer.shape, dtype=buffer_dtype, device=device)
+        params = [p for p in fakes.values() if p.requires_grad]
+        if isinstance(optimizer, Optimizer):
+            opt = _rebuild(optimizer, fakes)
+        elif optimizer is not None:
+            opt = optimizer(params)
+        else:
+            opt = torch.optim.AdamW(params)
+        if foreach:  # torch's default on CUDA; its own check would refuse fake tensors, whatever their device
+            for group in opt.param_groups:
+                if "foreach" in group and group["foreach"] is None:
+                    group["foreach"] = True
+        record: dict[str, int] = {}
+        for index in range(2):
+            counter.reset_peak()
+            inputs = _make_batch(batch, batch_size, device)
+            with torch.autocast(device.type, dtype=autocast or torch.float32, enabled=autocast is not None):
+                loss = torch.func.functional_call(step, state, (inputs,))
+            loss.backward()
+            record["forward_backward_peak"] = counter.peak
+            record["gradient_bytes"] = _storage_bytes(p.grad for p in params if p.grad is not None)
+            counter.reset_peak()
+            opt.step()
+            record["optimizer_step_peak"] = counter.peak
+            opt.zero_grad(set_to_none=True)
+            del loss, inputs
+            if index == 0:
+                record["optimizer_bytes"] = _storage_bytes(
+                    t for s in opt.state.values() for t in _tensors(dict(s)) if isinstance(t, Tensor)
+                )
+        record["weight_bytes"] = _storage_bytes(iter(fakes.values()))
+        record["buffer_bytes"] = _storage_bytes(t for k, t in state.items() if id(t) not in map(id, fakes.values()))
+    return record
+
+
+def measure_memory(
+    model: nn.Module,
+    batch: Any,
+    *,
+    precision: MeasurePrecision = "32-true",
+    optimizer: OptimizerFactory | None = None,
+    loss_fn: LossFn | None = None,
+    for_device: Literal["cuda", "cpu"] = "cuda",
+    batch_sizes: tuple[int, int] = (1, 2),
+) -> MemoryEstimate:
+    """Measure a module's training memory from one step on fake tensors, without memory of its size.
+
+    The module is not changed and may live on any device, ``meta`` included (build a large model under
+    ``torch.device("meta")`` to plan it on a laptop).
+
+    Args:
+        model: The module. A LightningModule runs ``training_step(batch, 0)`` with the optimizer its
+            ``configure_optimizers()`` returns; any other module is called on the batch (``*batch`` for a
+            tuple/list, ``**batch`` for a mapping) and its output summed, or its ``loss`` used when it has one.
+        batch: An example batch (tensors whose first dimension is the batch; their values are never read), or a
+            function ``fn(batch_size) -> batch`` (called under fake-tensor mode, so the tensors it makes are fake).
+        precision: Lightning precision to reproduce: ``"32-true"``, ``"16-mixed"``, ``"bf16-mixed"`` (float32
+            weights, autocast), ``"16-true"`` or ``"bf16-true"`` (16-bit weights).
+        optimizer: ``fn(params) -> Optimizer`` over the trainable parameters; default: the LightningModule's own,
+            else ``torch.optim.AdamW``. Only torch optimizers run on fake tensors (not bitsandbytes).
+        loss_fn: ``fn(module, batch) -> loss`` replacing the default call described under ``model``.
+        for_device: The device the plan is for. ``"cuda"`` makes the optimizer take its multi-tensor path as on a
+            GPU; the step itself runs on fake CUDA tensors where CUDA is present, else on fake CPU tensors.
+        batch_sizes: Two distinct batch sizes the step is measured at, to separate fixed and per-sample costs.
+
+    Returns:
+        A ``"measured"`` estimate; weights, gradients, optimizer state and buffers are exact byte counts.
+
+    Raises:
+        TypeError: If ``model`` is not an ``nn.Module``, ``optimizer``/``loss_fn`` are not callable or the step does
+            not give a tensor loss.
+        ValueError: If ``precision``, ``for_device`` or ``batch_sizes`` are not allowed, the LightningModule's
+            optimizer cannot be built outside a Trainer, or the peak does not grow with the batch.
+        RuntimeError: If the step fails on fake tensors (the message says why).
+    """
+    if not isinstance(model, nn.Module):
+        raise TypeError(
+            f"`model` must be an nn.Module, got {model!r} ({type(model).__name__}); for a model name or shape use "
+            "estimate_memory"
+        )
+    check_choice("precision", precision, MEASURE_PRECISIONS)
+    check_choice("for_device", for_device, ("cuda", "cpu"))
+    if optimizer is not None and not callable(optimizer):
+        raise TypeError(f"`optimizer` must be a function params -> Optimizer or None, got {type(optimizer).__name__}")
+    if loss_fn is not None and not callable(loss_fn):
+        raise TypeError(f"`loss_fn` must be a function (module, batch) -> Tensor or None, got {type(loss_fn).__name__}")
+    if not (isinstance(batch_sizes, tuple) and len(batch_sizes) == 2):
+        raise TypeError(f"`batch_sizes` must be a tuple of two integers, got {batch_sizes!r}")
+    for size in batch_sizes:
+        check_int("batch_sizes", size, minimum=1)
+    small, large = sorted(batch_sizes)
+    if small == large:
+        raise ValueError(f"`batch_sizes` must hold two different sizes, got {batch_sizes!r}")
+
+    lightning = _is_lightning(model)
+    template: OptimizerFactory | Optimizer | None = optimizer
+    if template is None and lightning:
+        template = _lightning_optimizer(model)
+    step_loss = loss_fn or (_lightning_loss if lightning else _default_loss)
+    device = torch.device("cuda" if for_device == "cuda" and torch.cuda.is_available() else "cpu")
+    records = []
+    for size in (small, large):
+        with warnings.catch_warnings():
+            warnings.filterwarnings("ignore", message=".*self.log.*")  # training_step logs; no Trainer is attached
+            try:
+                records.append(
+                    _run(
+                        model,
+                        batch,
+                        size,
+                        precision=precision,
+                        loss_fn=step_loss,
+                        optimizer=template,
+                        device=device,
+                        foreach=for_device == "cuda",
+                    )
+                )
+            except (TypeError, ValueError):
+                raise
+            except Exception as err:
+                raise RuntimeError(
+                    f"measure_memory could not run a training step of {type(model).__name__} on fake tensors: "
+                    f"{type(err).__name__}: {err}"
+                ) from err
+    low, high = records
+    growth = high["forward_backward_peak"] - low["forward_backward_peak"]
+    if growth <= 0:
+        raise ValueError(
+            f"`batch`: the peak did not grow from batch {small} to {large}; does `batch` make batches of the size "
+            "it is asked for?"
+        )
+    per_sample = -(-growth // (large - small))
+    intercept = low["forward_backward_peak"] - per_sample * small
+    params = {id(p): p for p in model.parameters()}.values()
+    largest = max((sum(p.numel() for p in m.parameters(recurse=False)) for m in model.modules()), default=0)
+    name = type(model).__name__
+    return MemoryEstimate(
+        parameters=sum(p.numel() for p in params),
+        trainable_parameters=sum(p.numel() for p in params if p.requires_grad),
+        weight_bytes=low["weight_bytes"],
+        gradient_bytes=low["gradient_bytes"],
+        optimizer_bytes=low["optimizer_bytes"],
+        buffer_bytes=low["buffer_bytes"],
+        fixed_bytes=max(intercept, low["optimizer_step_peak"], high["optimizer_step_peak"]),
+        bytes_per_sample=per_sample,
+        largest_layer_parameters=largest,
+        source="measured",
+        notes=(f"{name}: one training step on fake {device.type} tensors, {precision}",),
+    )

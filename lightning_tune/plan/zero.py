@@ -1,0 +1,192 @@
+"""Choose a DeepSpeed ZeRO configuration from a memory plan: the least sharding that fits.
+
+Model state is split as in the ZeRO paper (Rajbhandari et al. 2020) and DeepSpeed's own estimators
+(``estimate_zero2_model_states_mem_needs``, ``estimate_zero3_model_states_mem_needs``), with the byte counts of a
+:class:`~lightning_tune.plan.estimate.MemoryEstimate` in place of DeepSpeed's fixed 2 + 2 + 16 bytes per parameter.
+With ``W`` weights, ``G`` gradients, ``O`` optimizer state and master weights, ``N`` GPUs, ``L`` the largest
+module's weights and gradients, and ``A`` the activations and buffers of the batch, one GPU holds:
+
+=======================================  ==========================
+Configuration                            Per GPU
+=======================================  ==========================
+stage 0 (plain data parallel)            ``W + G + O + A``
+stage 1 (optimizer state sharded)        ``W + G + O/N + A``
+stage 2 (and gradients)                  ``W + (G + O)/N + A``
+stage 3 (and weights)                    ``(W + G + O)/N + L + A``
+stage 2, optimizer offloaded to CPU      ``W + A``
+stage 3, optimizer offloaded             ``W/N + L + A``
+stage 3, optimizer and weights offloaded ``L + A``
+=======================================  ==========================
+
+They are tried in that order (sharding before offloading: offloading moves every step's optimizer work over PCIe
+to the CPU, and with one GPU sharding saves nothing, so stages 1-3 are skipped there), and the first whose per-GPU
+bytes fit the budget after the margin is chosen.
+
+Example:
+    >>> from lightning_tune.plan.analytic import estimate_memory
+    >>> estimate = estimate_memory("llama-2-7b", sequence_length=2048, precision="bf16", gradient_checkpointing=True)
+    >>> plan = plan_zero(estimate, gpu_memory_bytes=80 * 2**30, num_gpus=8, batch_size=4)
+    >>> plan.stage, plan.offload_optimizer, plan.offload_parameters
+    (1, False, False)
+    >>> one_gpu = plan_zero(estimate, gpu_memory_bytes=80 * 2**30, num_gpus=1, batch_size=4)
+    >>> one_gpu.stage, one_gpu.offload_optimizer, format_bytes(one_gpu.per_gpu_bytes)
+    (2, True, '18.29 GiB')
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from lightning_tune._validation import check_choice, check_int
+from lightning_tune.plan.estimate import MARGINS, Margin, MemoryEstimate, format_bytes
+
+__all__ = ["ZeroPlan", "plan_zero"]
+
+
+@dataclass(frozen=True)
+class ZeroPlan:
+    """A DeepSpeed ZeRO configuration and what it needs per GPU.
+
+    The first four fields are the arguments of Lightning's ``DeepSpeedStrategy`` of the same names
+    (``stage``, ``offload_optimizer``, ``offload_parameters``).
+
+    Attributes:
+        stage: ZeRO stage, 0-3 (0: no sharding, plain data parallel).
+        offload_optimizer: Keep optimizer state (and master weights) in CPU memory and step it there.
+        offload_parameters: Keep the weights in CPU memory too (stage 3 only).
+        per_gpu_bytes: Predicted peak on each GPU at the planned batch size.
+        reason: One sentence on why this configuration, with the figures.
+        fits: Whether ``per_gpu_bytes`` fits the budget after the margin; ``False`` only when nothing does, and
+            then the plan is the most memory-saving configuration.
+        num_gpus: GPUs the plan shards over.
+        batch_size: Micro-batch per GPU the plan is for.
+    """
+
+    stage: int
+    offload_optimizer: bool
+    offload_parameters: bool
+    per_gpu_bytes: int
+    reason: str
+    fits: bool = True
+    num_gpus: int = 1
+    batch_size: int = 1
+
+
+_CONFIGS: tuple[tuple[int, bool, bool], ...] = (
+    (0, False, False),
+    (1, False, False),
+    (2, False, False),
+    (3, False, False),
+    (2, True, False),
+    (3, True, False),
+    (3, True, True),
+)
+
+
+def _describe(stage: int, offload_optimizer: bool, offload_parameters: bool) -> str:
+    text = "no ZeRO sharding" if stage == 0 else f"ZeRO stage {stage}"
+    if offload_parameters:
+        return text + " with optimizer and weights offloaded to CPU"
+    return text + (" with the optimizer offloaded to CPU" if offload_optimizer else "")
+
+
+def zero_bytes(
+    estimate: MemoryEstimate, stage: int, offload_optimizer: bool, offload_parameters: bool, num_gpus: int, batch: int
+) -> int:
+    """Per-GPU bytes of one ZeRO configuration (the table in the module docstring).
+
+    Args:
+        estimate: The memory plan of one replica.
+        stage: ZeRO stage, 0-3.
+        offload_optimizer: Optimizer state on the CPU.
+        offload_parameters: Weights on the CPU (stage 3).
+        num_gpus: GPUs sharded over.
+        batch: Micro-batch per GPU.
+
+    Returns:
+        The number of bytes.
+    """
+    w, g = estimate.weight_bytes, estimate.gradient_bytes
+    o = estimate.optimizer_bytes + estimate.master_weight_bytes
+    per_param = (w + g) / max(estimate.parameters, 1)
+    largest = int(per_param * (estimate.largest_layer_parameters or 0))
+    # Whatever else the fixed part holds (buffers, temporaries of a measured step) stays on every GPU.
+    other = max(0, estimate.fixed_bytes - estimate.state_bytes)
+    activations = estimate.bytes_per_sample * batch + other
+    if offload_parameters:
+        states = largest
+    elif offload_optimizer:
+        states = w // num_gpus + largest if stage == 3 else w
+    else:
+        states = {
+            0: w + g + o,
+            1: w + g + o // num_gpus,
+            2: w + (g + o) // num_gpus,
+            3: (w + g + o) // num_gpus + largest,
+        }[stage]
+    return states + activations
+
+
+def plan_zero(
+    estimate: MemoryEstimate,
+    *,
+    gpu_memory_bytes: int,
+    num_gpus: int = 1,
+    batch_size: int = 1,
+    margin: Margin = "optimal",
+) -> ZeroPlan:
+    """Pick the least-sharding DeepSpeed ZeRO configuration whose per-GPU memory fits.
+
+    Args:
+        estimate: The memory plan of one replica (from :func:`~lightning_tune.plan.estimate_memory` or
+            :func:`~lightning_tune.plan.measure_memory`).
+        gpu_memory_bytes: Memory of one GPU, in bytes.
+        num_gpus: GPUs in the data-parallel group, >= 1.
+        batch_size: Micro-batch per GPU, >= 1.
+        margin: Share of each GPU kept back, as in :meth:`MemoryEstimate.max_batch_size`.
+
+    Returns:
+        The plan. When nothing fits, the most memory-saving configuration with ``fits=False`` and a reason saying
+        by how much it misses.
+
+    Raises:
+        TypeError: If ``estimate`` is not a :class:`MemoryEstimate` or a count is not an integer.
+        ValueError: If a count is out of range or ``margin`` is unknown.
+    """
+    if not isinstance(estimate, MemoryEstimate):
+        raise TypeError(f"`estimate` must be a MemoryEstimate, got {estimate!r} ({type(estimate).__name__})")
+    check_int("gpu_memory_bytes", gpu_memory_bytes, minimum=1)
+    check_int("num_gpus", num_gpus, minimum=1)
+    check_int("batch_size", batch_size, minimum=1)
+    check_choice("margin", margin, MARGINS)
+    usable = estimate.usable_bytes(gpu_memory_bytes, margin)
+    gpus = "1 GPU" if num_gpus == 1 else f"{num_gpus} GPUs"
+    where = f"{format_bytes(usable)} usable ({margin} margin) at batch {batch_size} on {gpus}"
+    needed: list[str] = []
+    for stage, offload_optimizer, offload_parameters in _CONFIGS:
+        if num_gpus == 1 and stage in (1, 2, 3) and not offload_optimizer:
+            continue  # nothing to shard over
+        per_gpu = zero_bytes(estimate, stage, offload_optimizer, offload_parameters, num_gpus, batch_size)
+        label = _describe(stage, offload_optimizer, offload_parameters)
+        if per_gpu <= usable:
+            before = f"; {'; '.join(needed)}" if needed else ""
+            return ZeroPlan(
+                stage,
+                offload_optimizer,
+                offload_parameters,
+                per_gpu,
+                f"{label} needs {format_bytes(per_gpu)} per GPU of {where}{before}",
+                num_gpus=num_gpus,
+                batch_size=batch_size,
+            )
+        needed.append(f"{label} would need {format_bytes(per_gpu)}")
+    return ZeroPlan(
+        3,
+        True,
+        True,
+        per_gpu,
+        f"nothing fits: {label} still needs {format_bytes(per_gpu)} per GPU of {where}",
+        fits=False,
+        num_gpus=num_gpus,
+        batch_size=batch_size,
+    )

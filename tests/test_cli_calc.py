@@ -1,0 +1,145 @@
+"""``lightning-tune calc batch-size``: the breakdown, the recommendation, the advice when nothing fits, bad input."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+from transformers import LlamaConfig
+
+from lightning_tune.cli import main
+from lightning_tune.plan import estimate_memory
+
+BASE = ["calc", "batch-size", "--model", "llama-2-7b", "--sequence-length", "2048"]
+
+
+def run(argv: list[str], capsys: pytest.CaptureFixture[str]) -> tuple[int, str, str]:
+    status = main(argv)
+    captured = capsys.readouterr()
+    return status, captured.out, captured.err
+
+
+def recommended(out: str) -> tuple[int, int, int]:
+    match = re.search(r"^Recommended: (\d+) \(safe\), (\d+) \(optimal\), (\d+) \(aggressive\)$", out, re.MULTILINE)
+    assert match, out
+    safe, optimal, aggressive = (int(g) for g in match.groups())
+    return safe, optimal, aggressive
+
+
+def test_prints_the_breakdown_and_the_recommendation(capsys: pytest.CaptureFixture[str]) -> None:
+    argv = [*BASE, "--gpu-memory", "81920", "--precision", "bf16", "--lora-rank", "8", "--grad-checkpointing"]
+    status, out, err = run(argv, capsys)
+    assert status == 0 and err == ""
+    assert "Parameters              6.75 B (6,746,804,224; 8,388,608 trainable)" in out
+    assert "Model size              12.57 GiB (bf16, 2 bytes each)" in out
+    for label in ("Gradients", "Optimizer states", "Activations per sample"):
+        assert f"  {label}" in out
+    estimate = estimate_memory("llama-2-7b", sequence_length=2048, lora_rank=8, gradient_checkpointing=True)
+    assert recommended(out) == tuple(estimate.batch_sizes(81920 * 2**20).values())
+    safe, optimal, aggressive = recommended(out)
+    assert 0 < safe <= optimal <= aggressive
+    assert "Nothing fits" not in out
+
+
+def test_says_plainly_when_nothing_fits_and_what_would(capsys: pytest.CaptureFixture[str]) -> None:
+    status, out, _ = run([*BASE, "--gpu-memory", "24576", "--precision", "fp16"], capsys)
+    assert status == 1
+    assert "Model size              12.55 GiB (fp16, 2 bytes each)" in out
+    assert "Nothing fits: batch 1 needs 110.43 GiB and 21.60 GiB is usable at the optimal margin" in out
+    assert "  --optimizer adamw8bit: still does not fit: batch 1 needs 73.71 GiB" in out
+    assert "  --lora-rank 16: fits batch 1 (optimal margin)" in out
+    assert "  --optimizer adamw8bit --grad-checkpointing --lora-rank 16: fits batch 6 (optimal margin)" in out
+    assert "DeepSpeed on 1 GPU: ZeRO stage 3 with optimizer and weights offloaded to CPU needs 10.78 GiB" in out
+    assert "  16 GPUs: ZeRO stage 3 needs 17.05 GiB per GPU" in out
+    assert recommended(out) == (0, 0, 0)
+
+
+def test_reads_a_hugging_face_config(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    LlamaConfig(vocab_size=1000, hidden_size=256, intermediate_size=512, num_hidden_layers=2).save_pretrained(tmp_path)
+    argv = ["calc", "batch-size", "--model", str(tmp_path / "config.json"), "--gpu-memory", "8192"]
+    status, out, _ = run([*argv, "--sequence-length", "512", "--precision", "fp32", "--optimizer", "sgd"], capsys)
+    assert status == 0
+    assert "Model size              " in out and "(fp32, 4 bytes each)" in out
+    assert "Master weights" not in out  # fp32 has none
+
+
+@pytest.mark.parametrize(
+    ("argv", "expected"),
+    [
+        pytest.param(
+            ["--model", "llama-2-8b", "--gpu-memory", "1", "--sequence-length", "8"],
+            "unknown model 'llama-2-8b'; did you mean",
+            id="unknown-model",
+        ),
+        pytest.param(
+            ["--model", "missing/config.json", "--gpu-memory", "1", "--sequence-length", "8"],
+            "no Hugging Face config.json at",
+            id="missing-config",
+        ),
+        pytest.param(
+            ["--model", "gpt2", "--gpu-memory", "0", "--sequence-length", "8"],
+            "--gpu-memory: must be an integer >= 1, got '0'",
+            id="zero-memory",
+        ),
+        pytest.param(
+            ["--model", "gpt2", "--gpu-memory", "24GB", "--sequence-length", "8"],
+            "--gpu-memory: must be an integer >= 1, got '24GB'",
+            id="units",
+        ),
+        pytest.param(
+            ["--model", "gpt2", "--gpu-memory", "1", "--sequence-length", "-1"],
+            "--sequence-length: must be an integer >= 1",
+            id="sequence",
+        ),
+        pytest.param(
+            ["--model", "gpt2", "--gpu-memory", "1", "--sequence-length", "8", "--precision", "fp8"],
+            "argument --precision: invalid choice: 'fp8'",
+            id="precision",
+        ),
+        pytest.param(
+            ["--model", "gpt2", "--gpu-memory", "1", "--sequence-length", "8", "--optimizer", "adam"],
+            "argument --optimizer: invalid choice: 'adam'",
+            id="optimizer",
+        ),
+        pytest.param(
+            ["--model", "gpt2", "--gpu-memory", "1", "--sequence-length", "8", "--lora-rank", "0"],
+            "--lora-rank: must be an integer >= 1",
+            id="rank",
+        ),
+        pytest.param(
+            ["--gpu-memory", "1", "--sequence-length", "8"],
+            "the following arguments are required: --model",
+            id="no-model",
+        ),
+        pytest.param(
+            ["--model", "gpt2", "--gpu-memory", "1", "--sequence-length", "8", "--gpus", "2"],
+            "unrecognized arguments: --gpus 2",
+            id="unknown-flag",
+        ),
+    ],
+)
+def test_bad_arguments_exit_2_with_one_line_message(
+    argv: list[str], expected: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    status, out, err = run(["calc", "batch-size", *argv], capsys)
+    assert status == 2
+    assert out == ""
+    lines = err.strip().splitlines()
+    assert len(lines) == 1, err
+    assert "error:" in lines[0] and expected in lines[0]
+    assert "Traceback" not in err
+
+
+def test_calc_without_a_calculation_prints_its_help(capsys: pytest.CaptureFixture[str]) -> None:
+    status, _, err = run(["calc"], capsys)
+    assert status == 2
+    assert "batch-size" in err
+
+
+def test_help_lists_the_flags(capsys: pytest.CaptureFixture[str]) -> None:
+    status, out, _ = run(["calc", "batch-size", "--help"], capsys)
+    assert status == 0
+    for flag in ("--model", "--gpu-memory", "--sequence-length", "--precision", "--optimizer", "--lora-rank"):
+        assert flag in out
+    assert "--grad-checkpointing" in out
