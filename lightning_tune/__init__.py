@@ -17,6 +17,7 @@ from lightning_tune.callbacks import (
     ThroughputLatencyMonitor,
     WarmupCosine,
 )
+from lightning_tune.config import InitialLR, TrainingConfig, from_config
 from lightning_tune.lr import ScheduleLR, scale_lr
 from lightning_tune.plan import (
     MODEL_SHAPES,
@@ -28,6 +29,7 @@ from lightning_tune.plan import (
     plan_zero,
 )
 from lightning_tune.plugins import TunePlugin
+from lightning_tune.presets import ActivationCheckpointing, TorchCompile, deepspeed_strategy
 
 try:
     from importlib.metadata import PackageNotFoundError, version
@@ -37,9 +39,11 @@ except PackageNotFoundError:  # running from a source tree that was not installe
     __version__ = "0.0.0+unknown"
 
 __all__ = [
+    "ActivationCheckpointing",
     "AdaptiveLROnPlateau",
     "AttentionSwap",
     "DynamicBatchSize",
+    "InitialLR",
     "LinearWarmup",
     "MODEL_SHAPES",
     "MemoryEstimate",
@@ -48,12 +52,16 @@ __all__ = [
     "ScheduleLR",
     "SimulatedMemory",
     "ThroughputLatencyMonitor",
+    "TorchCompile",
+    "TrainingConfig",
     "TransformerShape",
     "TunePlugin",
     "WarmupCosine",
     "ZeroPlan",
     "__version__",
+    "deepspeed_strategy",
     "estimate_memory",
+    "from_config",
     "measure_memory",
     "plan_zero",
     "scale_lr",

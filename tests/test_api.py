@@ -18,6 +18,9 @@ PACKAGES = [
     "lightning_tune.demos",
     "lightning_tune.batch",
     "lightning_tune.plan",
+    "lightning_tune.bench",
+    "lightning_tune.config",
+    "lightning_tune.presets",
 ]
 
 

@@ -1,0 +1,55 @@
+"""Benchmark engine behind ``lightning-tune bench``: batch-size sweeps of throughput and latency.
+
+:class:`BenchSettings` says what to run, :class:`BenchRunner` runs each batch size in a fresh Trainer with
+:class:`~lightning_tune.ThroughputLatencyMonitor` and returns :class:`BenchResult` rows, which
+:func:`format_table`, :func:`write_results` and :func:`plot_tradeoff` turn into a table, JSON/CSV files and a
+throughput-against-latency picture. Nothing here parses command lines.
+"""
+
+from lightning_tune.bench.files import CSV_NAME, JSON_NAME, sweep_record, write_atomically, write_results
+from lightning_tune.bench.plot import check_png_path, plot_tradeoff
+from lightning_tune.bench.progress import SweepProgress
+from lightning_tune.bench.result import COLUMNS, PERCENTILES, STATUSES, BenchResult, Status
+from lightning_tune.bench.runner import BenchRunner, SettingFailed, describe_device
+from lightning_tune.bench.settings import (
+    ACCELERATORS,
+    DEFAULT_SEQ_LEN,
+    DEMO,
+    MODES,
+    BenchSettings,
+    Mode,
+    parse_batch_sizes,
+)
+from lightning_tune.bench.table import format_table
+from lightning_tune.bench.target import BenchTarget, load_class, load_target, set_batch_size
+
+__all__ = [
+    "ACCELERATORS",
+    "BenchResult",
+    "BenchRunner",
+    "BenchSettings",
+    "BenchTarget",
+    "COLUMNS",
+    "CSV_NAME",
+    "DEFAULT_SEQ_LEN",
+    "DEMO",
+    "JSON_NAME",
+    "MODES",
+    "Mode",
+    "PERCENTILES",
+    "STATUSES",
+    "SettingFailed",
+    "Status",
+    "SweepProgress",
+    "check_png_path",
+    "describe_device",
+    "format_table",
+    "load_class",
+    "load_target",
+    "parse_batch_sizes",
+    "plot_tradeoff",
+    "set_batch_size",
+    "sweep_record",
+    "write_atomically",
+    "write_results",
+]

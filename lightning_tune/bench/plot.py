@@ -1,0 +1,123 @@
+"""The throughput/latency trade-off of a sweep as a picture: samples/s against p95 latency, one point per batch size.
+
+Larger batches usually buy throughput with latency; the curve shows where the extra throughput stops paying for
+the extra wait. matplotlib is imported only when a plot is drawn.
+"""
+
+from __future__ import annotations
+
+import io
+import os
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from lightning_tune._validation import check_choice, check_int
+from lightning_tune.bench.files import write_atomically
+from lightning_tune.bench.result import BenchResult
+from lightning_tune.bench.settings import MODES
+
+__all__ = ["check_png_path", "plot_tradeoff"]
+
+
+def check_png_path(path: Any) -> Path:
+    """Check a path the plot can be written to, before any setting runs.
+
+    Args:
+        path: The output path; it must end in ``.png`` and not be a directory.
+
+    Returns:
+        The path.
+
+    Raises:
+        TypeError: If ``path`` is not a path.
+        ValueError: If it does not end in ``.png`` or is a directory.
+
+    Example:
+        >>> check_png_path("sweep.png").name
+        'sweep.png'
+    """
+    if isinstance(path, bool) or not isinstance(path, (str, os.PathLike)):
+        raise TypeError(f"`plot` must be a path ending in .png, got {path!r} ({type(path).__name__})")
+    out = Path(path)
+    if out.suffix.lower() != ".png":
+        raise ValueError(f"`plot` must be a path ending in .png, got {str(path)!r}")
+    if out.is_dir():
+        raise ValueError(f"`plot` must be a .png file path, got the directory {str(path)!r}")
+    return out
+
+
+def plot_tradeoff(
+    results: Sequence[BenchResult],
+    path: str | os.PathLike[str],
+    *,
+    mode: str = "train",
+    title: str | None = None,
+    subtitle: str | None = None,
+    dpi: int = 100,
+) -> list[tuple[int, float, float]]:
+    """Draw samples/s against p95 latency across batch sizes into a PNG.
+
+    Points are joined in batch-size order and labelled with their batch size; settings that ran out of memory are
+    listed under the plot.
+
+    Args:
+        results: The sweep's results.
+        path: The PNG to write (see :func:`check_png_path`); written to a temporary file and renamed into place.
+        mode: ``"train"`` (step latency) or ``"predict"`` (request latency), for the axis label.
+        title: Figure title; default ``"Throughput against p95 <step|request> latency"``.
+        subtitle: A smaller line under the title, e.g. the model and the device.
+        dpi: Resolution; the figure is 8 x 5.5 inches, 800 x 550 pixels at 100 dpi.
+
+    Returns:
+        The points drawn, ``(batch_size, p95_ms, samples_per_sec)``, in batch-size order.
+
+    Raises:
+        TypeError: If an argument has the wrong type.
+        ValueError: If an argument is not allowed, or no result has both figures (every setting ran out of memory).
+        OSError: If the file cannot be written.
+    """
+    out = check_png_path(path)
+    check_choice("mode", mode, MODES)
+    check_int("dpi", dpi, minimum=10)
+    for name, text in (("title", title), ("subtitle", subtitle)):
+        if text is not None and not isinstance(text, str):
+            raise TypeError(f"`{name}` must be a string or None, got {text!r} ({type(text).__name__})")
+    ordered = sorted(results, key=lambda r: r.batch_size)
+    points = [
+        (r.batch_size, r.p95_ms, r.samples_per_sec)
+        for r in ordered
+        if r.status == "ok" and r.p95_ms is not None and r.samples_per_sec is not None
+    ]
+    if not points:
+        raise ValueError("nothing to plot: no batch size has both a p95 latency and a throughput")
+    failed = [str(r.batch_size) for r in ordered if r.status == "oom"]
+
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+
+    kind = "step" if mode == "train" else "request"
+    fig = Figure(figsize=(8.0, 5.5), dpi=dpi, layout="constrained")
+    FigureCanvasAgg(fig)
+    ax = fig.add_subplot()
+    xs = [p95 for _, p95, _ in points]
+    ys = [rate for _, _, rate in points]
+    ax.plot(xs, ys, marker="o", linewidth=1.8, markersize=7, color="tab:blue")
+    for batch_size, x, y in points:
+        ax.annotate(f"bs {batch_size}", (x, y), textcoords="offset points", xytext=(6, 6), fontsize=10)
+    ax.set_xlabel(f"p95 {kind} latency (ms)")
+    ax.set_ylabel("throughput (samples/s)")
+    fig.suptitle(title if title is not None else f"Throughput against p95 {kind} latency", fontweight="bold")
+    if subtitle:
+        ax.set_title(subtitle, fontsize=10)
+    ax.grid(True, alpha=0.35)
+    ax.margins(x=0.12, y=0.12)
+    if failed:
+        ax.text(
+            0.99, 0.02, f"out of memory: batch size {', '.join(failed)}", transform=ax.transAxes,
+            ha="right", va="bottom", fontsize=10, color="tab:red",
+        )  # fmt: skip
+    buffer = io.BytesIO()
+    fig.savefig(buffer, format="png")
+    write_atomically(out, buffer.getvalue())
+    return points

@@ -1,0 +1,211 @@
+"""What one benchmark sweep measures: :class:`BenchSettings`, and the parser of a batch-size list."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Final, Literal, get_args
+
+from lightning_tune._validation import check_choice, check_int
+
+__all__ = [
+    "ACCELERATORS",
+    "BenchSettings",
+    "DEFAULT_SEQ_LEN",
+    "DEMO",
+    "MODES",
+    "Mode",
+    "parse_batch_sizes",
+]
+
+#: What a sweep times: optimizer steps of ``Trainer.fit`` or ``predict_step`` calls of ``Trainer.predict``.
+Mode = Literal["train", "predict"]
+MODES: Final[tuple[str, ...]] = get_args(Mode)
+
+#: The model name that selects the demo GPT and its synthetic data.
+DEMO: Final = "demo"
+#: Tokens per sequence of the demo when none is given.
+DEFAULT_SEQ_LEN: Final = 512
+#: Lightning accelerator names a sweep accepts (it runs on one device of that kind).
+ACCELERATORS: Final[tuple[str, ...]] = ("auto", "cpu", "gpu", "cuda", "mps")
+
+# "package.module:Class", the class possibly nested ("module:Outer.Inner")
+_SPEC = re.compile(r"^[A-Za-z_]\w*(\.[A-Za-z_]\w*)*:[A-Za-z_]\w*(\.[A-Za-z_]\w*)*$")
+_SPEC_ALLOWED = "'package.module:ClassName'"
+
+
+def parse_batch_sizes(text: str) -> tuple[int, ...]:
+    """Parse a comma-separated list of batch sizes, as ``--batch-size`` takes it.
+
+    Args:
+        text: Distinct integers >= 1 separated by commas, e.g. ``"1,4,8"``; spaces are ignored.
+
+    Returns:
+        The batch sizes, in the order given.
+
+    Raises:
+        TypeError: If ``text`` is not a string.
+        ValueError: If an entry is not an integer >= 1, the list is empty or repeats a size.
+
+    Example:
+        >>> parse_batch_sizes("1, 4,8")
+        (1, 4, 8)
+    """
+    if not isinstance(text, str):
+        raise TypeError(f"`batch_sizes` must be a string such as '1,4,8', got {text!r} ({type(text).__name__})")
+    allowed = "distinct integers >= 1 separated by commas, such as '1,4,8'"
+    parts = [part.strip() for part in text.split(",")]
+    if not all(part.isdigit() and int(part) >= 1 for part in parts):
+        raise ValueError(f"`batch_sizes` must be {allowed}, got {text!r}")
+    sizes = tuple(int(part) for part in parts)
+    if len(set(sizes)) != len(sizes):
+        raise ValueError(f"`batch_sizes` must be {allowed}, got {text!r} (a size is repeated)")
+    return sizes
+
+
+def _check_spec(name: str, value: Any) -> None:
+    if not isinstance(value, str):
+        raise TypeError(f"`{name}` must be a string such as {_SPEC_ALLOWED}, got {value!r} ({type(value).__name__})")
+    if not _SPEC.match(value):
+        raise ValueError(f"`{name}` must be {_SPEC_ALLOWED}, got {value!r}")
+
+
+def _check_kwargs(name: str, value: Any) -> dict[str, Any]:
+    if not isinstance(value, Mapping) or not all(isinstance(key, str) for key in value):
+        raise TypeError(f"`{name}` must be a mapping of keyword arguments (str keys), got {value!r}")
+    return dict(value)
+
+
+@dataclass(frozen=True)
+class BenchSettings:
+    """One sweep: the model, the batch sizes to try, and how each setting is run.
+
+    Every batch size runs in a fresh Trainer with a fresh model: ``warmup`` steps (or predict batches) first, which
+    the figures leave out, then ``steps`` measured ones.
+
+    Args:
+        batch_sizes: Batch sizes to try, in order; distinct integers >= 1.
+        mode: ``"train"`` times optimizer steps of ``Trainer.fit``; ``"predict"`` times ``predict_step`` calls
+            (request latency) of ``Trainer.predict``.
+        model: ``"demo"`` for the demo GPT on synthetic tokens, or ``"package.module:ClassName"`` naming a
+            LightningModule subclass.
+        model_args: Keyword arguments of the model: the module's constructor, or for the demo fields of
+            :class:`~lightning_tune.demos.GPTConfig` other than ``seq_len`` (``d_model``, ``n_layers``, ...).
+        datamodule: ``"package.module:ClassName"`` naming a LightningDataModule that provides the data, or
+            ``None`` for the module's own dataloaders. Not with the demo.
+        datamodule_args: Keyword arguments of the datamodule's constructor.
+        seq_len: Tokens per sequence of the demo; ``None`` means 512. Only for the demo: a module's own data fixes
+            its sequence length.
+        steps: Measured optimizer steps (train) or predict batches (predict) per batch size, >= 2.
+        warmup: Steps (or predict batches) run first and left out of the figures, >= 0.
+        precision: Precision of :class:`~lightning_tune.TunePlugin` (``"auto"``, ``"32-true"``, ``"bf16-mixed"``,
+            ...); ``"auto"`` is bf16-mixed or 16-mixed on a CUDA GPU and 32-true elsewhere.
+        optimizer: Optimizer swap of :class:`~lightning_tune.TunePlugin` (e.g. ``"adamw8bit"``), or ``None``.
+        attention: Attention backend of :class:`~lightning_tune.TunePlugin` (``"auto"``, ``"flash"``, ``"sdpa"``,
+            ``"eager"``), or ``None`` to leave attention alone.
+        accelerator: Lightning accelerator: ``"auto"``, ``"cpu"``, ``"gpu"``, ``"cuda"`` or ``"mps"``. A sweep
+            runs on one device.
+        seed: Seed set before each setting, >= 0, so every batch size starts from the same weights.
+
+    Raises:
+        TypeError: If an argument has the wrong type.
+        ValueError: If an argument is not allowed.
+
+    Example:
+        >>> BenchSettings(batch_sizes=(1, 4), steps=20).seq_len_or_default
+        512
+    """
+
+    batch_sizes: tuple[int, ...]
+    mode: Mode = "train"
+    model: str = DEMO
+    model_args: Mapping[str, Any] = field(default_factory=dict)
+    datamodule: str | None = None
+    datamodule_args: Mapping[str, Any] = field(default_factory=dict)
+    seq_len: int | None = None
+    steps: int = 100
+    warmup: int = 10
+    precision: str = "auto"
+    optimizer: str | None = None
+    attention: str | None = None
+    accelerator: str = "auto"
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        from lightning_tune.plugins.tune import PRECISIONS
+        from lightning_tune.swaps.attention import BACKENDS
+        from lightning_tune.swaps.optimizer import OPTIMIZERS
+
+        sizes = self.batch_sizes
+        if isinstance(sizes, (str, bytes)) or not isinstance(sizes, Sequence):
+            raise TypeError(f"`batch_sizes` must be a sequence of integers such as (1, 4, 8), got {sizes!r}")
+        if not sizes:
+            raise ValueError("`batch_sizes` must hold at least one batch size, got ()")
+        for index, size in enumerate(sizes):
+            check_int(f"batch_sizes[{index}]", size, minimum=1)
+        if len(set(sizes)) != len(sizes):
+            raise ValueError(f"`batch_sizes` must not repeat a batch size, got {tuple(sizes)!r}")
+        object.__setattr__(self, "batch_sizes", tuple(sizes))
+        check_choice("mode", self.mode, MODES)
+        if self.model != DEMO:
+            _check_spec("model", self.model)
+        object.__setattr__(self, "model_args", _check_kwargs("model_args", self.model_args))
+        if self.datamodule is not None:
+            _check_spec("datamodule", self.datamodule)
+            if self.model == DEMO:
+                raise ValueError(
+                    f"`datamodule` must be None with model='demo' (the demo brings its own data), got "
+                    f"{self.datamodule!r}"
+                )
+        datamodule_args = _check_kwargs("datamodule_args", self.datamodule_args)
+        if datamodule_args and self.datamodule is None:
+            raise ValueError(f"`datamodule_args` needs a `datamodule`, got {datamodule_args!r} without one")
+        object.__setattr__(self, "datamodule_args", datamodule_args)
+        check_int("seq_len", self.seq_len, minimum=1, allow_none=True)
+        if self.seq_len is not None and self.model != DEMO:
+            raise ValueError(
+                f"`seq_len` applies only to model='demo' (a module's own data fixes its sequence length), got "
+                f"seq_len={self.seq_len!r} with model={self.model!r}"
+            )
+        if self.model == DEMO and "seq_len" in self.model_args:
+            raise ValueError("`model_args` must not hold 'seq_len' for the demo; give `seq_len` itself")
+        check_int("steps", self.steps, minimum=2)
+        check_int("warmup", self.warmup, minimum=0)
+        check_choice("precision", self.precision, PRECISIONS)
+        if self.optimizer is not None:
+            check_choice("optimizer", self.optimizer, OPTIMIZERS)
+        if self.attention is not None:
+            check_choice("attention", self.attention, BACKENDS)
+        check_choice("accelerator", self.accelerator, ACCELERATORS)
+        check_int("seed", self.seed, minimum=0)
+
+    @property
+    def seq_len_or_default(self) -> int | None:
+        """The demo's sequence length (``seq_len``, else 512); ``None`` for a user module."""
+        if self.model != DEMO:
+            return None
+        return DEFAULT_SEQ_LEN if self.seq_len is None else self.seq_len
+
+    def as_dict(self) -> dict[str, Any]:
+        """The settings as JSON-ready builtins.
+
+        Returns:
+            Field name to value, with tuples as lists.
+        """
+        return {
+            "mode": self.mode,
+            "model": self.model,
+            "model_args": dict(self.model_args),
+            "datamodule": self.datamodule,
+            "datamodule_args": dict(self.datamodule_args),
+            "batch_sizes": list(self.batch_sizes),
+            "seq_len": self.seq_len_or_default,
+            "steps": self.steps,
+            "warmup": self.warmup,
+            "precision": self.precision,
+            "optimizer": self.optimizer,
+            "attention": self.attention,
+            "accelerator": self.accelerator,
+            "seed": self.seed,
+        }

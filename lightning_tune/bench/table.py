@@ -1,0 +1,70 @@
+"""The table a sweep prints: one row per batch size, the same figures the JSON and CSV files hold, rounded."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Final
+
+from lightning_tune._validation import check_choice
+from lightning_tune.bench.result import BenchResult
+from lightning_tune.bench.settings import MODES
+
+__all__ = ["format_table"]
+
+_Format = Callable[[float], str]
+
+# (header, result field, format); "{kind}" is "step" (train) or "request" (predict)
+_COLUMNS: Final[tuple[tuple[str, str, _Format], ...]] = (
+    ("samples/s", "samples_per_sec", lambda v: f"{v:,.1f}"),
+    ("tokens/s", "tokens_per_sec", lambda v: f"{v:,.0f}"),
+    ("{kind} p50 ms", "p50_ms", lambda v: f"{v:,.2f}"),
+    ("{kind} p95 ms", "p95_ms", lambda v: f"{v:,.2f}"),
+    ("{kind} p99 ms", "p99_ms", lambda v: f"{v:,.2f}"),
+    ("peak VRAM GiB", "peak_vram_gib", lambda v: f"{v:,.2f}"),
+    ("MFU %", "mfu", lambda v: f"{100 * v:.1f}"),
+)
+_MISSING = "-"
+
+
+def format_table(results: Sequence[BenchResult], *, mode: str = "train") -> str:
+    """One row per batch size: throughput, latency percentiles, peak VRAM and MFU.
+
+    Latency is per optimizer step in ``"train"`` mode and per predict request (batch) in ``"predict"`` mode. A figure
+    that does not apply shows as ``-``; a setting that ran out of memory shows ``OOM``.
+
+    Args:
+        results: The sweep's results.
+        mode: ``"train"`` or ``"predict"``.
+
+    Returns:
+        The table, right-aligned columns separated by two spaces.
+
+    Raises:
+        ValueError: If ``mode`` is not allowed.
+        TypeError: If ``results`` holds something other than :class:`BenchResult`.
+
+    Example:
+        >>> rows = [BenchResult(1, "ok", 10, 1.0, 10.0, 640.0, 98.0, 101.0, 103.5), BenchResult(64, "oom")]
+        >>> print(format_table(rows))
+        batch  samples/s  tokens/s  step p50 ms  step p95 ms  step p99 ms  peak VRAM GiB  MFU %
+            1       10.0       640        98.00       101.00       103.50              -      -
+           64        OOM         -            -            -            -              -      -
+    """
+    check_choice("mode", mode, MODES)
+    for index, result in enumerate(results):
+        if not isinstance(result, BenchResult):
+            raise TypeError(f"`results[{index}]` must be a BenchResult, got {result!r}")
+    kind = "step" if mode == "train" else "request"
+    headers = ["batch"] + [header.format(kind=kind) for header, _, _ in _COLUMNS]
+    rows = [headers]
+    for result in results:
+        if result.status == "oom":
+            rows.append([str(result.batch_size), "OOM"] + [_MISSING] * (len(_COLUMNS) - 1))
+            continue
+        cells = [str(result.batch_size)]
+        for _, name, fmt in _COLUMNS:
+            value = getattr(result, name)
+            cells.append(_MISSING if value is None else fmt(value))
+        rows.append(cells)
+    widths = [max(len(row[i]) for row in rows) for i in range(len(headers))]
+    return "\n".join("  ".join(cell.rjust(width) for cell, width in zip(row, widths, strict=True)) for row in rows)

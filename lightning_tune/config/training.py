@@ -1,0 +1,234 @@
+"""``TrainingConfig``: a checked training configuration and the Trainer arguments it stands for.
+
+The dataclass holds plain values only; :meth:`TrainingConfig.trainer_kwargs` builds fresh callbacks, plugins and a
+strategy from them on every call, so two Trainers never share a stateful callback.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from types import MappingProxyType
+from typing import TYPE_CHECKING, Any, Literal
+
+from lightning.pytorch.callbacks import Callback
+
+from lightning_tune.presets.checkpointing import BlockTypes
+from lightning_tune.presets.deepspeed import DeepSpeedSettings
+
+if TYPE_CHECKING:
+    from lightning.pytorch.strategies import Strategy
+    from torch.utils.data import DataLoader, Dataset
+
+__all__ = ["Schedule", "TrainingConfig"]
+
+#: Learning-rate schedules a configuration can name.
+Schedule = Literal["cosine_with_warmup", "linear_warmup", "onecycle"]
+
+
+def _frozen(mapping: Mapping[str, Any] | None) -> Mapping[str, Any] | None:
+    return None if mapping is None else MappingProxyType(dict(mapping))
+
+
+@dataclass(frozen=True)
+class TrainingConfig:
+    """A checked training configuration, as :func:`~lightning_tune.config.from_config` returns it.
+
+    Use ``Trainer(**config.trainer_kwargs(), max_steps=...)``, and give the DataModule :attr:`micro_batch_size` and
+    :attr:`dataloader_kwargs` (or build loaders with :meth:`dataloader`): DataLoader settings are not Trainer
+    arguments.
+
+    Attributes:
+        precision: Lightning precision string (``"bf16-mixed"``, ...), or ``None`` for Lightning's default.
+        micro_batch_size: Samples per forward/backward on one device, or ``None``.
+        sequence_length: Tokens per sample, for the DataModule, or ``None``.
+        accumulate_grad_batches: Micro-batches per optimizer step, or ``None`` (1).
+        dataloader_kwargs: ``DataLoader`` keyword arguments (``num_workers``, ``pin_memory``, ...).
+        initial_lr: Peak LR set on the module's optimizer by :class:`~lightning_tune.config.InitialLR`, or ``None``.
+        schedule: The LR schedule, or ``None``.
+        schedule_kwargs: Arguments of the schedule callback.
+        plateau_kwargs: Arguments of :class:`~lightning_tune.AdaptiveLROnPlateau`, or ``None`` when off.
+        dynamic_batch_kwargs: Arguments of ``DynamicBatchSize``, or ``None`` when off.
+        optimizer: :class:`~lightning_tune.OptimizerSwap` name, or ``None`` to keep the module's optimizer.
+        attention: :class:`~lightning_tune.AttentionSwap` backend, or ``None`` to leave attention alone.
+        checkpointing_blocks: ``None`` when activation checkpointing is off; ``"auto"`` to find the blocks, or the
+            block classes/names.
+        compile_kwargs: Arguments of :class:`~lightning_tune.presets.TorchCompile`, or ``None`` when off.
+        deepspeed: DeepSpeed settings when CPU offload is on, else ``None``.
+        devices: ``Trainer(devices=...)``, or ``None``.
+        data_parallel: Train with DDP.
+        process_group_backend: ``"nccl"``/``"gloo"`` for DDP or DeepSpeed, or ``None`` for Lightning's choice.
+        checkpoint_every_n_steps: Save a checkpoint every this many optimizer steps, or ``None``.
+        async_checkpoint: Write checkpoints in a background thread (Lightning's ``AsyncCheckpointIO``).
+        source: The configuration as given.
+    """
+
+    precision: str | None = None
+    micro_batch_size: int | None = None
+    sequence_length: int | None = None
+    accumulate_grad_batches: int | None = None
+    dataloader_kwargs: Mapping[str, Any] = field(default_factory=dict)
+    initial_lr: float | None = None
+    schedule: Schedule | None = None
+    schedule_kwargs: Mapping[str, Any] = field(default_factory=dict)
+    plateau_kwargs: Mapping[str, Any] | None = None
+    dynamic_batch_kwargs: Mapping[str, Any] | None = None
+    optimizer: str | None = None
+    attention: str | None = None
+    checkpointing_blocks: BlockTypes | Literal["auto"] | None = None
+    compile_kwargs: Mapping[str, Any] | None = None
+    deepspeed: DeepSpeedSettings | None = None
+    devices: int | tuple[int, ...] | None = None
+    data_parallel: bool = False
+    process_group_backend: str | None = None
+    checkpoint_every_n_steps: int | None = None
+    async_checkpoint: bool = False
+    source: Mapping[str, Any] = field(default_factory=dict, compare=False, repr=False)
+
+    def __post_init__(self) -> None:
+        for name in ("dataloader_kwargs", "schedule_kwargs", "source"):
+            object.__setattr__(self, name, _frozen(getattr(self, name)))
+        for name in ("plateau_kwargs", "dynamic_batch_kwargs", "compile_kwargs"):
+            object.__setattr__(self, name, _frozen(getattr(self, name)))
+
+    @property
+    def uses_plugin(self) -> bool:
+        """Whether a :class:`~lightning_tune.TunePlugin` carries precision and swaps (not under DeepSpeed)."""
+        return self.deepspeed is None and (
+            self.precision is not None or self.optimizer is not None or self.attention is not None
+        )
+
+    def callbacks(self) -> list[Callback]:
+        """Fresh callbacks, in the order they must run.
+
+        ``InitialLR`` comes before the schedule (which reads the LR it sets), the schedule before the plateau
+        callback (which multiplies the schedule), and activation checkpointing before ``torch.compile`` (which traces
+        the checkpointed blocks).
+
+        Returns:
+            The callbacks.
+        """
+        from lightning.pytorch.callbacks import ModelCheckpoint
+
+        import lightning_tune.callbacks as cb
+        from lightning_tune.config.initial_lr import InitialLR
+        from lightning_tune.presets.checkpointing import ActivationCheckpointing
+        from lightning_tune.presets.compile import TorchCompile
+
+        out: list[Callback] = []
+        if self.initial_lr is not None:
+            out.append(InitialLR(self.initial_lr))
+        if self.schedule == "cosine_with_warmup":
+            out.append(cb.WarmupCosine(**self.schedule_kwargs))
+        elif self.schedule == "linear_warmup":
+            out.append(cb.LinearWarmup(**self.schedule_kwargs))
+        elif self.schedule == "onecycle":
+            out.append(cb.OneCycle(**self.schedule_kwargs))
+        if self.plateau_kwargs is not None:
+            out.append(cb.AdaptiveLROnPlateau(**self.plateau_kwargs))
+        if self.dynamic_batch_kwargs is not None:
+            # imported here: the module need not exist for the rest of the configuration to work
+            from lightning_tune.callbacks.dynamic_batch import DynamicBatchSize
+
+            out.append(DynamicBatchSize(**self.dynamic_batch_kwargs))
+        if self.deepspeed is not None and self.attention is not None:
+            out.append(cb.AttentionSwap(self.attention))  # type: ignore[arg-type]
+        if self.checkpointing_blocks is not None:
+            blocks = None if self.checkpointing_blocks == "auto" else self.checkpointing_blocks
+            out.append(ActivationCheckpointing(blocks))
+        if self.compile_kwargs is not None:
+            out.append(TorchCompile(**self.compile_kwargs))
+        if self.checkpoint_every_n_steps is not None:
+            out.append(ModelCheckpoint(every_n_train_steps=self.checkpoint_every_n_steps))
+        return out
+
+    def plugins(self) -> list[Any]:
+        """Fresh plugins: a :class:`~lightning_tune.TunePlugin` and Lightning's ``AsyncCheckpointIO`` as configured.
+
+        Returns:
+            The plugins.
+        """
+        out: list[Any] = []
+        if self.uses_plugin:
+            from lightning_tune.plugins.tune import TunePlugin
+
+            out.append(
+                TunePlugin(
+                    self.precision or "32-true",
+                    optimizer=self.optimizer,  # type: ignore[arg-type]
+                    attention=self.attention,
+                )
+            )
+        if self.async_checkpoint:
+            from lightning.pytorch.plugins.io import AsyncCheckpointIO
+
+            out.append(AsyncCheckpointIO())
+        return out
+
+    def strategy(self) -> Strategy | str | None:
+        """A fresh strategy: DeepSpeed when CPU offload is on, DDP for data parallelism, else ``None``.
+
+        Returns:
+            The strategy, ``"ddp"``, or ``None`` for Lightning's default.
+
+        Raises:
+            ModuleNotFoundError: If DeepSpeed is needed and not installed (names the extra).
+        """
+        if self.deepspeed is not None:
+            from lightning_tune.presets.deepspeed import build_strategy
+
+            return build_strategy(self.deepspeed)
+        if not self.data_parallel:
+            return None
+        if self.process_group_backend is None:
+            return "ddp"
+        from lightning.pytorch.strategies import DDPStrategy
+
+        return DDPStrategy(process_group_backend=self.process_group_backend)
+
+    def trainer_kwargs(self) -> dict[str, Any]:
+        """Keyword arguments for ``Trainer``: only those the configuration sets.
+
+        The precision goes to the :class:`~lightning_tune.TunePlugin` when there is one (Lightning refuses it on
+        both), and to ``Trainer(precision=...)`` under DeepSpeed, which brings its own precision plugin.
+
+        Returns:
+            Some of ``callbacks``, ``plugins``, ``strategy``, ``devices``, ``precision``, ``accumulate_grad_batches``.
+
+        Raises:
+            ModuleNotFoundError: If a configured feature needs an optional package that is missing.
+        """
+        kwargs: dict[str, Any] = {}
+        if callbacks := self.callbacks():
+            kwargs["callbacks"] = callbacks
+        if plugins := self.plugins():
+            kwargs["plugins"] = plugins
+        if (strategy := self.strategy()) is not None:
+            kwargs["strategy"] = strategy
+        if self.devices is not None:
+            kwargs["devices"] = list(self.devices) if isinstance(self.devices, tuple) else self.devices
+        if self.deepspeed is not None and self.precision is not None:
+            from lightning_tune.plugins.tune import resolve_precision
+
+            kwargs["precision"] = resolve_precision(self.precision)
+        if self.accumulate_grad_batches is not None:
+            kwargs["accumulate_grad_batches"] = self.accumulate_grad_batches
+        return kwargs
+
+    def dataloader(self, dataset: Dataset, **overrides: Any) -> DataLoader:
+        """A ``DataLoader`` over ``dataset`` with :attr:`micro_batch_size` and :attr:`dataloader_kwargs`.
+
+        Args:
+            dataset: The dataset.
+            **overrides: Further or overriding ``DataLoader`` arguments (``shuffle=True``, ...).
+
+        Returns:
+            The loader.
+        """
+        from torch.utils.data import DataLoader
+
+        kwargs: dict[str, Any] = dict(self.dataloader_kwargs)
+        if self.micro_batch_size is not None:
+            kwargs["batch_size"] = self.micro_batch_size
+        kwargs.update(overrides)
+        return DataLoader(dataset, **kwargs)

@@ -1,0 +1,274 @@
+"""``torch.compile`` of an unmodified model, in place, for the duration of each Trainer run.
+
+:func:`compile_modules` gives each chosen submodule an instance ``forward`` compiled by ``torch.compile``. The module
+object and its parameters stay, so the optimizers the LightningModule built, its checkpoints and its ``state_dict``
+keys (no ``_orig_mod.`` prefix, as ``torch.compile(module)`` would add) all stay as they were. The returned
+:class:`CompileResult` undoes it. :class:`TorchCompile` does it in ``setup`` and undoes it in ``teardown``.
+
+Which modules, by default: every direct child of the LightningModule that holds parameters (its network), since a
+``training_step`` may call ``self.net(x)`` rather than ``self(x)``; children without parameters (losses, metrics)
+stay eager.
+"""
+
+from __future__ import annotations
+
+import weakref
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Final, Literal, get_args
+
+from lightning.pytorch.callbacks import Callback
+from lightning.pytorch.utilities import rank_zero_info
+from torch import nn
+from typing_extensions import override
+
+from lightning_tune._validation import check_bool, check_choice
+
+if TYPE_CHECKING:
+    import lightning.pytorch as pl
+
+__all__ = ["COMPILE_MODES", "CompileMode", "CompileResult", "TorchCompile", "check_compile_options", "compile_modules"]
+
+#: ``torch.compile`` modes.
+CompileMode = Literal["default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs"]
+COMPILE_MODES: Final[tuple[str, ...]] = get_args(CompileMode)
+#: Compiled ``forward`` functions this module installed.
+_INSTALLED: weakref.WeakSet[Callable[..., Any]] = weakref.WeakSet()
+
+
+@dataclass
+class CompileResult:
+    """Which modules :func:`compile_modules` compiled, and how to undo it.
+
+    Args:
+        paths: Qualified names of the compiled modules (``""``: the model itself).
+    """
+
+    paths: list[str] = field(default_factory=list)
+    _undo: list[Callable[[], None]] = field(default_factory=list, init=False, repr=False, compare=False)
+
+    @property
+    def restored(self) -> bool:
+        """Whether nothing is left to undo."""
+        return not self._undo
+
+    def restore(self) -> None:
+        """Make every compiled module run eagerly again. Safe to call twice."""
+        while self._undo:
+            self._undo.pop()()
+
+    def describe(self) -> str:
+        """One line naming the compiled modules.
+
+        Returns:
+            The line.
+        """
+        return f"torch.compile: {', '.join(p or '(root)' for p in self.paths)}"
+
+
+def _compiled(module: nn.Module) -> bool:
+    """Whether ``module`` already runs compiled: by ``nn.Module.compile()`` or by a compiled instance ``forward``."""
+    # `nn.Module.compile()` stores its compiled `_call_impl` in this instance attribute (read only, never written)
+    if module.__dict__.get("_compiled_call_impl") is not None:
+        return True
+    forward = module.__dict__.get("forward")
+    return forward is not None and forward in _INSTALLED
+
+
+def _compile_forward(module: nn.Module, kwargs: Mapping[str, Any]) -> Callable[[], None]:
+    """Give ``module`` an instance ``forward`` compiled from its current one; return the undo.
+
+    Not ``nn.Module.compile()``: that compiles ``_call_impl``, and TorchDynamo does not start tracing in torch's own
+    files, so on torch's module classes (``nn.Sequential``, ``nn.Linear``, ...) it compiled nothing (torch 2.13).
+    """
+    import torch
+
+    previous = module.__dict__.get("forward")
+    compiled = torch.compile(module.forward, **kwargs)
+    _INSTALLED.add(compiled)
+    setattr(module, "forward", compiled)  # noqa: B010
+
+    def undo() -> None:
+        if module.__dict__.get("forward") is not compiled:
+            return  # replaced by someone else since: leave it
+        if previous is None:
+            del module.__dict__["forward"]
+        else:
+            setattr(module, "forward", previous)  # noqa: B010
+
+    return undo
+
+
+def check_compile_options(
+    *, mode: str | None, fullgraph: bool, dynamic: bool | None, backend: str | Callable[..., Any], options: Any
+) -> None:
+    """Check ``torch.compile`` arguments before anything is compiled.
+
+    Args:
+        mode: One of :data:`COMPILE_MODES`, or ``None``.
+        fullgraph: Whether a graph break is an error.
+        dynamic: ``None`` (detect), ``True`` or ``False``.
+        backend: A registered backend name (``torch.compiler.list_backends(exclude_tags=())``) or a callable.
+        options: ``None`` or a mapping of backend options; not together with ``mode``.
+
+    Raises:
+        TypeError: If an argument has the wrong type.
+        ValueError: If ``mode`` or ``backend`` is unknown, or both ``mode`` and ``options`` are given.
+    """
+    if mode is not None:
+        check_choice("mode", mode, COMPILE_MODES)
+    check_bool("fullgraph", fullgraph)
+    if dynamic is not None:
+        check_bool("dynamic", dynamic)
+    if isinstance(backend, str):
+        import torch
+
+        check_choice("backend", backend, torch.compiler.list_backends(exclude_tags=()))
+    elif not callable(backend):
+        raise TypeError(f"`backend` must be a backend name or a callable, got {backend!r} ({type(backend).__name__})")
+    if options is not None:
+        if not isinstance(options, Mapping):
+            raise TypeError(f"`options` must be a mapping or None, got {options!r} ({type(options).__name__})")
+        if mode is not None:
+            raise ValueError(f"give `mode` or `options`, not both (torch.compile refuses both), got mode={mode!r}")
+
+
+def compile_modules(
+    module: nn.Module,
+    modules: Sequence[str] | None = None,
+    *,
+    mode: CompileMode | None = None,
+    fullgraph: bool = False,
+    dynamic: bool | None = None,
+    backend: str | Callable[..., Any] = "inductor",
+    options: Mapping[str, Any] | None = None,
+) -> CompileResult:
+    """Compile submodules of ``module`` in place: each gets an instance ``forward`` compiled by ``torch.compile``.
+
+    Compilation itself happens lazily, at each module's first call.
+
+    Args:
+        module: The model.
+        modules: Qualified names of the submodules to compile (``""``: ``module`` itself); ``None``: every direct
+            child that holds parameters.
+        mode: ``torch.compile`` mode, one of :data:`COMPILE_MODES`; ``None`` is torch's default.
+        fullgraph: Make a graph break an error.
+        dynamic: Shape dynamism: ``None`` detects it, ``True``/``False`` force it.
+        backend: Backend name or callable.
+        options: Backend options (not together with ``mode``).
+
+    Returns:
+        What was compiled; its :meth:`~CompileResult.restore` makes the modules eager again.
+
+    Raises:
+        TypeError: If an argument has the wrong type.
+        ValueError: If an option is not allowed, a named submodule does not exist, or nothing would be compiled.
+
+    Example:
+        >>> model = nn.Sequential(nn.Linear(4, 4), nn.ReLU(), nn.Linear(4, 1))
+        >>> result = compile_modules(model, backend="eager")
+        >>> result.paths
+        ['0', '2']
+        >>> result.restore()
+    """
+    if not isinstance(module, nn.Module):
+        raise TypeError(f"`module` must be a torch.nn.Module, got {type(module).__name__}")
+    check_compile_options(mode=mode, fullgraph=fullgraph, dynamic=dynamic, backend=backend, options=options)
+    if modules is None:
+        targets = [(name, child) for name, child in module.named_children() if any(True for _ in child.parameters())]
+        if not targets:
+            raise ValueError(f"{type(module).__name__} has no child module with parameters to compile; name `modules`")
+    else:
+        if isinstance(modules, str) or not all(isinstance(name, str) for name in modules):
+            raise TypeError(f"`modules` must be a sequence of submodule names, got {modules!r}")
+        targets = []
+        for name in modules:
+            try:
+                targets.append((name, module.get_submodule(name)))
+            except AttributeError:
+                children = ", ".join(repr(n) for n, _ in module.named_children())
+                raise ValueError(
+                    f"`modules` names {name!r}, which is not a submodule of {type(module).__name__} "
+                    f"(its children: {children}; '' is the module itself)"
+                ) from None
+    kwargs: dict[str, Any] = {"fullgraph": fullgraph, "dynamic": dynamic, "backend": backend}
+    if mode is not None:
+        kwargs["mode"] = mode
+    if options is not None:
+        kwargs["options"] = dict(options)
+    result = CompileResult()
+    for name, target in targets:
+        if _compiled(target):
+            continue  # compiled before (by the user or an earlier call): leave theirs
+        result._undo.append(_compile_forward(target, kwargs))
+        result.paths.append(name)
+    return result
+
+
+class TorchCompile(Callback):
+    """Compile the LightningModule's network with ``torch.compile`` for each Trainer run, keeping its parameters.
+
+    Args:
+        modules: Submodule names to compile (``""``: the LightningModule, i.e. its ``forward``); ``None``: every
+            direct child that holds parameters.
+        mode: ``"default"``, ``"reduce-overhead"``, ``"max-autotune"``, ``"max-autotune-no-cudagraphs"`` or ``None``.
+        fullgraph: Make a graph break an error.
+        dynamic: ``None`` (detect dynamic shapes), ``True`` or ``False``.
+        backend: A backend from ``torch.compiler.list_backends(exclude_tags=())`` or a callable.
+        options: Backend options (not together with ``mode``).
+        verbose: Print what was compiled.
+
+    Raises:
+        TypeError: If an argument has the wrong type.
+        ValueError: If ``mode`` or ``backend`` is unknown, or both ``mode`` and ``options`` are given.
+
+    Example:
+        >>> from lightning.pytorch import Trainer
+        >>> trainer = Trainer(callbacks=[TorchCompile(mode="max-autotune")], logger=False)
+    """
+
+    def __init__(
+        self,
+        modules: Sequence[str] | None = None,
+        *,
+        mode: CompileMode | None = None,
+        fullgraph: bool = False,
+        dynamic: bool | None = None,
+        backend: str | Callable[..., Any] = "inductor",
+        options: dict[str, Any] | None = None,
+        verbose: bool = True,
+    ) -> None:
+        check_compile_options(mode=mode, fullgraph=fullgraph, dynamic=dynamic, backend=backend, options=options)
+        if modules is not None and (isinstance(modules, str) or not all(isinstance(m, str) for m in modules)):
+            raise TypeError(f"`modules` must be a sequence of submodule names or None, got {modules!r}")
+        check_bool("verbose", verbose)
+        self.modules = None if modules is None else list(modules)
+        self.mode = mode
+        self.fullgraph = fullgraph
+        self.dynamic = dynamic
+        self.backend = backend
+        self.options = options
+        self.verbose = verbose
+        self.result: CompileResult | None = None
+
+    @override
+    def setup(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
+        if self.result is not None:
+            self.result.restore()
+        self.result = compile_modules(
+            pl_module,
+            self.modules,
+            mode=self.mode,
+            fullgraph=self.fullgraph,
+            dynamic=self.dynamic,
+            backend=self.backend,
+            options=self.options,
+        )
+        if self.verbose:
+            rank_zero_info(self.result.describe())
+
+    @override
+    def teardown(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
+        if self.result is not None:
+            self.result.restore()
+            self.result = None

@@ -1,0 +1,262 @@
+"""A DeepSpeed ZeRO strategy from a memory plan or from explicit stage and offload choices.
+
+:class:`DeepSpeedSettings` is the plain, checked choice (ZeRO stage, what is offloaded to CPU memory) and the keyword
+arguments it gives Lightning's ``DeepSpeedStrategy``; :func:`deepspeed_strategy` builds the strategy from them.
+Lightning itself turns those arguments into DeepSpeed's config dict (``strategy.config["zero_optimization"]``), so
+the pack does not restate DeepSpeed's defaults.
+
+A plan is any object with the fields ``stage: int``, ``offload_optimizer: bool`` and ``offload_parameters: bool``,
+such as the :class:`~lightning_tune.plan.zero.ZeroPlan` that ``plan_zero`` returns.
+
+DeepSpeed needs the optional package (``pip install 'lightning-tune[deepspeed]'``) and, under Lightning, CUDA GPUs:
+Lightning refuses the strategy on CPU when the run starts.
+"""
+
+from __future__ import annotations
+
+import inspect
+import warnings
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from types import MappingProxyType
+from typing import TYPE_CHECKING, Any, Final
+
+from lightning_tune import _imports
+from lightning_tune._validation import check_bool, check_int
+
+if TYPE_CHECKING:
+    from lightning.pytorch.strategies import DeepSpeedStrategy
+
+__all__ = ["ZERO_STAGES", "DeepSpeedSettings", "build_strategy", "deepspeed_settings", "deepspeed_strategy"]
+
+#: ZeRO stages: 0 none, 1 optimizer state sharded, 2 and gradients, 3 and parameters.
+ZERO_STAGES: Final[tuple[int, ...]] = (0, 1, 2, 3)
+#: ``DeepSpeedStrategy`` arguments the settings decide themselves, or that would bypass them.
+_OWNED: Final[frozenset[str]] = frozenset(
+    {"self", "stage", "offload_optimizer", "offload_parameters", "pin_memory", "zero_optimization", "config"}
+)
+
+
+def _strategy_parameters() -> list[str]:
+    from lightning.pytorch.strategies import DeepSpeedStrategy
+
+    return [name for name in inspect.signature(DeepSpeedStrategy.__init__).parameters if name not in _OWNED]
+
+
+@dataclass(frozen=True)
+class DeepSpeedSettings:
+    """A checked DeepSpeed ZeRO configuration, as Lightning ``DeepSpeedStrategy`` arguments.
+
+    Args:
+        stage: ZeRO stage, one of :data:`ZERO_STAGES`.
+        offload_optimizer: Keep optimizer state (and fp32 master weights) in CPU memory and step it there; stage >= 1.
+        offload_parameters: Keep the parameters in CPU memory too; stage 3 only.
+        pin_memory: Pin the offloaded CPU memory (faster transfers, more locked host memory).
+        extra: Further ``DeepSpeedStrategy`` keyword arguments (``loss_scale``, ``hysteresis``, ...).
+
+    Raises:
+        TypeError: If a field has the wrong type or ``extra`` names an unknown argument.
+        ValueError: If the stage is unknown or an offload needs a higher stage.
+
+    Example:
+        >>> settings = DeepSpeedSettings(stage=2, offload_optimizer=True)
+        >>> settings.strategy_kwargs()
+        {'stage': 2, 'offload_optimizer': True, 'offload_parameters': False, 'pin_memory': False}
+        >>> settings.describe()
+        'DeepSpeed ZeRO stage 2, optimizer state offloaded to CPU'
+    """
+
+    stage: int = 2
+    offload_optimizer: bool = False
+    offload_parameters: bool = False
+    pin_memory: bool = False
+    extra: Mapping[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        check_int("stage", self.stage)
+        if self.stage not in ZERO_STAGES:
+            raise ValueError(f"`stage` must be one of {', '.join(map(str, ZERO_STAGES))}, got {self.stage!r}")
+        check_bool("offload_optimizer", self.offload_optimizer)
+        check_bool("offload_parameters", self.offload_parameters)
+        check_bool("pin_memory", self.pin_memory)
+        if self.offload_optimizer and self.stage < 1:
+            raise ValueError(
+                "`offload_optimizer` needs ZeRO stage 1, 2 or 3 (DeepSpeed offloads sharded state), got stage 0"
+            )
+        if self.offload_parameters and self.stage != 3:
+            raise ValueError(
+                f"`offload_parameters` needs ZeRO stage 3 (only stage 3 shards parameters), got stage {self.stage}"
+            )
+        if not isinstance(self.extra, Mapping):
+            raise TypeError(
+                f"`extra` must be a mapping of DeepSpeedStrategy arguments, got {type(self.extra).__name__}"
+            )
+        if self.extra:
+            allowed = _strategy_parameters()
+            for name in self.extra:
+                if name in _OWNED:
+                    raise TypeError(
+                        f"`{name}` is decided by DeepSpeedSettings' own fields (stage, offload_optimizer, "
+                        "offload_parameters, pin_memory); a DeepSpeed `config` dict goes to DeepSpeedStrategy directly"
+                    )
+                if name not in allowed:
+                    raise TypeError(
+                        f"`{name}` is not an argument of Lightning's DeepSpeedStrategy; allowed: {', '.join(allowed)}"
+                    )
+        object.__setattr__(self, "extra", MappingProxyType(dict(self.extra)))
+
+    def strategy_kwargs(self) -> dict[str, Any]:
+        """Keyword arguments for ``lightning.pytorch.strategies.DeepSpeedStrategy``.
+
+        Returns:
+            ``stage``, the offload flags, ``pin_memory`` and the extra arguments.
+        """
+        return {
+            "stage": self.stage,
+            "offload_optimizer": self.offload_optimizer,
+            "offload_parameters": self.offload_parameters,
+            "pin_memory": self.pin_memory,
+            **self.extra,
+        }
+
+    def describe(self) -> str:
+        """One line saying what the configuration shards and offloads.
+
+        Returns:
+            The line.
+        """
+        offloaded = [
+            what
+            for what, on in (("optimizer state", self.offload_optimizer), ("parameters", self.offload_parameters))
+            if on
+        ]
+        tail = f", {' and '.join(offloaded)} offloaded to CPU" if offloaded else ""
+        return f"DeepSpeed ZeRO stage {self.stage}{tail}"
+
+
+def deepspeed_settings(
+    plan: Any = None,
+    *,
+    stage: int | None = None,
+    offload_optimizer: bool | None = None,
+    offload_parameters: bool | None = None,
+    pin_memory: bool = False,
+    **strategy_kwargs: Any,
+) -> DeepSpeedSettings:
+    """Settings from a plan, or from explicit stage and offload choices.
+
+    Args:
+        plan: An object with ``stage``, ``offload_optimizer`` and ``offload_parameters`` (e.g. a ``ZeroPlan``), or
+            ``None`` to use the explicit arguments.
+        stage: ZeRO stage (default 2) when no plan is given.
+        offload_optimizer: Offload optimizer state (default ``False``) when no plan is given.
+        offload_parameters: Offload parameters (default ``False``) when no plan is given.
+        pin_memory: Pin offloaded CPU memory.
+        **strategy_kwargs: Further ``DeepSpeedStrategy`` arguments.
+
+    Returns:
+        The checked settings.
+
+    Raises:
+        TypeError: If the plan lacks a field or has one of the wrong type, an argument has the wrong type, or a
+            ``strategy_kwargs`` name is not a ``DeepSpeedStrategy`` argument.
+        ValueError: If both a plan and explicit stage/offload arguments are given, or the combination is invalid.
+
+    Example:
+        >>> from types import SimpleNamespace
+        >>> plan = SimpleNamespace(stage=3, offload_optimizer=True, offload_parameters=True)
+        >>> deepspeed_settings(plan).describe()
+        'DeepSpeed ZeRO stage 3, optimizer state and parameters offloaded to CPU'
+    """
+    explicit = {"stage": stage, "offload_optimizer": offload_optimizer, "offload_parameters": offload_parameters}
+    if plan is None:
+        return DeepSpeedSettings(
+            stage=2 if stage is None else stage,
+            offload_optimizer=bool(offload_optimizer) if offload_optimizer is not None else False,
+            offload_parameters=bool(offload_parameters) if offload_parameters is not None else False,
+            pin_memory=pin_memory,
+            extra=strategy_kwargs,
+        )
+    given = [name for name, value in explicit.items() if value is not None]
+    if given:
+        raise ValueError(
+            f"give a plan or explicit {', '.join(f'`{n}`' for n in given)}, not both: the plan decides stage and "
+            f"offloading (got plan={plan!r})"
+        )
+    values: dict[str, Any] = {}
+    for name in explicit:
+        if not hasattr(plan, name):
+            raise TypeError(
+                f"`plan` must have the fields stage, offload_optimizer and offload_parameters (like ZeroPlan); "
+                f"{type(plan).__name__} has no `{name}`"
+            )
+        values[name] = getattr(plan, name)
+        (check_int if name == "stage" else check_bool)(f"plan.{name}", values[name])
+    if getattr(plan, "fits", True) is False:
+        warnings.warn(
+            f"the plan does not fit the GPU memory it was made for; using its most memory-saving configuration "
+            f"(stage {values['stage']}) anyway. Plan reason: {getattr(plan, 'reason', 'not given')}",
+            UserWarning,
+            stacklevel=2,
+        )
+    return DeepSpeedSettings(**values, pin_memory=pin_memory, extra=strategy_kwargs)
+
+
+def deepspeed_strategy(
+    plan: Any = None,
+    *,
+    stage: int | None = None,
+    offload_optimizer: bool | None = None,
+    offload_parameters: bool | None = None,
+    pin_memory: bool = False,
+    **strategy_kwargs: Any,
+) -> DeepSpeedStrategy:
+    """Lightning's ``DeepSpeedStrategy`` for a plan or explicit choices (arguments as :func:`deepspeed_settings`).
+
+    Args:
+        plan: An object with ``stage``, ``offload_optimizer`` and ``offload_parameters``, or ``None``.
+        stage: ZeRO stage when no plan is given (default 2).
+        offload_optimizer: Offload optimizer state when no plan is given.
+        offload_parameters: Offload parameters when no plan is given (stage 3).
+        pin_memory: Pin offloaded CPU memory.
+        **strategy_kwargs: Further ``DeepSpeedStrategy`` arguments.
+
+    Returns:
+        The strategy, for ``Trainer(strategy=...)`` (CUDA only).
+
+    Raises:
+        TypeError: As :func:`deepspeed_settings`.
+        ValueError: As :func:`deepspeed_settings`.
+        ModuleNotFoundError: If deepspeed is not installed; the message names
+            ``pip install 'lightning-tune[deepspeed]'``.
+    """
+    settings = deepspeed_settings(
+        plan,
+        stage=stage,
+        offload_optimizer=offload_optimizer,
+        offload_parameters=offload_parameters,
+        pin_memory=pin_memory,
+        **strategy_kwargs,
+    )
+    return build_strategy(settings)
+
+
+def build_strategy(settings: DeepSpeedSettings) -> DeepSpeedStrategy:
+    """Build Lightning's ``DeepSpeedStrategy`` from checked settings.
+
+    Args:
+        settings: The settings.
+
+    Returns:
+        The strategy.
+
+    Raises:
+        TypeError: If ``settings`` is not a :class:`DeepSpeedSettings`.
+        ModuleNotFoundError: If deepspeed is not installed; the message names the extra.
+    """
+    if not isinstance(settings, DeepSpeedSettings):
+        raise TypeError(f"`settings` must be a DeepSpeedSettings, got {type(settings).__name__}")
+    _imports.require("deepspeed", feature="deepspeed_strategy")
+    from lightning.pytorch.strategies import DeepSpeedStrategy
+
+    return DeepSpeedStrategy(**settings.strategy_kwargs())
