@@ -8,7 +8,7 @@ from lightning_tune.batch.control import BatchSizeController, Decision
 from lightning_tune.batch.memory import MemoryModel
 from lightning_tune.batch.probes import CudaMemory, MemoryProbe, SimulatedMemory
 from lightning_tune.batch.sampler import ResizableBatchSampler
-from lightning_tune.batch.split import split_batch
+from lightning_tune.batch.split import split_batch, split_sizes
 
 __all__ = [
     "BatchSizeController",
@@ -19,4 +19,5 @@ __all__ = [
     "ResizableBatchSampler",
     "SimulatedMemory",
     "split_batch",
+    "split_sizes",
 ]

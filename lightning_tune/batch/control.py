@@ -11,11 +11,10 @@ It settles instead of oscillating:
 - it grows only when the new size is at least ``min_change`` (relative) above the current one, and only to sizes
   the model predicts within target;
 - it shrinks when the interval's measured peak went over target, when the allocator was under pressure, or when a
-  size ran out of memory; a size that ran out of memory is a ceiling for the next ``ceiling_decisions``
-  decisions;
+  size ran out of memory; such a size is a ceiling for the next ``ceiling_decisions`` decisions;
 - with only one size seen and no prior, the model cannot separate fixed from per-sample memory, so the first
-  decision probes for a slope: one grid step up when even the over-estimated slope says that step fits the device,
-  otherwise half the size (always safe).
+  decision probes for a slope: one grid step up when even the over-estimated slope says that step stays within
+  target, otherwise half the size (always safe).
 """
 
 from __future__ import annotations
@@ -176,12 +175,13 @@ class BatchSizeController:
         assert best_real is not None  # an observation was just recorded
         best = self.round_down(best_real, cap)
         if peak_bytes > budget:
+            self._set_ceiling(batch_size)  # not again for a while, so that noise cannot make it oscillate
             best = min(best, self.round_down(batch_size - 1, cap))
             return Decision(best, self._fraction(best, total_bytes), "shrink")
         if self.model.sizes_seen < 2 and self.model.prior is None:
             up = self.step_up(batch_size, cap)
             # with no fixed part the slope is over-estimated, so this bound on the probe's memory is safe
-            if up != batch_size and peak_bytes / seen * up <= total_bytes:
+            if up != batch_size and peak_bytes / seen * up <= budget:
                 return Decision(up, None, "probe")
             down = self.round_down(batch_size / 2, cap)  # a step up might not fit: measure a smaller size instead
             if down < batch_size:

@@ -65,6 +65,7 @@ class MemoryModel:
         )
         self.window = window
         self.tolerance = tolerance
+        self._misses = 0
         self._points: dict[int, float] = {}  # batch size -> latest peak, in insertion (recency) order
 
     @property
@@ -75,14 +76,17 @@ class MemoryModel:
     def observe(self, batch_size: int, peak_bytes: float) -> None:
         """Record the peak memory of an interval run at ``batch_size``.
 
-        A peak more than ``tolerance`` (relative) away from what the fit predicted means memory use itself changed
-        (longer sequences, a new phase of training): the older observations are dropped and the fit starts again
-        from this one.
+        Two peaks running more than ``tolerance`` (relative) away from what the fit predicted mean memory use itself
+        changed (longer sequences, a new phase of training): the older observations are dropped and the fit starts
+        again from the latest one.
         """
         if len(self._points) >= 2:
             predicted = self.predict(batch_size)
-            if predicted is not None and abs(predicted - peak_bytes) > self.tolerance * max(peak_bytes, 1.0):
+            missed = predicted is not None and abs(predicted - peak_bytes) > self.tolerance * max(peak_bytes, 1.0)
+            self._misses = self._misses + 1 if missed else 0
+            if self._misses >= 2:  # twice running: memory use changed, not noise
                 self._points.clear()
+                self._misses = 0
         self._points.pop(batch_size, None)
         self._points[batch_size] = float(peak_bytes)
         while len(self._points) > self.window:
@@ -136,6 +140,7 @@ class MemoryModel:
     def forget(self) -> None:
         """Drop every observation (the prior stays)."""
         self._points.clear()
+        self._misses = 0
 
     def state_dict(self) -> dict[str, Any]:
         """Observations, for a checkpoint."""

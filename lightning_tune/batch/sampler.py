@@ -30,6 +30,7 @@ class ResizableBatchSampler(Sampler[list[int]]):
         drop_last: As ``BatchSampler``'s: leave out the samples that would not fill a last batch of the DataLoader's
             original size ``granule``.
         granule: Batch size that ``drop_last`` refers to (the DataLoader's own batch size).
+        limit: Samples per epoch at most (the Trainer's ``limit_train_batches`` in samples), ``None`` for all.
 
     Raises:
         TypeError: If ``sampler`` has no length or an argument has the wrong type.
@@ -46,14 +47,24 @@ class ResizableBatchSampler(Sampler[list[int]]):
         [[4, 5], [6, 7], [8, 9]]
     """
 
-    def __init__(self, sampler: Sampler[int], batch_size: int, *, drop_last: bool = False, granule: int = 1) -> None:
+    def __init__(
+        self,
+        sampler: Sampler[int],
+        batch_size: int,
+        *,
+        drop_last: bool = False,
+        granule: int = 1,
+        limit: int | None = None,
+    ) -> None:
         if not isinstance(sampler, Sized):
             raise TypeError(f"`sampler` must have a length, got {type(sampler).__name__}")
         check_int("batch_size", batch_size, minimum=1)
         check_int("granule", granule, minimum=1)
+        check_int("limit", limit, minimum=1, allow_none=True)
         self.sampler = sampler  # the name DataLoader and Lightning look for (set_epoch, DistributedSampler)
         self.drop_last = drop_last
         self.granule = granule
+        self.limit = limit
         self._batch_size = batch_size
         self._order: list[int] | None = None  # the running epoch's order
         self._handed_out = 0  # samples of the running epoch already handed out
@@ -72,7 +83,19 @@ class ResizableBatchSampler(Sampler[list[int]]):
 
     def _epoch_samples(self) -> int:
         n = len(self.sampler)
-        return (n // self.granule) * self.granule if self.drop_last else n
+        n = (n // self.granule) * self.granule if self.drop_last else n
+        return n if self.limit is None else min(n, self.limit)
+
+    def _cut(self, order: list[int]) -> list[int]:
+        return order[: self._epoch_samples()] if len(order) > self._epoch_samples() else order
+
+    def epoch_samples(self) -> int:
+        """Samples the running (or next) epoch hands out in all."""
+        return len(self._order) if self._order is not None else self._epoch_samples()
+
+    def new_epoch(self) -> None:
+        """Forget the finished epoch, so that :func:`len` counts the next one (called at each epoch start)."""
+        self._order = None
 
     def __len__(self) -> int:
         """Batches of this epoch: those handed out plus the rest at the current size (the full epoch when idle)."""
@@ -101,7 +124,7 @@ class ResizableBatchSampler(Sampler[list[int]]):
         self._resume = (order, consumed, batches_done)
 
     def epoch_order(self) -> list[int] | None:
-        """The running epoch's order (``None`` between epochs)."""
+        """The running epoch's order (kept after the last batch is handed out, until :meth:`new_epoch`)."""
         return self._order
 
     def __iter__(self) -> Iterator[list[int]]:
@@ -112,17 +135,15 @@ class ResizableBatchSampler(Sampler[list[int]]):
         else:
             consumed = batches_done = 0
             order = [int(i) for i in self.sampler]
-        if self.drop_last:
-            order = order[: (len(order) // self.granule) * self.granule]
+        order = self._cut(order)
         self._order, self._handed_out, self._batches_out = order, consumed, batches_done
-        try:
-            while self._handed_out < len(order):
-                batch = order[self._handed_out : self._handed_out + self._batch_size]
-                self._handed_out += len(batch)
-                self._batches_out += 1
-                yield batch
-        finally:
-            self._order = None
+        # The order and counters stay after the last batch is handed out: a DataLoader with workers draws the
+        # whole epoch's indices long before training reaches its end, and a checkpoint then still needs them.
+        while self._handed_out < len(order):
+            batch = order[self._handed_out : self._handed_out + self._batch_size]
+            self._handed_out += len(batch)
+            self._batches_out += 1
+            yield batch
 
     def state(self, consumed: int) -> dict[str, Any]:
         """What a checkpoint needs to resume the running epoch after ``consumed`` trained samples."""

@@ -14,7 +14,7 @@ from torch import Tensor
 
 from lightning_tune.perf.batch import count_samples
 
-__all__ = ["split_batch"]
+__all__ = ["split_batch", "split_sizes"]
 
 
 def _is_leaf_list(obj: Any) -> bool:
@@ -55,12 +55,48 @@ def split_batch(batch: Any, size: int) -> list[Any]:
         >>> [(p["x"].tolist(), p["id"], p["scale"]) for p in parts]
         [([0, 1], ['a', 'b'], 2.0), ([2, 3], ['c', 'd'], 2.0), ([4], ['e'], 2.0)]
     """
+    n = _count(batch)
+    if n <= size:
+        return [batch]
+    return split_sizes(batch, [min(size, n - start) for start in range(0, n, size)])
+
+
+def split_sizes(batch: Any, sizes: list[int]) -> list[Any]:
+    """Cut ``batch`` into consecutive pieces of the given sizes (which add up to its sample count).
+
+    Args:
+        batch: A collated batch.
+        sizes: Samples in each piece.
+
+    Returns:
+        The pieces, in order.
+
+    Raises:
+        TypeError: If the batch holds no tensor to count its samples by.
+        ValueError: If ``sizes`` do not add up to the batch's samples.
+
+    Example:
+        >>> import torch
+        >>> [p.tolist() for p in split_sizes(torch.arange(5), [3, 2])]
+        [[0, 1, 2], [3, 4]]
+    """
+    n = _count(batch)
+    if sum(sizes) != n or any(k < 1 for k in sizes):
+        raise ValueError(f"piece sizes {sizes} must be positive and add up to the batch's {n} samples")
+    if len(sizes) == 1:
+        return [batch]
+    pieces, start = [], 0
+    for k in sizes:
+        pieces.append(_cut(batch, start, start + k, n))
+        start += k
+    return pieces
+
+
+def _count(batch: Any) -> int:
     n = count_samples(batch)
     if n is None:
         raise TypeError(
             f"cannot split a batch of type {type(batch).__name__} into micro-batches: it holds no tensor whose first "
             "dimension counts the samples"
         )
-    if n <= size:
-        return [batch]
-    return [_cut(batch, start, min(start + size, n), n) for start in range(0, n, size)]
+    return n

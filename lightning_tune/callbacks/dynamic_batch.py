@@ -34,7 +34,7 @@ from lightning_tune.batch.control import BatchSizeController, Decision
 from lightning_tune.batch.memory import MemoryModel
 from lightning_tune.batch.probes import CudaMemory, MemoryProbe
 from lightning_tune.batch.sampler import ResizableBatchSampler
-from lightning_tune.batch.split import split_batch
+from lightning_tune.batch.split import split_sizes
 from lightning_tune.lr.scaling import SCALE_RULES, ScaleRule, scale_lr
 from lightning_tune.perf.batch import count_samples
 
@@ -165,6 +165,10 @@ class DynamicBatchSize(Callback):
         self._owns_zero_grad = False
         self._manual = False
         self._largest_run = 0  # largest micro-batch run in the current decision interval
+        self._train_peak = 0  # training's peak before a validation run in the current interval
+        self._train_pressure = False
+        self._original_batch_sampler: BatchSampler | None = None
+        self._installed_epoch = -1
 
     def __repr__(self) -> str:
         return (
@@ -244,6 +248,10 @@ class DynamicBatchSize(Callback):
         self._originals.clear()
         if self._active:
             trainer.accumulate_grad_batches = self._user_accumulation
+        if self._loader is not None and self._original_batch_sampler is not None:
+            # a DataLoader the module or DataModule keeps must come back as it was given
+            _set_batch_sampler(self._loader, self._original_batch_sampler)
+        self._loader = self._sampler = self._original_batch_sampler = None
         self._active = False
         self._window = None
         self._returned_loss = None
@@ -254,6 +262,7 @@ class DynamicBatchSize(Callback):
         if not self._active:
             return
         self._user_accumulation = int(trainer.accumulate_grad_batches)
+        self._lr_factor = 1.0  # a new fit starts from the optimizer's configured LR (a checkpoint may say otherwise)
         self._install(trainer)
 
     @override
@@ -264,12 +273,31 @@ class DynamicBatchSize(Callback):
         self._consumed = self._batches_done = 0  # not called when a run resumes mid-epoch
         if loader is not self._loader or loader.batch_sampler is not self._sampler:  # reloaded by the Trainer
             self._install(trainer)
+        elif self._sampler is not None and trainer.current_epoch != self._installed_epoch:
+            # the epoch's iterator comes after this hook: the sampler's order is the last epoch's (with workers, the
+            # iterator of the epoch the sampler was installed in has drawn its order already)
+            self._sampler.new_epoch()
+            self._update_epoch_length(trainer)
+
+    @override
+    def on_validation_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        if self._active and trainer.training and self.probe is not None:
+            self._train_peak = max(self._train_peak, self.probe.peak_bytes())
+            self._train_pressure = self._train_pressure or self.probe.pressure()
+
+    @override
+    def on_validation_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        if self._active and trainer.training and self.probe is not None:  # validation's memory is not training's
+            self.probe.free()
+            self.probe.reset_peak()
 
     def _install(self, trainer: pl.Trainer) -> None:
         loader = _train_loader(trainer)
         original = loader.batch_sampler
-        if isinstance(original, ResizableBatchSampler):
-            original_size, granule = self._user_batch_size, original.granule
+        if isinstance(original, ResizableBatchSampler):  # left by a run that could not put the original back
+            inner: Any = original.sampler
+            original_size = original.granule
+            drop_last = original.drop_last
         else:
             if isinstance(loader.dataset, IterableDataset):
                 raise MisconfigurationException(
@@ -288,21 +316,30 @@ class DynamicBatchSize(Callback):
                     "DynamicBatchSize needs a train DataLoader built with a `batch_size`; this one has batch_size=None "
                     "(the dataset returns whole batches), so there is no batch size to control"
                 )
-            original_size, granule = int(original.batch_size), int(original.batch_size)
-            self._user_batch_size = original_size
+            inner = loader.sampler
+            original_size = int(original.batch_size)
+            drop_last = bool(original.drop_last)
+            self._original_batch_sampler = original
+        self._user_batch_size = original_size
         if self.batch_size is None:
             start = original_size if self.controller.model.prior is None else None
             if start is None:  # start from the prior's prediction
                 budget = self.target_vram * self.probe.total_bytes()  # type: ignore[union-attr]
                 start = self.controller.round_down(self.controller.model.largest_batch(budget) or 1, self._cap())
             self.batch_size = max(self.min_batch_size, min(start, self._cap() or start, self.max_batch_size or start))
-        drop_last = bool(getattr(original, "drop_last", False))
-        inner: Any = loader.sampler
-        sampler = ResizableBatchSampler(inner, self._window_size(), drop_last=drop_last, granule=granule)
+        # Lightning limited the epoch in batches of the DataLoader's own size; the sampler limits it in samples
+        limited = trainer.fit_loop.max_batches
+        limit = None if trainer.limit_train_batches == 1.0 or limited == float("inf") else int(limited) * original_size
+        sampler = ResizableBatchSampler(
+            inner, self._window_size(), drop_last=drop_last, granule=original_size, limit=limit
+        )
         if self._restore is not None:
             self._apply_restore(trainer, sampler)
+        if hasattr(inner, "set_epoch"):  # workers draw the order at once; Lightning sets the epoch only later
+            inner.set_epoch(trainer.current_epoch)
         _set_batch_sampler(loader, sampler)
         self._loader, self._sampler = loader, sampler
+        self._installed_epoch = trainer.current_epoch
         trainer.accumulate_grad_batches = 1
         self._update_epoch_length(trainer)  # the new iterator's limits
         _restart_train_iterator(trainer)
@@ -322,17 +359,11 @@ class DynamicBatchSize(Callback):
     def _update_epoch_length(self, trainer: pl.Trainer) -> None:
         assert self._sampler is not None
         batches = len(self._sampler)
-        limit = trainer.limit_train_batches
-        if isinstance(limit, int):
-            # counted in the DataLoader's own batches: whole windows of them with keep="effective"
-            batches = min(batches, math.ceil(limit / self._user_accumulation) if self.keep == "effective" else limit)
-        elif limit is not None and limit < 1.0:
-            batches = max(1, int(batches * limit))
         _set_epoch_batches(trainer, batches)
         interval = trainer.val_check_interval
         if getattr(trainer, "_val_check_time_interval", None) is not None:
             return
-        if isinstance(interval, int) and self.keep == "effective":
+        if isinstance(interval, int) and self.keep == "effective":  # counted in the DataLoader's own batches
             trainer.val_check_batch = max(1, interval // self._user_accumulation)
         elif isinstance(interval, float):
             trainer.val_check_batch = max(1, int(batches * interval))
@@ -392,7 +423,9 @@ class DynamicBatchSize(Callback):
 
     def _decide(self, trainer: pl.Trainer) -> None:
         assert self.probe is not None and self.batch_size is not None
-        peak, pressure = float(self.probe.peak_bytes()), self.probe.pressure()
+        peak = float(max(self.probe.peak_bytes(), self._train_peak))
+        pressure = self.probe.pressure() or self._train_pressure
+        self._train_peak, self._train_pressure = 0, False
         if trainer.world_size > 1:  # every rank decides on the same figures: the worst rank's
             figures = torch.tensor([peak, float(pressure)], dtype=torch.float64, device=trainer.strategy.root_device)
             figures = _all_reduce_max(trainer, figures)
@@ -408,7 +441,10 @@ class DynamicBatchSize(Callback):
             observed_size=ran,
         )
         self.last_decision = decision
+        shrunk = decision.batch_size < self.batch_size
         self._resize(trainer, decision.batch_size)
+        if shrunk:  # give the larger size's cached blocks back, or the next peak of reserved memory still shows them
+            self.probe.free()
         self.probe.reset_peak()
 
     def _resize(self, trainer: pl.Trainer, batch_size: int) -> None:
@@ -457,49 +493,75 @@ class DynamicBatchSize(Callback):
         while True:
             assert self.batch_size is not None
             try:
-                if n <= self.batch_size and not distributed:
-                    output = self._forward(batch, batch_idx, args, kwargs, n)
+                pieces = self._pieces(batch)
+                if len(pieces) == 1 and not distributed:
+                    output = self._forward(batch, batch_idx, args, kwargs, pieces[0][1])
                     self._returned_loss = _loss_of(output)
-                    return _with_value(output, [], self._weight(n))
-                return self._run_window(trainer, distributed)
+                    return _with_value(output, [], pieces[0][1])
+                return self._run_window(trainer, pieces, distributed)
             except _OOM as err:
                 self._recover(trainer, batch_idx, err)
 
-    def _weight(self, samples: int) -> float:
-        """Share of a micro-batch in its optimizer step."""
-        assert self._window is not None
-        if self.keep == "effective":
-            return samples / (self._user_batch_size * self._user_accumulation)
-        return samples / (count_samples(self._window[0]) or samples)
+    def _pieces(self, batch: Any) -> list[tuple[Any, float]]:
+        """The window's micro-batches, each with its weight in the optimizer step.
 
-    def _forward(self, chunk: Any, batch_idx: int, args: tuple[Any, ...], kwargs: dict[str, Any], samples: int) -> Any:
-        """Run ``training_step`` on a micro-batch; its loss comes back weighted by the micro-batch's share."""
+        With ``keep="effective"`` a sample weighs ``1 / (b × k)``, as in Lightning's fixed-batch run, except in the
+        DataLoader's short last batch of an epoch (``r < b`` samples), where Lightning gives the batch's mean loss
+        ``1 / k``: those samples form micro-batches of their own weighing ``1 / (r × k)`` each. Otherwise every
+        sample weighs ``1 / n`` for a window of ``n``.
+        """
+        assert self.batch_size is not None
+        n = count_samples(batch) or 0
+        m = self.batch_size
+
+        def chunks(total: int) -> list[int]:
+            return [min(m, total - start) for start in range(0, total, m)]
+
+        if self.keep != "effective":
+            sizes = chunks(n)
+            return list(zip(split_sizes(batch, sizes), [k / n for k in sizes], strict=True))
+        tail = self._short_batch_in(n)
+        head_sizes, tail_sizes = chunks(n - tail), chunks(tail)
+        weights = [k / (self._user_batch_size * self._user_accumulation) for k in head_sizes]
+        weights += [k / (tail * self._user_accumulation) for k in tail_sizes]
+        return list(zip(split_sizes(batch, head_sizes + tail_sizes), weights, strict=True))
+
+    def _short_batch_in(self, n: int) -> int:
+        """Samples of the DataLoader's short last batch of the epoch inside this window of ``n`` (0 if none)."""
+        sampler = self._sampler
+        if sampler is None or sampler.drop_last:
+            return 0
+        total = sampler.epoch_samples()
+        short = total % self._user_batch_size
+        return short if short and self._consumed + n == total and n >= short else 0
+
+    def _forward(self, chunk: Any, batch_idx: int, args: tuple[Any, ...], kwargs: dict[str, Any], weight: float) -> Any:
+        """Run ``training_step`` on a micro-batch; its loss comes back multiplied by ``weight``."""
         assert self.probe is not None
+        samples = count_samples(chunk) or 0
         self.probe.before_micro_batch(samples)
         self._largest_run = max(self._largest_run, samples)
         output = self._originals["training_step"](chunk, batch_idx, *args, **kwargs)
-        weight = self._weight(samples)
         return output if weight == 1.0 else _scale_output(output, weight)
 
-    def _run_window(self, trainer: pl.Trainer, distributed: bool) -> Any:
+    def _run_window(self, trainer: pl.Trainer, pieces: list[tuple[Any, float]], distributed: bool) -> Any:
         """Run the window's micro-batches; return what Lightning should backward (the last one, or a sync graph).
 
         What is returned carries the window's mean loss as its value (what the progress bar and callbacks see) and
         the last micro-batch's weighted loss as its gradient.
         """
-        assert self._window is not None and self.batch_size is not None
-        batch, batch_idx, args, kwargs = self._window
-        chunks = split_batch(batch, self.batch_size)
-        total_weight = sum(self._weight(count_samples(chunk) or 0) for chunk in chunks)
+        assert self._window is not None
+        _, batch_idx, args, kwargs = self._window
+        total_weight = sum(weight for _, weight in pieces)
         self._zero_grad(batch_idx)
         self._owns_zero_grad = True
-        manual = chunks if distributed else chunks[:-1]
+        manual = pieces if distributed else pieces[:-1]
         oom: BaseException | None = None
         shown: list[Tensor] = []
         with _no_sync(trainer):
-            for chunk in manual:
+            for chunk, weight in manual:
                 try:
-                    loss = self._forward_backward(trainer, chunk, batch_idx, args, kwargs)
+                    loss = self._forward_backward(trainer, chunk, batch_idx, args, kwargs, weight)
                 except _OOM as err:
                     oom = err
                     break
@@ -512,15 +574,21 @@ class DynamicBatchSize(Callback):
             return _sync_graph(trainer.lightning_module, shown, total_weight)
         if oom is not None:
             raise oom
-        last = chunks[-1]
-        output = self._forward(last, batch_idx, args, kwargs, count_samples(last) or 0)
+        last, weight = pieces[-1]
+        output = self._forward(last, batch_idx, args, kwargs, weight)
         self._returned_loss = _loss_of(output)
         return _with_value(output, shown, total_weight)
 
     def _forward_backward(
-        self, trainer: pl.Trainer, chunk: Any, batch_idx: int, args: tuple[Any, ...], kwargs: dict[str, Any]
+        self,
+        trainer: pl.Trainer,
+        chunk: Any,
+        batch_idx: int,
+        args: tuple[Any, ...],
+        kwargs: dict[str, Any],
+        weight: float,
     ) -> Tensor | None:
-        output = self._forward(chunk, batch_idx, args, kwargs, count_samples(chunk) or 0)
+        output = self._forward(chunk, batch_idx, args, kwargs, weight)
         loss = _loss_of(output)
         if loss is None:
             return None
@@ -556,8 +624,10 @@ class DynamicBatchSize(Callback):
             try:
                 self._zero_grad(batch_idx)
                 self._owns_zero_grad = True
-                for chunk in split_batch(batch, self.batch_size or 1):
-                    self._forward_backward(trainer, chunk, batch_idx, step_args, step_kwargs)
+                # forward passes run under the precision's autocast, as Lightning runs training_step
+                with trainer.precision_plugin.train_step_context():
+                    for chunk, weight in self._pieces(batch):
+                        self._forward_backward(trainer, chunk, batch_idx, step_args, step_kwargs, weight)
                 return None
             except _OOM as again:
                 failure = again
@@ -698,15 +768,19 @@ def _train_loader(trainer: pl.Trainer) -> DataLoader:
     return loaders[0]
 
 
-def _set_batch_sampler(loader: DataLoader, batch_sampler: ResizableBatchSampler) -> None:
+def _set_batch_sampler(loader: DataLoader, batch_sampler: BatchSampler | ResizableBatchSampler) -> None:
     """Give an existing DataLoader a new batch sampler.
 
     ``DataLoader.__setattr__`` refuses ``batch_sampler`` once constructed; building a new DataLoader instead would lose
     a subclass's behaviour and whatever Lightning did to the instance (its distributed sampler, worker init function).
-    Workers receive indices from the main process, so the instance keeps working with the new sampler. Checked on
-    torch 2.3 to 2.13; ``tests/test_dynamic_batch.py`` fails if this stops working.
+    Workers receive indices from the main process, so the instance keeps working with the new sampler. A persistent
+    worker iterator would keep drawing from the old one, so it is shut down, as Lightning does when it resets a
+    loader. Checked on torch 2.3 to 2.13; ``tests/test_dynamic_batch.py`` fails if this stops working.
     """
+    from lightning.pytorch.utilities.combined_loader import _shutdown_workers_and_reset_iterator
+
     object.__setattr__(loader, "batch_sampler", batch_sampler)
+    _shutdown_workers_and_reset_iterator(loader)
 
 
 def _restart_train_iterator(trainer: pl.Trainer) -> None:
