@@ -619,4 +619,4 @@ def test_control_law_is_stable_under_measurement_noise(noise: float) -> None:
         size = decision.batch_size
     assert size == 64
     assert over <= (0 if noise == 0 else 5)  # a noisy slope may overshoot once or twice; the ceiling stops repeats
-    assert changes <= 8
+    assert changes <= (3 if noise == 0 else 12)

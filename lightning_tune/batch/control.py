@@ -8,8 +8,9 @@ effective batch is held), plus halvings below the smallest multiple so that it c
 
 It settles instead of oscillating:
 
-- it grows only when the new size is at least ``min_change`` (relative) above the current one, and only to sizes
-  the model predicts within target;
+- it grows only when the new size is at least ``min_change`` (relative) above the current one, only to sizes the
+  model predicts within target, and at most to twice the largest size measured (extrapolating further would
+  amplify noise in the slope);
 - it shrinks when the interval's measured peak went over target, when the allocator was under pressure, or when a
   size ran out of memory; such a size is a ceiling for the next ``ceiling_decisions`` decisions;
 - with only one size seen and no prior, the model cannot separate fixed from per-sample memory, so the first
@@ -65,7 +66,11 @@ class BatchSizeController:
         >>> ctl = BatchSizeController(target=0.9, min_batch_size=1, max_batch_size=None, multiple_of=8)
         >>> ctl.decide(8, peak_bytes=180, total_bytes=1000)  # one size seen: probe a step up
         Decision(batch_size=16, predicted_fraction=None, reason='probe')
-        >>> ctl.decide(16, peak_bytes=260, total_bytes=1000)  # a slope: 100 + 10 per sample
+        >>> ctl.decide(16, peak_bytes=260, total_bytes=1000)  # a slope: 100 + 10 per sample; at most double
+        Decision(batch_size=32, predicted_fraction=0.42, reason='grow')
+        >>> ctl.decide(32, peak_bytes=420, total_bytes=1000)
+        Decision(batch_size=64, predicted_fraction=0.74, reason='grow')
+        >>> ctl.decide(64, peak_bytes=740, total_bytes=1000)
         Decision(batch_size=80, predicted_fraction=0.9, reason='grow')
     """
 
@@ -77,7 +82,7 @@ class BatchSizeController:
         max_batch_size: int | None,
         multiple_of: int,
         min_change: float = 0.1,
-        ceiling_decisions: int = 10,
+        ceiling_decisions: int = 25,
         model: MemoryModel | None = None,
     ) -> None:
         check_float("target", target, low=0.0, high=1.0, low_inclusive=False)
@@ -187,6 +192,8 @@ class BatchSizeController:
             if down < batch_size:
                 return Decision(down, None, "probe")
             return Decision(batch_size, self._fraction(batch_size, total_bytes), "hold")
+        # an extrapolation far beyond what was measured amplifies noise in the slope: at most double at a time
+        best = min(best, max(batch_size, self.round_down(2 * self.model.largest_seen, cap)))
         if best > batch_size and best >= batch_size * (1.0 + self.min_change):
             return Decision(best, self._fraction(best, total_bytes), "grow")
         if best < batch_size:  # predicted over target though this interval was not: trust the measurement

@@ -49,7 +49,7 @@ class MemoryModel:
         prior_fixed_bytes: int | None = None,
         prior_bytes_per_sample: int | None = None,
         window: int = 6,
-        tolerance: float = 0.05,
+        tolerance: float = 0.1,
     ) -> None:
         check_int("prior_fixed_bytes", prior_fixed_bytes, minimum=0, allow_none=True)
         check_int("prior_bytes_per_sample", prior_bytes_per_sample, minimum=1, allow_none=True)
@@ -72,6 +72,11 @@ class MemoryModel:
     def sizes_seen(self) -> int:
         """How many distinct batch sizes the fit is using."""
         return len(self._points)
+
+    @property
+    def largest_seen(self) -> int:
+        """Largest batch size among the observations the fit uses (0 with none)."""
+        return max(self._points, default=0)
 
     def observe(self, batch_size: int, peak_bytes: float) -> None:
         """Record the peak memory of an interval run at ``batch_size``.
