@@ -173,8 +173,12 @@ def _format_demo_summary(summary: DemoSummary) -> str:
             f"  steps          {summary.steps} in {summary.seconds:.1f} s ({_rate(summary)})",
             f"  train loss     {summary.start_loss:.3f} -> {summary.final_loss:.3f} "
             f"({100 * abs(drop):.1f} % {'lower' if drop >= 0 else 'higher'})",
-            f"  entropy floor  {summary.entropy_floor:.3f} nats/token (the best achievable; final loss is {gap:.3f} "
-            "above it)",
+            f"  entropy floor  {summary.entropy_floor:.3f} nats/token (the best achievable in expectation; "
+            + (
+                f"final loss is {gap:.3f} above it)"
+                if gap >= 0
+                else f"the last batches' mean is {-gap:.3f} below it, within sampling noise)"
+            ),
             *_batch_line(summary),
             f"  logs           {summary.log_dir}",
             f"  view them with {summary.tensorboard_command}",

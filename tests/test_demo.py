@@ -225,8 +225,13 @@ def test_run_demo_trains_and_writes_tensorboard_logs(tmp_path: Path) -> None:
     accumulator = EventAccumulator(str(log_dir))
     accumulator.Reload()
     tags = set(accumulator.Tags()["scalars"])
-    assert {"train_loss", "val_loss", "tune/lr"} <= tags
+    assert {"train_loss", "val_loss", "tune/lr", "tune/batch_size", "tune/oom_recoveries"} <= tags
     assert str(tmp_path / "lightning_logs") in summary.tensorboard_command
+    # without a GPU the micro-batch is shown against a simulated device where the requested 16 does not fit
+    assert summary.batch["simulated"] is True
+    assert summary.batch["start"] == 16
+    assert summary.batch["oom_recoveries"] >= 1
+    assert 1 <= summary.batch["final"] < 16
 
 
 @pytest.mark.parametrize(
