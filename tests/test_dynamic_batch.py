@@ -620,3 +620,12 @@ def test_control_law_is_stable_under_measurement_noise(noise: float) -> None:
     assert size == 64
     assert over <= (0 if noise == 0 else 5)  # a noisy slope may overshoot once or twice; the ceiling stops repeats
     assert changes <= (3 if noise == 0 else 12)
+
+
+def test_keep_none_schedules_still_end_where_the_run_ends(tmp_path: Path) -> None:
+    schedule = lt.WarmupCosine(warmup_steps=2, min_lr=0.005)
+    dyn = lt.DynamicBatchSize(adjust_every=2, keep="none", multiple_of=4, probe=sim(per_sample=150))
+    trainer = fit(Net(batch_size=4, n=512), [schedule, dyn], tmp_path, max_epochs=2)
+    assert dyn.batch_size == 44  # far fewer steps than the 256 the Trainer first estimated at batch 4
+    assert trainer.global_step < 100
+    assert trainer.optimizers[0].param_groups[0]["lr"] == pytest.approx(0.005)  # the floor, reached at the end

@@ -454,6 +454,25 @@ class DynamicBatchSize(Callback):
         if self.keep != "effective" and self._sampler is not None:
             self._sampler.batch_size = self._window_size()
             self._update_epoch_length(trainer)
+            self._retarget_schedules(trainer)
+
+    def _retarget_schedules(self, trainer: pl.Trainer) -> None:
+        """Tell lightning_tune's schedules how many optimizer steps the run now has (``keep="lr"``/``"none"``)."""
+        from lightning_tune.callbacks.lr_schedule import ScheduleCallback
+
+        assert self._sampler is not None
+        per_epoch = math.ceil(self._sampler.epoch_samples() / self._window_size())
+        remaining = max(0, int(trainer.fit_loop.max_batches) - self._batches_done)
+        max_epochs = trainer.max_epochs
+        if max_epochs is not None and max_epochs >= 0:
+            remaining += max(0, max_epochs - trainer.current_epoch - 1) * per_epoch
+        elif trainer.max_steps < 0:
+            return  # an unbounded run: nothing to aim at
+        if trainer.max_steps >= 0:
+            remaining = min(remaining, trainer.max_steps - trainer.global_step)
+        for callback in trainer.callbacks:  # type: ignore[attr-defined]
+            if isinstance(callback, ScheduleCallback):
+                callback.retarget(trainer.global_step + remaining)
 
     def _log(self, pl_module: pl.LightningModule) -> None:
         metrics = {
@@ -644,6 +663,7 @@ class DynamicBatchSize(Callback):
         if self.keep != "effective" and self._sampler is not None:
             self._sampler.batch_size = self._window_size()
             self._update_epoch_length(trainer)
+            self._retarget_schedules(trainer)
         self.probe.reset_peak()
         self._steps = 0
         self._largest_run = 0

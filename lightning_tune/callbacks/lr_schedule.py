@@ -19,6 +19,7 @@ Key                        Meaning
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from abc import ABC, abstractmethod
 from collections.abc import Sequence
@@ -148,6 +149,26 @@ class ScheduleCallback(Callback, ABC):
         trainer.strategy.lr_scheduler_configs = kept + [
             LRSchedulerConfig(scheduler, interval="step", frequency=1) for scheduler in self.schedulers
         ]
+
+    def retarget(self, total_steps: int) -> None:
+        """Make the installed schedules end at ``total_steps`` (the run's length changed under them).
+
+        Only a schedule whose length was left to the Trainer (``total_steps=None``) is changed; the warm-up keeps the
+        length it was given. :class:`~lightning_tune.DynamicBatchSize` calls this when the number of optimizer
+        steps per epoch changes (``keep="lr"`` or ``"none"``).
+
+        Args:
+            total_steps: The run's new length in optimizer steps.
+        """
+        if self.total_steps is not None:
+            return
+        for scheduler in self.schedulers:
+            schedule = scheduler.schedule
+            current = getattr(schedule, "total_steps", None)
+            if current is None or current == total_steps:
+                continue
+            floor = max(getattr(schedule, "warmup_steps", 0) + 1, scheduler.last_epoch + 1)
+            scheduler.schedule = dataclasses.replace(schedule, total_steps=max(total_steps, floor))  # type: ignore[type-var]
 
     @override
     def on_before_optimizer_step(
