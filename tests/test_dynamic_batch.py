@@ -629,3 +629,20 @@ def test_keep_none_schedules_still_end_where_the_run_ends(tmp_path: Path) -> Non
     assert dyn.batch_size == 44  # far fewer steps than the 256 the Trainer first estimated at batch 4
     assert trainer.global_step < 100
     assert trainer.optimizers[0].param_groups[0]["lr"] == pytest.approx(0.005)  # the floor, reached at the end
+
+
+def test_fp16_grad_scaler_through_splitting_and_oom(tmp_path: Path) -> None:
+    from lightning.pytorch.plugins import MixedPrecision
+
+    def plugins() -> list[Any]:
+        return [MixedPrecision("16-mixed", "cpu", scaler=torch.amp.GradScaler("cpu", init_scale=2.0**10))]
+
+    reference = Net(batch_size=32)
+    plain = fit(reference, [], tmp_path, plugins=plugins())
+    dyn = lt.DynamicBatchSize(adjust_every=3, multiple_of=4, probe=sim(per_sample=500))  # 32 never fits
+    model = Net(batch_size=32)
+    ours = fit(model, [dyn], tmp_path, plugins=plugins())
+    assert dyn.oom_recoveries >= 1
+    assert ours.precision_plugin.scaler.get_scale() == plain.precision_plugin.scaler.get_scale()  # type: ignore[attr-defined]
+    for a, b in zip(_weights(model), _weights(reference), strict=True):
+        torch.testing.assert_close(a, b, rtol=1e-3, atol=2e-4)
