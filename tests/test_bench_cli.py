@@ -193,6 +193,9 @@ def _flash_message() -> str:
         pytest.param(["--attention", "flash", "--accelerator", "cpu"], _flash_message(), id="flash-on-cpu"),
         pytest.param(["--precision", "16-mixed", "--accelerator", "cpu"], "needs a CUDA GPU", id="fp16-on-cpu"),
         pytest.param(["--no-such-flag"], "unrecognized arguments: --no-such-flag", id="unknown-flag"),
+        pytest.param(
+            ["--output-dir", "/proc/no-such-dir"], "`output_dir` '/proc/no-such-dir' cannot hold the results", id="out"
+        ),
     ],
 )
 def test_bad_arguments_exit_2_with_one_line(argv: list[str], expected: str, capsys: pytest.CaptureFixture[str]) -> None:

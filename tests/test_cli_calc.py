@@ -117,6 +117,16 @@ def test_reads_a_hugging_face_config(tmp_path: Path, capsys: pytest.CaptureFixtu
             "unrecognized arguments: --gpus 2",
             id="unknown-flag",
         ),
+        pytest.param(
+            ["--model", "gpt2", "--gpu-memory", "81920", "--sequence-length", "8192"],
+            "`sequence_length` must be at most 1024 for gpt2 (its learned position table), got 8192",
+            id="longer-than-positions",
+        ),
+        pytest.param(
+            ["--model", "tests", "--gpu-memory", "1", "--sequence-length", "8"],
+            "`model`: the directory 'tests' has no config.json",
+            id="directory-without-config",
+        ),
     ],
 )
 def test_bad_arguments_exit_2_with_one_line_message(
@@ -143,3 +153,19 @@ def test_help_lists_the_flags(capsys: pytest.CaptureFixture[str]) -> None:
     for flag in ("--model", "--gpu-memory", "--sequence-length", "--precision", "--optimizer", "--lora-rank"):
         assert flag in out
     assert "--grad-checkpointing" in out
+
+
+def test_a_null_dropout_in_a_config_means_none(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    config = tmp_path / "config.json"
+    config.write_text(
+        '{"model_type": "gpt2", "n_embd": 64, "n_layer": 2, "n_head": 2, "vocab_size": 100, "attn_pdrop": null}'
+    )
+    status, out, err = run(
+        ["calc", "batch-size", "--model", str(config), "--gpu-memory", "1024", "--sequence-length", "128"], capsys
+    )
+    assert status == 0, err
+    config.write_text('{"model_type": "gpt2", "n_embd": 64, "n_layer": 2, "n_head": 2, "attn_pdrop": "high"}')
+    status, out, err = run(
+        ["calc", "batch-size", "--model", str(config), "--gpu-memory", "1024", "--sequence-length", "128"], capsys
+    )
+    assert status == 2 and "`config.attn_pdrop` must be a number, got 'high'" in err

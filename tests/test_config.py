@@ -730,6 +730,26 @@ BAD = [
         "`training.checkpoint.save_interval` must be an integer >= 1, got 0",
         id="save-interval",
     ),
+    pytest.param(
+        {"multi_gpu": {"backend": "gloo", "devices": [0, 1]}},
+        ValueError,
+        "`training.multi_gpu.backend` ('gloo') sets the process-group backend of data parallelism: it needs "
+        "`training.multi_gpu.strategy: data_parallel`",
+        id="backend-without-strategy",
+    ),
+    pytest.param(
+        {"model_parallel": {"tensor_parallel_size": 4}},
+        ValueError,
+        None,
+        id="tensor-parallel-size-without-enabled",
+    ),
+    pytest.param(
+        {"compilation": 5},
+        TypeError,
+        "`training.compilation` must be 'torch_compile', 'none', true, false or a mapping with keys enabled, mode, "
+        "fullgraph, dynamic, backend; got 5 (int)",
+        id="compilation-type",
+    ),
 ]
 
 
@@ -737,7 +757,17 @@ BAD = [
 def test_bad_configs(config: dict[str, Any], error: type[Exception], message: str) -> None:
     with pytest.raises(error) as info:
         from_config(config)
-    assert str(info.value) == message
+    if message is None:  # the start of the message is another case's
+        assert str(info.value).startswith("`training.model_parallel.tensor_parallel_size`"), str(info.value)
+    else:
+        assert str(info.value) == message
+
+
+def test_compilation_true_and_false() -> None:
+    from lightning_tune.presets import TorchCompile
+
+    assert any(isinstance(cb, TorchCompile) for cb in from_config({"compilation": True}).callbacks())
+    assert not any(isinstance(cb, TorchCompile) for cb in from_config({"compilation": False}).callbacks())
 
 
 def test_file_errors(tmp_path: Path) -> None:

@@ -311,6 +311,12 @@ PRESET_BAD = [
         id="ds-unknown-kwarg",
     ),
     pytest.param(
+        lambda: deepspeed_settings(offload_optimizer="no"),
+        TypeError,
+        "`offload_optimizer` must be True or False, got 'no' (str)",
+        id="ds-offload-type",
+    ),
+    pytest.param(
         lambda: TorchCompile(mode="fast"),
         ValueError,
         "`mode` must be one of 'default', 'reduce-overhead', 'max-autotune', 'max-autotune-no-cudagraphs', got 'fast'",
@@ -358,3 +364,21 @@ def test_bad_preset_arguments(build: Any, error: type[Exception], message: str) 
     with pytest.raises(error) as info:
         build()
     assert str(info.value).startswith(message), str(info.value)
+
+
+def test_compile_traces_through_checkpointed_blocks() -> None:
+    """Activation checkpointing must not make torch.compile fall back to eager (a graph break per block)."""
+    import torch._dynamo
+    from torch._dynamo.utils import counters
+
+    torch._dynamo.reset()
+    counters.clear()
+    torch.manual_seed(0)
+    model = DemoGPT(GPTConfig(d_model=32, n_layers=2, seq_len=16, vocab_size=32))
+    checkpoint_blocks(model)
+    compile_modules(model, backend="eager")
+    ids = torch.randint(0, 32, (4, 16))
+    for _ in range(2):
+        model(ids).sum().backward()
+    assert not counters["graph_break"], dict(counters["graph_break"])
+    assert counters["stats"]["unique_graphs"] >= 1

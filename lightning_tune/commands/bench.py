@@ -189,6 +189,22 @@ def _headline(runner: BenchRunner, settings: BenchSettings) -> str:
     )
 
 
+def _check_writable(directory: str) -> None:
+    """Create ``directory`` if needed and make sure a file can be written in it.
+
+    Raises:
+        ValueError: Naming the directory and why it cannot hold the results.
+    """
+    import tempfile
+
+    try:
+        os.makedirs(directory, exist_ok=True)
+        with tempfile.TemporaryFile(dir=directory):
+            pass
+    except OSError as err:
+        raise ValueError(f"`output_dir` {directory!r} cannot hold the results: {err.strerror or err}") from None
+
+
 def _run_bench_command(args: argparse.Namespace) -> int:
     from lightning_tune.bench import (
         BenchRunner,
@@ -207,6 +223,7 @@ def _run_bench_command(args: argparse.Namespace) -> int:
         plot = check_png_path(args.plot) if args.plot is not None else None
         if os.path.exists(args.output_dir) and not os.path.isdir(args.output_dir):
             raise ValueError(f"`output_dir` must be a directory, got the file {args.output_dir!r}")
+        _check_writable(args.output_dir)  # before any batch size runs, not after the first
         runner = BenchRunner(settings, progress=not args.no_progress_bar)
     except (ValueError, TypeError, ModuleNotFoundError) as err:
         return _usage_error("bench", err)
@@ -226,6 +243,9 @@ def _run_bench_command(args: argparse.Namespace) -> int:
 
     try:
         results = runner.sweep(after_each=keep)
+    except OSError as err:  # the results could not be written after a batch size
+        print(f"{PROG} bench: error: cannot write the results to {args.output_dir}: {err}", file=sys.stderr)
+        return 1
     except SettingFailed as err:
         if done:
             print(_headline(runner, settings))

@@ -567,6 +567,13 @@ def _compilation(section: Section) -> dict[str, Any] | None:
         return None
     if isinstance(value, str):
         return {} if section.choice("compilation", ("torch_compile", "none")) == "torch_compile" else None
+    if isinstance(value, bool):
+        return {} if value else None
+    if not isinstance(value, dict):
+        raise TypeError(
+            f"`{section.name('compilation')}` must be 'torch_compile', 'none', true, false or a mapping with keys "
+            f"enabled, mode, fullgraph, dynamic, backend; got {value!r} ({type(value).__name__})"
+        )
     comp = section.section("compilation", {"enabled", "mode", "fullgraph", "dynamic", "backend"})
     from lightning_tune.presets.compile import COMPILE_MODES
 
@@ -618,19 +625,26 @@ def _multi_gpu(section: Section) -> tuple[int | tuple[int, ...] | None, bool, st
         else:
             devices = multi.integer("devices", minimum=1)
     backend = multi.choice("backend", ("nccl", "gloo"))
+    if backend is not None and not data_parallel:
+        raise ValueError(
+            f"`{multi.name('backend')}` ({backend!r}) sets the process-group backend of data parallelism: it needs "
+            f"`{multi.name('strategy')}: data_parallel`"
+        )
     return devices, data_parallel, backend
 
 
 def _model_parallel(section: Section) -> None:
     parallel = section.section("model_parallel", {"enabled", "tensor_parallel_size", "pipeline_parallel_size"})
-    for key in ("tensor_parallel_size", "pipeline_parallel_size"):
-        parallel.integer(key, minimum=1)
+    sizes = {key: parallel.integer(key, minimum=1) for key in ("tensor_parallel_size", "pipeline_parallel_size")}
+    reason = (
+        "tensor and pipeline parallelism need a model written for them (Lightning's ModelParallelStrategy); "
+        "lightning_tune trains data-parallel only"
+    )
     if _enabled(parallel, default=False):
-        raise reject(
-            parallel.name("enabled"),
-            "tensor and pipeline parallelism need a model written for them (Lightning's ModelParallelStrategy); "
-            "lightning_tune trains data-parallel only",
-        )
+        raise reject(parallel.name("enabled"), reason)
+    asked = [key for key, size in sizes.items() if size is not None and size > 1]
+    if asked and parallel.raw("enabled") is not False:  # a size above 1 is a request unless `enabled: false` says no
+        raise reject(parallel.name(asked[0]), reason)
 
 
 def _checkpoint(section: Section, deepspeed: DeepSpeedSettings | None) -> tuple[int | None, bool]:

@@ -207,7 +207,9 @@ def _resolve(model: str | os.PathLike[str] | TransformerShape) -> TransformerSha
     if isinstance(model, os.PathLike) or (isinstance(model, str) and model.endswith(".json")):
         return from_hf_config(model)
     if isinstance(model, str):
-        if os.path.isdir(model) and os.path.isfile(os.path.join(model, "config.json")):
+        if os.path.isdir(model):
+            if not os.path.isfile(os.path.join(model, "config.json")):
+                raise FileNotFoundError(f"`model`: the directory {model!r} has no config.json")
             return from_hf_config(model)
         return get_shape(model)
     raise TypeError(
@@ -259,6 +261,11 @@ def estimate_memory(
     """
     shape = _resolve(model)
     check_int("sequence_length", sequence_length, minimum=1)
+    if shape.family == "gpt2" and sequence_length > shape.max_position_embeddings:
+        raise ValueError(
+            f"`sequence_length` must be at most {shape.max_position_embeddings} for {shape.name or 'this model'} "
+            f"(its learned position table), got {sequence_length}"
+        )
     check_choice("precision", precision, PRECISIONS)
     check_choice("optimizer", optimizer, OPTIMIZERS)
     if master_weights is not None:

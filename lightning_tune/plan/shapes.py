@@ -29,7 +29,7 @@ from pathlib import Path
 from types import MappingProxyType
 from typing import Any, Final, Literal, get_args
 
-from lightning_tune._validation import check_bool, check_choice, check_int
+from lightning_tune._validation import check_bool, check_choice, check_float, check_int
 
 __all__ = ["FAMILIES", "HF_MODEL_TYPES", "MODEL_SHAPES", "Family", "TransformerShape", "from_hf_config", "get_shape"]
 
@@ -386,7 +386,7 @@ def from_hf_config(config: str | os.PathLike[str] | Mapping[str, Any], *, name: 
             qkv_bias=True,
             output_bias=True,
             mlp_bias=True,
-            dropout=any(data.get(k, 0.1) > 0 for k in ("attn_pdrop", "resid_pdrop", "embd_pdrop")),
+            dropout=any(_probability(data, k, 0.1) > 0 for k in ("attn_pdrop", "resid_pdrop", "embd_pdrop")),
             name=label,
         )
     heads = need("num_attention_heads")
@@ -404,6 +404,15 @@ def from_hf_config(config: str | os.PathLike[str] | Mapping[str, Any], *, name: 
         qkv_bias=model_type == "qwen2" or attention_bias,
         output_bias=model_type != "qwen2" and attention_bias,
         mlp_bias=bool(data.get("mlp_bias", False)),
-        dropout=float(data.get("attention_dropout", 0.0) or 0.0) > 0,
+        dropout=_probability(data, "attention_dropout", 0.0) > 0,
         name=label,
     )
+
+
+def _probability(data: dict[str, Any], key: str, default: float) -> float:
+    """A dropout probability from a Hugging Face config, checked and named by its key."""
+    value = data.get(key, default)
+    if value is None:
+        return 0.0  # some configs write null for "no dropout"
+    check_float(f"config.{key}", value, low=0.0, high=1.0)
+    return float(value)

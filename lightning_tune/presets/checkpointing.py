@@ -127,10 +127,16 @@ class _CheckpointedForward:
         return types.MethodType(type(self.module).forward, self.module)
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        run = self.__wrapped__
+        # The class's forward is called with the module as first argument rather than through a bound method made
+        # here: torch.compile cannot trace a `types.MethodType` built inside the compiled region and would fall back
+        # to running the whole compiled forward eagerly.
+        if self.original is not None:
+            run, call_args = self.original, args
+        else:
+            run, call_args = type(self.module).forward, (self.module, *args)
         if not torch.is_grad_enabled():  # nothing is saved for backward: recomputing would only cost time
-            return run(*args, **kwargs)
-        return checkpoint(run, *args, use_reentrant=False, preserve_rng_state=self.preserve_rng_state, **kwargs)
+            return run(*call_args, **kwargs)
+        return checkpoint(run, *call_args, use_reentrant=False, preserve_rng_state=self.preserve_rng_state, **kwargs)
 
 
 def _wrap(module: nn.Module, preserve_rng_state: bool) -> Callable[[], None]:

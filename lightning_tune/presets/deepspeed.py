@@ -169,11 +169,14 @@ def deepspeed_settings(
         'DeepSpeed ZeRO stage 3, optimizer state and parameters offloaded to CPU'
     """
     explicit = {"stage": stage, "offload_optimizer": offload_optimizer, "offload_parameters": offload_parameters}
+    for name in ("offload_optimizer", "offload_parameters"):
+        if explicit[name] is not None:
+            check_bool(name, explicit[name])
     if plan is None:
         return DeepSpeedSettings(
             stage=2 if stage is None else stage,
-            offload_optimizer=bool(offload_optimizer) if offload_optimizer is not None else False,
-            offload_parameters=bool(offload_parameters) if offload_parameters is not None else False,
+            offload_optimizer=False if offload_optimizer is None else offload_optimizer,
+            offload_parameters=False if offload_parameters is None else offload_parameters,
             pin_memory=pin_memory,
             extra=strategy_kwargs,
         )
