@@ -419,7 +419,7 @@ class DynamicBatchSize(Callback):
         if self._steps >= self.adjust_every:
             self._steps = 0
             self._decide(trainer)
-        self._log(pl_module)
+        self._log(trainer)
 
     def _decide(self, trainer: pl.Trainer) -> None:
         assert self.probe is not None and self.batch_size is not None
@@ -474,7 +474,15 @@ class DynamicBatchSize(Callback):
             if isinstance(callback, ScheduleCallback):
                 callback.retarget(trainer.global_step + remaining)
 
-    def _log(self, pl_module: pl.LightningModule) -> None:
+    def _log(self, trainer: pl.Trainer) -> None:
+        """Write the decision keys to the loggers every ``log_every_n_steps`` optimizer steps.
+
+        Straight to the loggers rather than through ``self.log``, which would copy each value to the device (a
+        host-device synchronisation per key and step on a GPU).
+        """
+        every = trainer.log_every_n_steps  # type: ignore[attr-defined]  # set at runtime by the logger connector
+        if not trainer.loggers or not every or trainer.global_step % every:
+            return
         metrics = {
             "tune/batch_size": float(self.batch_size or 0),
             "tune/accumulate_grad_batches": float(self.accumulate_grad_batches or 0),
@@ -483,8 +491,8 @@ class DynamicBatchSize(Callback):
         }
         if self.last_decision is not None and self.last_decision.predicted_fraction is not None:
             metrics["tune/predicted_vram_frac"] = self.last_decision.predicted_fraction
-        for key, value in metrics.items():
-            pl_module.log(key, value, on_step=True, on_epoch=False, batch_size=1)
+        for logger in trainer.loggers:
+            logger.log_metrics(metrics, step=trainer.global_step)
 
     # -- the wrapped module hooks ------------------------------------------------------------------------------------
     def _optimizer_zero_grad(self, epoch: int, batch_idx: int, optimizer: Any) -> None:
