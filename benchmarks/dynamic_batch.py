@@ -11,11 +11,17 @@ Three runs in one process, each from the same seed and the same effective batch 
 Samples/s is measured over the last ``--measure`` steps of each run (after settling), between two device
 synchronisations. On a machine without a GPU, ``--simulate`` runs the same comparison against a
 ``SimulatedMemory`` device (a smoke run: figures say nothing about real memory).
+
+``--overhead`` measures instead what the callback costs when it has nothing to change (the configured batch
+already at the top of its grid): rounds of runs with and without it, interleaved in one process, the median step
+time of each, and the time spent in the callback's own code per step (its hooks and its wrapper around
+``training_step``, minus the module's own ``training_step``).
 """
 
 from __future__ import annotations
 
 import argparse
+import statistics
 import sys
 import time
 from datetime import datetime, timezone
@@ -133,6 +139,112 @@ def _run(name: str, args: argparse.Namespace, config: GPTConfig) -> dict[str, An
     return result
 
 
+class _TimedDynamicBatchSize(lt.DynamicBatchSize):
+    """DynamicBatchSize that adds up the time spent in its own code."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.own = 0.0
+        self.steps = 0
+
+    def _patch_module(self, pl_module: Any) -> None:
+        super()._patch_module(pl_module)
+        original = self._originals["training_step"]
+
+        def timed(*args: Any, **kwargs: Any) -> Any:
+            start = time.perf_counter()
+            try:
+                return original(*args, **kwargs)
+            finally:
+                self.own -= time.perf_counter() - start  # the module's own time is not the callback's
+
+        self._originals["training_step"] = timed
+
+    def _training_step(self, *args: Any, **kwargs: Any) -> Any:
+        start = time.perf_counter()
+        try:
+            return super()._training_step(*args, **kwargs)
+        finally:
+            self.own += time.perf_counter() - start
+            self.steps += 1
+
+    def on_train_batch_start(self, *args: Any, **kwargs: Any) -> None:
+        start = time.perf_counter()
+        super().on_train_batch_start(*args, **kwargs)
+        self.own += time.perf_counter() - start
+
+    def on_train_batch_end(self, *args: Any, **kwargs: Any) -> None:
+        start = time.perf_counter()
+        super().on_train_batch_end(*args, **kwargs)
+        self.own += time.perf_counter() - start
+
+
+def _overhead_run(args: argparse.Namespace, with_callback: bool) -> tuple[float, float | None]:
+    seed_everything(args.seed, verbose=False)
+    config = GPTConfig()
+    data = SyntheticTokenDataModule(args.batch_size, seq_len=config.seq_len, vocab_size=config.vocab_size, seed=0)
+    clock = _Clock(None)
+    callbacks: list[Callback] = [clock]
+    timed = None
+    if with_callback:
+        probe = None if torch.cuda.is_available() else lt.SimulatedMemory(1 << 40, 1 << 20, 1)
+        timed = _TimedDynamicBatchSize(adjust_every=args.adjust_every, probe=probe)
+        callbacks.append(timed)
+    Trainer(
+        max_steps=args.steps,
+        callbacks=callbacks,
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        limit_val_batches=0,
+    ).fit(DemoGPT(config), datamodule=data)
+    steps = [b - a for a, b in zip(clock.ends[2:], clock.ends[3:], strict=False)]
+    own = None if timed is None else timed.own / max(timed.steps, 1)
+    return statistics.median(steps), own
+
+
+def _overhead(args: argparse.Namespace) -> None:
+    rows = []
+    for _ in range(args.rounds):
+        plain, _ = _overhead_run(args, False)
+        dynamic, own = _overhead_run(args, True)
+        rows.append({"plain_step_s": plain, "dynamic_step_s": dynamic, "own_s_per_step": own})
+    ratio_of_medians = statistics.median(r["dynamic_step_s"] for r in rows) / statistics.median(
+        r["plain_step_s"] for r in rows
+    )
+    median_ratio = statistics.median(r["dynamic_step_s"] / r["plain_step_s"] for r in rows)
+    own = statistics.median(r["own_s_per_step"] for r in rows)
+    step = statistics.median(r["dynamic_step_s"] for r in rows)
+    device = torch.cuda.get_device_name(0) if torch.cuda.is_available() else f"CPU, {torch.get_num_threads()} threads"
+    record = {
+        "benchmark": "dynamic_batch_overhead",
+        "device": device,
+        "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        "commit": git_commit(),
+        "command": " ".join(["python", *sys.argv]),
+        "rounds": rows,
+        "ratio_of_medians": ratio_of_medians,
+        "median_of_round_ratios": median_ratio,
+        "own_us_per_step": own * 1e6,
+    }
+    report = "\n".join(
+        [
+            f"# DynamicBatchSize overhead, nothing to change ({device})",
+            "",
+            f"`{record['command']}` at commit `{record['commit'][:12]}`, {record['date']}.",
+            "",
+            "| Figure | Value |",
+            "| --- | --- |",
+            f"| Step time with / without the callback, ratio of medians | {ratio_of_medians:.4f} |",
+            f"| Median of the rounds' ratios | {median_ratio:.4f} |",
+            f"| Time in the callback's own code per step | {own * 1e6:.0f} us ({own / step * 100:.2f} % of a step) |",
+            "",
+        ]
+    )
+    write_results(args.out, record, report)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--batch-size", type=int, default=8, help="starting (and fixed) micro-batch")
@@ -151,8 +263,13 @@ def main() -> None:
     parser.add_argument("--sim-total", type=int, default=10_000)
     parser.add_argument("--sim-fixed", type=int, default=2_000)
     parser.add_argument("--sim-per-sample", type=int, default=100)
+    parser.add_argument("--overhead", action="store_true", help="measure the cost when nothing changes (CPU or GPU)")
+    parser.add_argument("--rounds", type=int, default=9, help="rounds of the overhead measurement")
     parser.add_argument("--out", type=Path, default=None, help="write <out>.json and <out>.md")
     args = parser.parse_args()
+    if args.overhead:
+        _overhead(args)
+        return
     if not args.simulate and not torch.cuda.is_available():
         raise SystemExit("needs a CUDA GPU (or --simulate for a CPU smoke run)")
     config = GPTConfig(

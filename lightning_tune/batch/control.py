@@ -15,7 +15,7 @@ It settles instead of oscillating:
   size ran out of memory; such a size is a ceiling for the next ``ceiling_decisions`` decisions;
 - with only one size seen and no prior, the model cannot separate fixed from per-sample memory, so the first
   decision probes for a slope: one grid step up when even the over-estimated slope says that step stays within
-  target, otherwise half the size (always safe).
+  target, otherwise half the size (always safe); at the top of the grid it does not probe.
 """
 
 from __future__ import annotations
@@ -189,7 +189,7 @@ class BatchSizeController:
             if up != batch_size and peak_bytes / seen * up <= budget:
                 return Decision(up, None, "probe")
             down = self.round_down(batch_size / 2, cap)  # a step up might not fit: measure a smaller size instead
-            if down < batch_size:
+            if up != batch_size and down < batch_size:  # (at the top of the grid there is nothing to find out)
                 return Decision(down, None, "probe")
             return Decision(batch_size, self._fraction(batch_size, total_bytes), "hold")
         # an extrapolation far beyond what was measured amplifies noise in the slope: at most double at a time
