@@ -18,16 +18,16 @@ from tests.helpers import finish_ddp  # noqa: E402
 from tests.test_dynamic_batch import Net, Record  # noqa: E402
 
 
-def main(out: Path) -> None:
+def main(out: Path, *, with_callback: bool = True) -> None:
     memories = [lt.SimulatedMemory(10_000, 2_000, 100), lt.SimulatedMemory(10_000, 2_000, 150)]
     dyn = lt.DynamicBatchSize(adjust_every=2, multiple_of=4, probe=None)
-    record = Record(dyn)
+    record = Record(dyn if with_callback else None)
     trainer = Trainer(
         accelerator="cpu",
         devices=2,
         strategy="ddp",
         max_epochs=2,
-        callbacks=[dyn, record],
+        callbacks=[dyn, record] if with_callback else [record],
         logger=False,
         enable_checkpointing=False,
         enable_progress_bar=False,
@@ -42,6 +42,7 @@ def main(out: Path) -> None:
         "seen": {str(k): v for k, v in record.seen.items()},
         "oom_recoveries": dyn.oom_recoveries,
         "local_ooms": dyn.probe.out_of_memory_errors,
+        "weights": [p.detach().double().flatten().tolist() for p in model.parameters()],
         "checksum": checksum,
         "steps": trainer.global_step,
     }

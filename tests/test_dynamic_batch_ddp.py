@@ -21,3 +21,8 @@ def test_ranks_agree_on_every_decision_and_retry_together(tmp_path: Path) -> Non
     for epoch in ("0", "1"):
         both = ranks[0]["seen"][epoch] + ranks[1]["seen"][epoch]
         assert sorted(both) == list(range(1024))  # each sample once per epoch, across the two ranks
+    # the same DDP run without the callback: the split micro-batches and the retries left the training unchanged
+    (tmp_path / "reference").mkdir()
+    reference = run_ddp_script("ddp_dynamic_batch_reference_script.py", tmp_path / "reference")
+    for ours, theirs in zip(ranks[0]["weights"], reference[0]["weights"], strict=True):
+        assert ours == pytest.approx(theirs, rel=1e-5, abs=1e-6)
