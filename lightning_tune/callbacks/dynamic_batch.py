@@ -169,6 +169,7 @@ class DynamicBatchSize(Callback):
         self._train_pressure = False
         self._original_batch_sampler: BatchSampler | None = None
         self._installed_epoch = -1
+        self._ddp = False
 
     def __repr__(self) -> str:
         return (
@@ -224,6 +225,16 @@ class DynamicBatchSize(Callback):
             raise MisconfigurationException(
                 "DynamicBatchSize sets gradient accumulation itself: remove GradientAccumulationScheduler and give "
                 "the effective batch through the DataLoader's batch size and Trainer(accumulate_grad_batches=...)"
+            )
+        from lightning.pytorch.strategies import DDPStrategy
+
+        self._ddp = isinstance(trainer.strategy, DDPStrategy)
+        if trainer.world_size > 1 and not self._ddp:
+            warnings.warn(
+                f"DynamicBatchSize: under {type(trainer.strategy).__name__} every rank takes the same batch-size "
+                "decisions, but an out-of-memory error can only be recovered when every rank hits it: the agreement "
+                "that lets one rank's OOM make all of them retry (`sync_oom`) is made for DDP",
+                stacklevel=2,
             )
         self._patch_module(pl_module)
         self._active = True
@@ -516,7 +527,7 @@ class DynamicBatchSize(Callback):
                 "tensor whose first dimension is the batch"
             )
         self._window = (batch, batch_idx, args, kwargs)
-        distributed = trainer.world_size > 1 and self.sync_oom
+        distributed = trainer.world_size > 1 and self.sync_oom and self._ddp
         while True:
             assert self.batch_size is not None
             try:
