@@ -196,8 +196,7 @@ class BatchSizeController:
         best = min(best, max(batch_size, self.round_down(2 * self.model.largest_seen, cap)))
         if best > batch_size and best >= batch_size * (1.0 + self.min_change):
             return Decision(best, self._fraction(best, total_bytes), "grow")
-        if best < batch_size:  # predicted over target though this interval was not: trust the measurement
-            return Decision(batch_size, self._fraction(batch_size, total_bytes), "hold")
+        # a smaller best means the model predicts over target though this interval was not: trust the measurement
         return Decision(batch_size, self._fraction(batch_size, total_bytes), "hold")
 
     def on_oom(self, batch_size: int, *, total_bytes: float, cap: int | None = None) -> int:

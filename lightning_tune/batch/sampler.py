@@ -11,7 +11,6 @@ skipped or repeated either way.
 from __future__ import annotations
 
 from collections.abc import Iterator, Sized
-from typing import Any
 
 import torch
 from torch.utils.data import Sampler
@@ -145,7 +144,6 @@ class ResizableBatchSampler(Sampler[list[int]]):
             self._batches_out += 1
             yield batch
 
-    def state(self, consumed: int) -> dict[str, Any]:
-        """What a checkpoint needs to resume the running epoch after ``consumed`` trained samples."""
-        order = None if self._order is None else torch.tensor(self._order, dtype=torch.int64)
-        return {"consumed": consumed, "order": order}
+    def saved_order(self) -> torch.Tensor | None:
+        """The running epoch's order as a tensor, for a checkpoint (``None`` before the first epoch starts)."""
+        return None if self._order is None else torch.tensor(self._order, dtype=torch.int64)

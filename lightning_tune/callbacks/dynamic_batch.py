@@ -20,7 +20,7 @@ import contextlib
 import math
 import warnings
 from collections.abc import Callable, Iterator
-from typing import TYPE_CHECKING, Any, Literal, get_args
+from typing import TYPE_CHECKING, Any, Literal, NamedTuple, get_args
 
 import torch
 from lightning.fabric.utilities.exceptions import MisconfigurationException
@@ -48,6 +48,14 @@ Keep = Literal["effective", "lr", "none"]
 KEEPS: tuple[str, ...] = get_args(Keep)
 
 _OOM = (torch.OutOfMemoryError,)
+
+
+class _Piece(NamedTuple):
+    """A micro-batch of a window: the batch itself, its sample count and its weight in the optimizer step."""
+
+    batch: Any
+    samples: int
+    weight: float
 
 
 class DynamicBatchSize(Callback):
@@ -165,6 +173,7 @@ class DynamicBatchSize(Callback):
         self._owns_zero_grad = False
         self._manual = False
         self._largest_run = 0  # largest micro-batch run in the current decision interval
+        self._window_samples = 0  # samples in the running window
         self._train_peak = 0  # training's peak before a validation run in the current interval
         self._train_pressure = False
         self._original_batch_sampler: BatchSampler | None = None
@@ -180,11 +189,7 @@ class DynamicBatchSize(Callback):
     @property
     def effective_batch_size(self) -> int | None:
         """Samples per optimizer step: held constant with ``keep="effective"``."""
-        if self.batch_size is None:
-            return None
-        if self.keep == "effective":
-            return self._user_batch_size * self._user_accumulation
-        return self.batch_size * self._user_accumulation
+        return None if self.batch_size is None else self._window_size()
 
     @property
     def accumulate_grad_batches(self) -> int | None:
@@ -358,14 +363,17 @@ class DynamicBatchSize(Callback):
         if self.probe is not None:
             self.probe.reset_peak()
 
+    @property
+    def _configured_effective(self) -> int:
+        """The effective batch as configured: the DataLoader's batch size times the Trainer's accumulation."""
+        return self._user_batch_size * self._user_accumulation
+
     def _cap(self) -> int | None:
-        return self._user_batch_size * self._user_accumulation if self.keep == "effective" else None
+        return self._configured_effective if self.keep == "effective" else None
 
     def _window_size(self) -> int:
         assert self.batch_size is not None
-        if self.keep == "effective":
-            return self._user_batch_size * self._user_accumulation
-        return self.batch_size * self._user_accumulation
+        return self._configured_effective if self.keep == "effective" else self.batch_size * self._user_accumulation
 
     def _update_epoch_length(self, trainer: pl.Trainer) -> None:
         assert self._sampler is not None
@@ -388,9 +396,7 @@ class DynamicBatchSize(Callback):
             return
         n = count_samples(batch)
         if n is not None:
-            self._set_lr_factor(
-                trainer, scale_lr(1.0, self._user_batch_size * self._user_accumulation, n, self.lr_rule)
-            )
+            self._set_lr_factor(trainer, scale_lr(1.0, self._configured_effective, n, self.lr_rule))
 
     def _set_lr_factor(self, trainer: pl.Trainer, factor: float) -> None:
         """Multiply every group's learning rate (and the schedulers' base LRs) by ``factor / previous factor``."""
@@ -424,7 +430,7 @@ class DynamicBatchSize(Callback):
         self._window = None
         self._returned_loss = None
         self._owns_zero_grad = False
-        self._consumed += count_samples(batch) or 0
+        self._consumed += self._window_samples
         self._batches_done += 1
         self._steps += 1
         if self._steps >= self.adjust_every:
@@ -526,21 +532,21 @@ class DynamicBatchSize(Callback):
                 f"DynamicBatchSize cannot count the samples of a batch of type {type(batch).__name__}: it needs a "
                 "tensor whose first dimension is the batch"
             )
-        self._window = (batch, batch_idx, args, kwargs)
+        self._window, self._window_samples = (batch, batch_idx, args, kwargs), n
         distributed = trainer.world_size > 1 and self.sync_oom and self._ddp
         while True:
             assert self.batch_size is not None
             try:
-                pieces = self._pieces(batch)
+                pieces = self._pieces(batch, n)
                 if len(pieces) == 1 and not distributed:
-                    output = self._forward(batch, batch_idx, args, kwargs, pieces[0][1])
+                    output = self._forward(pieces[0], batch_idx, args, kwargs)
                     self._returned_loss = _loss_of(output)
-                    return _with_value(output, [], pieces[0][1])
+                    return _with_value(output, [], pieces[0].weight)
                 return self._run_window(trainer, pieces, distributed)
             except _OOM as err:
                 self._recover(trainer, batch_idx, err)
 
-    def _pieces(self, batch: Any) -> list[tuple[Any, float]]:
+    def _pieces(self, batch: Any, n: int) -> list[_Piece]:
         """The window's micro-batches, each with its weight in the optimizer step.
 
         With ``keep="effective"`` a sample weighs ``1 / (b × k)``, as in Lightning's fixed-batch run, except in the
@@ -549,7 +555,6 @@ class DynamicBatchSize(Callback):
         sample weighs ``1 / n`` for a window of ``n``.
         """
         assert self.batch_size is not None
-        n = count_samples(batch) or 0
         m = self.batch_size
 
         def chunks(total: int) -> list[int]:
@@ -557,12 +562,15 @@ class DynamicBatchSize(Callback):
 
         if self.keep != "effective":
             sizes = chunks(n)
-            return list(zip(split_sizes(batch, sizes), [k / n for k in sizes], strict=True))
-        tail = self._short_batch_in(n)
-        head_sizes, tail_sizes = chunks(n - tail), chunks(tail)
-        weights = [k / (self._user_batch_size * self._user_accumulation) for k in head_sizes]
-        weights += [k / (tail * self._user_accumulation) for k in tail_sizes]
-        return list(zip(split_sizes(batch, head_sizes + tail_sizes), weights, strict=True))
+            weights = [k / n for k in sizes]
+        else:
+            tail = self._short_batch_in(n)
+            head_sizes, tail_sizes = chunks(n - tail), chunks(tail)
+            sizes = head_sizes + tail_sizes
+            weights = [k / self._configured_effective for k in head_sizes]
+            weights += [k / (tail * self._user_accumulation) for k in tail_sizes]
+        parts = [batch] if len(sizes) == 1 else split_sizes(batch, sizes)
+        return [_Piece(*piece) for piece in zip(parts, sizes, weights, strict=True)]
 
     def _short_batch_in(self, n: int) -> int:
         """Samples of the DataLoader's short last batch of the epoch inside this window of ``n`` (0 if none)."""
@@ -573,16 +581,15 @@ class DynamicBatchSize(Callback):
         short = total % self._user_batch_size
         return short if short and self._consumed + n == total and n >= short else 0
 
-    def _forward(self, chunk: Any, batch_idx: int, args: tuple[Any, ...], kwargs: dict[str, Any], weight: float) -> Any:
-        """Run ``training_step`` on a micro-batch; its loss comes back multiplied by ``weight``."""
+    def _forward(self, piece: _Piece, batch_idx: int, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        """Run ``training_step`` on a micro-batch; its loss comes back multiplied by the piece's weight."""
         assert self.probe is not None
-        samples = count_samples(chunk) or 0
-        self.probe.before_micro_batch(samples)
-        self._largest_run = max(self._largest_run, samples)
-        output = self._originals["training_step"](chunk, batch_idx, *args, **kwargs)
-        return output if weight == 1.0 else _scale_output(output, weight)
+        self.probe.before_micro_batch(piece.samples)
+        self._largest_run = max(self._largest_run, piece.samples)
+        output = self._originals["training_step"](piece.batch, batch_idx, *args, **kwargs)
+        return output if piece.weight == 1.0 else _scale_output(output, piece.weight)
 
-    def _run_window(self, trainer: pl.Trainer, pieces: list[tuple[Any, float]], distributed: bool) -> Any:
+    def _run_window(self, trainer: pl.Trainer, pieces: list[_Piece], distributed: bool) -> Any:
         """Run the window's micro-batches; return what Lightning should backward (the last one, or a sync graph).
 
         What is returned carries the window's mean loss as its value (what the progress bar and callbacks see) and
@@ -590,16 +597,16 @@ class DynamicBatchSize(Callback):
         """
         assert self._window is not None
         _, batch_idx, args, kwargs = self._window
-        total_weight = sum(weight for _, weight in pieces)
+        total_weight = sum(piece.weight for piece in pieces)
         self._zero_grad(batch_idx)
         self._owns_zero_grad = True
         manual = pieces if distributed else pieces[:-1]
         oom: BaseException | None = None
         shown: list[Tensor] = []
         with _no_sync(trainer):
-            for chunk, weight in manual:
+            for piece in manual:
                 try:
-                    loss = self._forward_backward(trainer, chunk, batch_idx, args, kwargs, weight)
+                    loss = self._forward_backward(trainer, piece, batch_idx, args, kwargs)
                 except _OOM as err:
                     oom = err
                     break
@@ -612,21 +619,14 @@ class DynamicBatchSize(Callback):
             return _sync_graph(trainer.lightning_module, shown, total_weight)
         if oom is not None:
             raise oom
-        last, weight = pieces[-1]
-        output = self._forward(last, batch_idx, args, kwargs, weight)
+        output = self._forward(pieces[-1], batch_idx, args, kwargs)
         self._returned_loss = _loss_of(output)
         return _with_value(output, shown, total_weight)
 
     def _forward_backward(
-        self,
-        trainer: pl.Trainer,
-        chunk: Any,
-        batch_idx: int,
-        args: tuple[Any, ...],
-        kwargs: dict[str, Any],
-        weight: float,
+        self, trainer: pl.Trainer, piece: _Piece, batch_idx: int, args: tuple[Any, ...], kwargs: dict[str, Any]
     ) -> Tensor | None:
-        output = self._forward(chunk, batch_idx, args, kwargs, weight)
+        output = self._forward(piece, batch_idx, args, kwargs)
         loss = _loss_of(output)
         if loss is None:
             return None
@@ -660,12 +660,11 @@ class DynamicBatchSize(Callback):
         while True:
             self._recover(trainer, batch_idx, failure)
             try:
-                self._zero_grad(batch_idx)
-                self._owns_zero_grad = True
+                self._owns_zero_grad = True  # `_recover` zeroed the gradients
                 # forward passes run under the precision's autocast, as Lightning runs training_step
                 with trainer.precision_plugin.train_step_context():
-                    for chunk, weight in self._pieces(batch):
-                        self._forward_backward(trainer, chunk, batch_idx, step_args, step_kwargs, weight)
+                    for piece in self._pieces(batch, self._window_samples):
+                        self._forward_backward(trainer, piece, batch_idx, step_args, step_kwargs)
                 return None
             except _OOM as again:
                 failure = again
@@ -704,7 +703,7 @@ class DynamicBatchSize(Callback):
         }
         trainer = self._trainer
         if self._sampler is not None and trainer is not None and trainer.world_size == 1:
-            state["order"] = self._sampler.state(self._consumed)["order"]
+            state["order"] = self._sampler.saved_order()
         return state
 
     @override
