@@ -18,7 +18,6 @@ Blocks found, in this order, when no ``block_types`` are given:
 from __future__ import annotations
 
 import sys
-import types
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Final, Literal
@@ -30,6 +29,7 @@ from torch import nn
 from torch.utils.checkpoint import checkpoint
 from typing_extensions import override
 
+from lightning_tune._surgery import InstanceForward, SurgeryResult, remove_forward
 from lightning_tune._validation import check_bool
 
 if TYPE_CHECKING:
@@ -61,28 +61,16 @@ class CheckpointEntry:
 
 
 @dataclass
-class CheckpointResult:
+class CheckpointResult(SurgeryResult):
     """What :func:`checkpoint_blocks` changed, and how to undo it. Leaving a ``with`` block restores the model.
+
+    :meth:`restore` gives every block back the ``forward`` it had and switches Hugging Face checkpointing back off.
 
     Args:
         entries: One entry per checkpointed block or Hugging Face model.
     """
 
     entries: list[CheckpointEntry] = field(default_factory=list)
-    _undo: list[Callable[[], None]] = field(default_factory=list, init=False, repr=False, compare=False)
-
-    @property
-    def restored(self) -> bool:
-        """Whether nothing is left to undo."""
-        return not self._undo
-
-    def restore(self) -> None:
-        """Give every block back the ``forward`` it had, and switch Hugging Face checkpointing back off.
-
-        Safe to call twice; the second call does nothing.
-        """
-        while self._undo:
-            self._undo.pop()()
 
     def describe(self) -> str:
         """One line per checkpointed block, for printing.
@@ -100,60 +88,27 @@ class CheckpointResult:
             lines.append(f"  {module_type} via {how}: {shown}")
         return "\n".join(lines)
 
-    def __enter__(self) -> CheckpointResult:
-        return self
 
-    def __exit__(self, *exc_info: object) -> None:
-        self.restore()
-
-
-class _CheckpointedForward:
-    """An instance-level ``forward`` that runs the block's own forward under ``torch.utils.checkpoint``.
-
-    It holds the module rather than a bound method, so a deep copy of the module calls the copy, and remembers the
-    ``forward`` the instance had before (``None``: the class's), so the wrap can be undone and never stacks.
-    """
+class _CheckpointedForward(InstanceForward):
+    """An instance-level ``forward`` that runs the block's own forward under ``torch.utils.checkpoint``."""
 
     def __init__(self, module: nn.Module, original: Any, preserve_rng_state: bool) -> None:
-        self.module = module
-        self.original = original
+        super().__init__(module, original)
         self.preserve_rng_state = preserve_rng_state
 
-    @property
-    def __wrapped__(self) -> Any:
-        # read by inspect.signature, so libraries that inspect `block.forward` see the real parameters
-        if self.original is not None:
-            return self.original
-        return types.MethodType(type(self.module).forward, self.module)
-
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        # The class's forward is called with the module as first argument rather than through a bound method made
-        # here: torch.compile cannot trace a `types.MethodType` built inside the compiled region and would fall back
-        # to running the whole compiled forward eagerly.
-        if self.original is not None:
-            run, call_args = self.original, args
-        else:
-            run, call_args = type(self.module).forward, (self.module, *args)
         if not torch.is_grad_enabled():  # nothing is saved for backward: recomputing would only cost time
-            return run(*call_args, **kwargs)
-        return checkpoint(run, *call_args, use_reentrant=False, preserve_rng_state=self.preserve_rng_state, **kwargs)
+            return self.call_original(*args, **kwargs)
+        return checkpoint(
+            self.call_original, *args, use_reentrant=False, preserve_rng_state=self.preserve_rng_state, **kwargs
+        )
 
 
 def _wrap(module: nn.Module, preserve_rng_state: bool) -> Callable[[], None]:
     current = module.__dict__.get("forward")
     if not isinstance(current, _CheckpointedForward):
         setattr(module, "forward", _CheckpointedForward(module, current, preserve_rng_state))  # noqa: B010
-    return lambda: _unwrap(module)
-
-
-def _unwrap(module: nn.Module) -> None:
-    current = module.__dict__.get("forward")
-    if not isinstance(current, _CheckpointedForward):
-        return  # already restored, or replaced by someone else since: leave it
-    if current.original is None:
-        del module.__dict__["forward"]
-    else:
-        setattr(module, "forward", current.original)  # noqa: B010
+    return lambda: remove_forward(module, _CheckpointedForward)
 
 
 def _pretrained_model_class() -> type | None:

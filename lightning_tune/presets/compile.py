@@ -22,6 +22,7 @@ from lightning.pytorch.utilities import rank_zero_info
 from torch import nn
 from typing_extensions import override
 
+from lightning_tune._surgery import SurgeryResult
 from lightning_tune._validation import check_bool, check_choice
 
 if TYPE_CHECKING:
@@ -37,25 +38,14 @@ _INSTALLED: weakref.WeakSet[Callable[..., Any]] = weakref.WeakSet()
 
 
 @dataclass
-class CompileResult:
-    """Which modules :func:`compile_modules` compiled, and how to undo it.
+class CompileResult(SurgeryResult):
+    """Which modules :func:`compile_modules` compiled, and how to undo it (:meth:`restore` makes them eager again).
 
     Args:
         paths: Qualified names of the compiled modules (``""``: the model itself).
     """
 
     paths: list[str] = field(default_factory=list)
-    _undo: list[Callable[[], None]] = field(default_factory=list, init=False, repr=False, compare=False)
-
-    @property
-    def restored(self) -> bool:
-        """Whether nothing is left to undo."""
-        return not self._undo
-
-    def restore(self) -> None:
-        """Make every compiled module run eagerly again. Safe to call twice."""
-        while self._undo:
-            self._undo.pop()()
 
     def describe(self) -> str:
         """One line naming the compiled modules.

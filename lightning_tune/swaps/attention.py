@@ -40,7 +40,6 @@ from __future__ import annotations
 import functools
 import inspect
 import sys
-import types
 import warnings
 import weakref
 from collections.abc import Callable, Iterator, Mapping
@@ -52,6 +51,7 @@ from torch import nn
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from lightning_tune import _imports
+from lightning_tune._surgery import InstanceForward, SurgeryResult, remove_forward
 from lightning_tune._validation import check_choice
 
 __all__ = [
@@ -374,35 +374,21 @@ def _call_device(args: tuple[Any, ...], kwargs: Mapping[str, Any]) -> torch.devi
     return None
 
 
-class _KernelForward:
-    """An instance-level ``forward`` that runs the module's own forward under ``sdpa_kernel``.
-
-    It holds the module rather than a bound method, so a deep copy of the module calls the copy, and it remembers
-    what ``forward`` the instance had before (``None``: the class's), so the wrap can be undone and never stacks.
-    """
+class _KernelForward(InstanceForward):
+    """An instance-level ``forward`` that runs the module's own forward under ``sdpa_kernel``."""
 
     def __init__(self, module: nn.Module, backend: ResolvedBackend, original: Any, fallback: torch.device) -> None:
-        self.module = module
+        super().__init__(module, original)
         self.backend: ResolvedBackend = backend
-        self.original = original
         self.fallback = fallback
         self.warned_weights = False
-
-    @property
-    def __wrapped__(self) -> Any:
-        # read by inspect.signature, so libraries that inspect `model.forward` see the real parameters
-        if self.original is not None:
-            return self.original
-        return types.MethodType(type(self.module).forward, self.module)
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         if isinstance(self.module, nn.MultiheadAttention) and not self.warned_weights:
             self._check_need_weights(args, kwargs)
         device = _call_device(args, kwargs) or self.fallback
         with sdpa_kernel(sdpa_backends(self.backend, device)):
-            if self.original is not None:
-                return self.original(*args, **kwargs)
-            return type(self.module).forward(self.module, *args, **kwargs)
+            return self.call_original(*args, **kwargs)
 
     def _check_need_weights(self, args: tuple[Any, ...], kwargs: Mapping[str, Any]) -> None:
         need_weights = kwargs.get("need_weights", args[4] if len(args) > 4 else True)
@@ -425,17 +411,7 @@ def _wrap_forward(module: nn.Module, backend: ResolvedBackend, device: torch.dev
             setattr(module, "forward", _KernelForward(module, backend, current.original, device))  # noqa: B010
     else:
         setattr(module, "forward", _KernelForward(module, backend, current, device))  # noqa: B010
-    return lambda: _unwrap_forward(module)
-
-
-def _unwrap_forward(module: nn.Module) -> None:
-    current = module.__dict__.get("forward")
-    if not isinstance(current, _KernelForward):
-        return  # already restored, or replaced by someone else since: leave it
-    if current.original is None:
-        del module.__dict__["forward"]
-    else:
-        setattr(module, "forward", current.original)  # noqa: B010
+    return lambda: remove_forward(module, _KernelForward)
 
 
 # ------------------------------------------------------------------------------------------------------- transformers
@@ -578,10 +554,12 @@ class SwapEntry:
 
 
 @dataclass
-class AttentionSwapResult:
+class AttentionSwapResult(SurgeryResult):
     """What :func:`swap_attention` changed, and how to undo it.
 
-    Usable as a context manager: leaving the ``with`` block restores the model.
+    :meth:`restore` puts back each module's original ``forward`` and attention implementation. Usable as a context
+    manager: leaving the ``with`` block restores the model. After a module was swapped twice, restoring either result
+    returns it to its state before the first swap.
 
     Args:
         requested: The backend asked for.
@@ -592,21 +570,6 @@ class AttentionSwapResult:
     requested: str
     backend: ResolvedBackend | None
     entries: list[SwapEntry] = field(default_factory=list)
-    _undo: list[Callable[[], None]] = field(default_factory=list, init=False, repr=False, compare=False)
-
-    @property
-    def restored(self) -> bool:
-        """Whether nothing is left to undo (:meth:`restore` ran, or nothing was swapped)."""
-        return not self._undo
-
-    def restore(self) -> None:
-        """Undo the swap: put back each module's original ``forward`` and attention implementation.
-
-        Safe to call twice; the second call does nothing. After a module was swapped twice, restoring either result
-        returns it to its state before the first swap.
-        """
-        while self._undo:
-            self._undo.pop()()
 
     def describe(self) -> str:
         """A table of the swapped modules, for printing.
@@ -625,12 +588,6 @@ class AttentionSwapResult:
         ]
         title = f"Attention swap: backend {self.backend!r} (requested {self.requested!r}), {len(rows)} module(s)"
         return "\n".join([title, *lines])
-
-    def __enter__(self) -> AttentionSwapResult:
-        return self
-
-    def __exit__(self, *exc_info: object) -> None:
-        self.restore()
 
 
 # ---------------------------------------------------------------------------------------------------------- the swap
