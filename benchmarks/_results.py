@@ -1,9 +1,12 @@
-"""What every benchmark writes: the commit it ran at, and ``<out>.json`` plus ``<out>.md`` side by side."""
+"""What every benchmark writes: the run's header (device, date, commit, command), and ``<out>.json`` plus ``<out>.md``
+side by side."""
 
 from __future__ import annotations
 
 import json
 import subprocess
+import sys
+from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
@@ -14,6 +17,20 @@ def git_commit() -> str:
         return subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, check=True).stdout.strip()
     except (OSError, subprocess.CalledProcessError):
         return "unknown"
+
+
+def run_header(benchmark: str, device: str) -> dict[str, Any]:
+    """The fields every result starts with: what ran, where, when, at which commit, by which command."""
+    import torch
+
+    return {
+        "benchmark": benchmark,
+        "device": device,
+        "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        "commit": git_commit(),
+        "command": " ".join(["python", *sys.argv]),
+        "torch": torch.__version__,
+    }
 
 
 def write_results(out: Path | None, record: dict[str, Any], report: str) -> None:

@@ -24,7 +24,6 @@ import argparse
 import statistics
 import sys
 import time
-from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
@@ -34,8 +33,9 @@ from lightning.pytorch.callbacks import BatchSizeFinder
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from _results import run_header, write_results  # noqa: E402
+
 import lightning_tune as lt  # noqa: E402
-from benchmarks._results import git_commit, write_results  # noqa: E402
 from lightning_tune.demos import DemoGPT, GPTConfig, SyntheticTokenDataModule  # noqa: E402
 
 
@@ -218,11 +218,7 @@ def _overhead(args: argparse.Namespace) -> None:
     step = statistics.median(r["dynamic_step_s"] for r in rows)
     device = torch.cuda.get_device_name(0) if torch.cuda.is_available() else f"CPU, {torch.get_num_threads()} threads"
     record = {
-        "benchmark": "dynamic_batch_overhead",
-        "device": device,
-        "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
-        "commit": git_commit(),
-        "command": " ".join(["python", *sys.argv]),
+        **run_header("dynamic_batch_overhead", device),
         "rounds": rows,
         "ratio_of_medians": ratio_of_medians,
         "median_of_round_ratios": median_ratio,
@@ -280,11 +276,7 @@ def main() -> None:
     base = results["fixed"]["samples_per_sec"]
     device = "simulated (CPU)" if args.simulate else torch.cuda.get_device_name(0)
     record = {
-        "benchmark": "dynamic_batch",
-        "device": device,
-        "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
-        "commit": git_commit(),
-        "command": " ".join(["python", *sys.argv]),
+        **run_header("dynamic_batch", device),
         "config": vars(args) | {"out": str(args.out) if args.out else None},
         "results": results,
         "samples_per_sec_ratio_to_fixed": {k: v["samples_per_sec"] / base for k, v in results.items()},

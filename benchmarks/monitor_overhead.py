@@ -15,16 +15,14 @@ import argparse
 import platform
 import random
 import statistics
-import sys
 import tempfile
 import time
-from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
 import lightning.pytorch as pl
 import torch
-from _results import git_commit, write_results
+from _results import run_header, write_results
 from lightning.pytorch.callbacks import Callback, ThroughputMonitor
 
 import lightning_tune as lt
@@ -166,13 +164,8 @@ def main() -> None:
     paired = {s: statistics.median(t / n for t, n in zip(times[s], times["none"], strict=True)) - 1.0 for s in settings}
     hook_medians = {s: statistics.median(v) for s, v in hook_us.items()}
     result = {
-        "benchmark": "monitor_overhead",
-        "device": device,
+        **run_header("monitor_overhead", device),
         "precision": precision,
-        "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
-        "commit": git_commit(),
-        "command": " ".join(["python", *sys.argv]),
-        "torch": torch.__version__,
         "lightning": pl.__version__,
         "rounds": args.rounds,
         "steps_per_run": args.steps - args.warmup,

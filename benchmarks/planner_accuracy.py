@@ -14,12 +14,11 @@ from __future__ import annotations
 
 import argparse
 import sys
-from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
 import torch
-from _results import git_commit, write_results
+from _results import run_header, write_results
 
 from lightning_tune.demos import DemoGPT, GPTConfig
 from lightning_tune.plan import TransformerShape, estimate_memory, measure_memory
@@ -114,14 +113,8 @@ def main() -> None:
         print(f"batch {batch_size}: real {real / 2**30:.3f} GiB, measured error {row['measured_error']:+.1%}")
 
     device = torch.cuda.get_device_name()
-    commit = git_commit()
     record = {
-        "benchmark": "planner_accuracy",
-        "device": device,
-        "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
-        "commit": commit,
-        "command": " ".join(["python", *sys.argv]),
-        "torch": torch.__version__,
+        **run_header("planner_accuracy", device),
         "args": {k: str(v) for k, v in vars(args).items()},
         "measured_estimate": {"fixed_bytes": measured.fixed_bytes, "bytes_per_sample": measured.bytes_per_sample},
         "analytic_estimate": {"fixed_bytes": analytic.fixed_bytes, "bytes_per_sample": analytic.bytes_per_sample},
@@ -131,7 +124,7 @@ def main() -> None:
     lines = [
         f"# Memory planner accuracy on the demo GPT — {device}",
         "",
-        f"{record['date']}, commit `{commit[:12]}`, torch {torch.__version__}, {args.precision}, sequence "
+        f"{record['date']}, commit `{record['commit'][:12]}`, torch {torch.__version__}, {args.precision}, sequence "
         f"{args.seq_len}, d_model {args.d_model}, {args.n_layers} layers; real peak = "
         f"`torch.cuda.max_memory_allocated` over {args.steps} steps after a warm-up step.",
         "",

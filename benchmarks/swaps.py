@@ -16,15 +16,13 @@ from __future__ import annotations
 
 import argparse
 import statistics
-import sys
 import time
-from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
 import lightning.pytorch as pl
 import torch
-from _results import git_commit, write_results
+from _results import run_header, write_results
 from lightning.pytorch.callbacks import Callback
 
 from lightning_tune import TunePlugin, _imports
@@ -122,15 +120,9 @@ def main() -> None:
     summary = {
         name: {key: statistics.median(r[key] for r in runs) for key in runs[0]} for name, runs in results.items()
     }
-    commit = git_commit()
     device = torch.cuda.get_device_name() if args.device == "cuda" else "CPU"
     record = {
-        "benchmark": "swaps",
-        "device": device,
-        "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
-        "commit": commit,
-        "command": " ".join(["python", *sys.argv]),
-        "torch": torch.__version__,
+        **run_header("swaps", device),
         "args": {k: str(v) for k, v in vars(args).items()},
         "runs": results,
         "median": summary,
@@ -139,7 +131,7 @@ def main() -> None:
     lines = [
         f"# Swaps on the demo GPT — {device}",
         "",
-        f"{record['date']}, commit `{commit[:12]}`, torch {torch.__version__}, {args.precision}, "
+        f"{record['date']}, commit `{record['commit'][:12]}`, torch {torch.__version__}, {args.precision}, "
         f"sequence {args.seq_len}, batch {args.batch_size}, d_model {args.d_model}, {args.n_layers} layers; "
         f"medians of {args.rounds} interleaved rounds.",
         "",
