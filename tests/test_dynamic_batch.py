@@ -462,6 +462,8 @@ BAD = [
     ({"min_batch_size": 2.5}, TypeError, "`min_batch_size` must be an integer, got 2.5 (float)"),
     ({"probe": "cuda"}, TypeError, "`probe` must be a memory probe"),
     ({"prior": 3}, TypeError, "`prior` must have integer `fixed_bytes` and `bytes_per_sample`"),
+    ({"min_change": -0.1}, ValueError, "`min_change` must be in [0, inf], got -0.1"),
+    ({"sync_oom": "yes"}, TypeError, "`sync_oom` must be True or False, got 'yes' (str)"),
 ]
 
 
