@@ -61,6 +61,12 @@ def table_rows(out: str) -> tuple[list[str], list[list[str]]]:
     return [cell.strip() for cell in header], rows
 
 
+@pytest.fixture(autouse=True)
+def _in_tmp_path(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every sweep runs in a scratch working directory: whatever a default writes lands there."""
+    monkeypatch.chdir(tmp_path)
+
+
 @pytest.fixture
 def clock(monkeypatch: pytest.MonkeyPatch) -> Any:
     monkeypatch.setattr("lightning_tune.perf.timing.perf_counter", CLOCK)
@@ -166,7 +172,8 @@ def test_a_failing_setting_keeps_the_results_before_it(
 
 
 def _flash_message() -> str:
-    return "pip install 'lightning-tune[flash]'" if not _imports.is_available("flash_attn") else "needs a CUDA device"
+    installed = _imports.is_available("flash_attn") or _imports.is_available("flash_attn.cute")
+    return "needs a CUDA device" if installed else "pip install 'lightning-tune[flash4]'"
 
 
 @pytest.mark.parametrize(
@@ -195,6 +202,13 @@ def _flash_message() -> str:
         pytest.param(["--no-such-flag"], "unrecognized arguments: --no-such-flag", id="unknown-flag"),
         pytest.param(
             ["--output-dir", "/proc/no-such-dir"], "`output_dir` '/proc/no-such-dir' cannot hold the results", id="out"
+        ),
+        pytest.param(["--p95-budget-ms", "0"], "`p95_budget_ms` must be in (0, inf], got 0.0", id="p95-zero"),
+        pytest.param(["--p99-budget-ms", "-5"], "`p99_budget_ms` must be in (0, inf], got -5.0", id="p99-negative"),
+        pytest.param(["--p95-budget-ms", "nan"], "`p95_budget_ms` must be a finite number, got nan", id="p95-nan"),
+        pytest.param(["--p99-budget-ms", "inf"], "`p99_budget_ms` must be a finite number, got inf", id="p99-inf"),
+        pytest.param(
+            ["--p95-budget-ms", "50ms"], "--p95-budget-ms: must be a number of milliseconds > 0, got '50ms'", id="unit"
         ),
     ],
 )
@@ -239,3 +253,108 @@ def test_bench_is_a_command_of_lightning_tune(capsys: pytest.CaptureFixture[str]
     if importlib.util.find_spec("lightning_tune.commands.calc") is None:
         pytest.skip("the calc command is not in this checkout, so cli.main cannot build its parser")
     assert cli.main(["bench", "--help"]) == 0
+
+
+# ---------------------------------------------------------------------------------------------- latency budgets
+
+CLOCKED = ["--model", f"{MODULES}:ClockedModule", "--accelerator", "cpu", "--no-progress-bar", "--warmup", "0"]
+
+
+def test_huge_budget_recommends_the_largest_batch_size_of_the_demo(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    argv = ["--mode", "predict", "--batch-size", "1,2,4,8", "--p95-budget-ms", "1e9", "--steps", "20"]
+    argv += ["--seq-len", "16", "--model-args", TINY_GPT, "--accelerator", "cpu", "--no-progress-bar"]
+    assert run_bench([*argv, "--warmup", "1", "--output-dir", "out"]) == 0
+    out = capsys.readouterr().out
+    assert "latency budget: request p95 <= 1e+09 ms; each percentile from 20 timed requests per batch size" in out
+    assert "  recommended  batch size 8: " in out and "uncertain" not in out
+    record = json.loads(Path("out/bench.json").read_text())
+    assert record["recommendation"]["batch_size"] == 8 and record["recommendation"]["firm"] is True
+    assert record["recommendation"]["budgets_ms"] == {"p95": 1e9}
+    assert "--p95-budget-ms 1000000000.0" in record["command"]
+
+
+def test_impossible_budget_exits_1_naming_the_smallest_batch_size_latency(
+    clock: Any, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    argv = [*CLOCKED, "--mode", "predict", "--model-args", '{"durations_ms": [3.0], "ms_per_sample": 1.0}']
+    argv += ["--batch-size", "2,1", "--steps", "20", "--p95-budget-ms", "0.001", "--output-dir", "out"]
+    assert run_bench([*argv, "--plot", "plot.png"]) == 1
+    captured = capsys.readouterr()
+    assert captured.err.strip().splitlines() == [
+        "lightning-tune bench: error: no batch size meets the latency budget (request p95 <= 0.001 ms): the "
+        "smallest, batch size 1, has request p95 4.00 ms"
+    ]
+    assert "wrote plot.png" in captured.out and "\n\n" not in captured.out  # table, files and plot, no gap
+    assert json.loads(Path("out/bench.json").read_text())["recommendation"]["batch_size"] is None
+
+
+def test_train_mode_budget_on_a_fake_clock_goes_into_the_json_and_the_plot(
+    clock: Any, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    argv = [*CLOCKED, "--model-args", '{"durations_ms": [0.5], "ms_per_sample": 1.0}', "--batch-size", "1,2,4,8"]
+    argv += ["--steps", "5", "--p95-budget-ms", "5", "--output-dir", "out", "--plot", "plot.png"]
+    assert run_bench(argv) == 0
+    out = capsys.readouterr().out
+    lines = out.splitlines()
+    start = lines.index(next(line for line in lines if line.startswith("latency budget:")))
+    assert lines[start : start + 5] == [
+        "latency budget: step p95 <= 5 ms; each percentile from 5 timed steps per batch size",
+        "  recommended  batch size 4 (uncertain): 888.9 samples/s, step p95 4.50 ms",
+        "  knee         batch size 4: 888.9 samples/s, 94 % of the best (941.2 at batch size 8); knee = smallest "
+        "batch size reaching 90 % of the best",
+        "  binds        both: batch size 4 is the knee, and the budget stops there (batch size 8 has step p95 8.50 ms)",
+        "  uncertain    the percentiles rest on 5 timed steps per batch size; a p95 needs 20 for one step beyond it. "
+        "Run with --steps 20 or more to make the choice firm",
+    ]
+    recommendation = json.loads(Path("out/bench.json").read_text())["recommendation"]
+    assert recommendation["batch_size"] == 4 and recommendation["binds"] == "both"
+    assert recommendation["latency_ms"]["p95"] == pytest.approx(4.5)
+    assert recommendation["firm"] is False and recommendation["steps_for_firm"] == 20
+    assert Path("plot.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+# ---------------------------------------------------------------------------------------------- where files go
+
+
+def test_an_unwritable_plot_path_fails_before_any_batch_size_runs(
+    clock: Any, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    argv = [*CLOCKED, "--batch-size", "1", "--steps", "2", "--output-dir", "out", "--plot", "/proc/no-such/p.png"]
+    assert run_bench(argv) == 2
+    captured = capsys.readouterr()
+    lines = captured.err.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("lightning-tune bench: error: `plot` '/proc/no-such/p.png' cannot")
+    assert captured.out == "" and not Path("out/bench.json").exists()  # nothing ran
+
+
+def test_default_output_is_a_new_version_under_lightning_logs(clock: Any, tmp_path: Path) -> None:
+    argv = [*CLOCKED, "--batch-size", "1", "--steps", "2"]
+    assert run_bench(argv) == 0
+    assert run_bench(argv) == 0
+    bench = tmp_path / "lightning_logs" / "bench"
+    assert sorted(p.name for p in bench.iterdir()) == ["version_0", "version_1"]  # the second kept the first
+    assert all((bench / v / "bench.json").is_file() for v in ("version_0", "version_1"))
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["lightning_logs"]
+    record = json.loads((bench / "version_1" / "bench.json").read_text())
+    assert "--output-dir" not in record["command"]  # run again, it makes a new version rather than overwrite
+
+
+def test_a_usage_error_leaves_nothing_behind(tmp_path: Path) -> None:
+    assert run_bench(["--model", f"{MODULES}:NoBatchSize"]) == 2
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_generated_output_is_kept_out_of_version_control() -> None:
+    import shutil
+    import subprocess
+
+    root = Path(__file__).resolve().parents[1]
+    if shutil.which("git") is None or not (root / ".git").exists():
+        pytest.skip("not a git checkout")
+    paths = ["lightning_logs/bench/version_0/bench.json", "bench_results/bench.json", "tradeoff.png"]
+    ignored = subprocess.run(
+        ["git", "check-ignore", "--no-index", *paths], cwd=root, capture_output=True, text=True, check=False
+    )
+    assert ignored.stdout.split() == paths

@@ -41,6 +41,7 @@ def token_data(n: int) -> TensorDataset:
 class ClockedModule(LightningModule):
     """Token ids ``(batch, 8)`` -> embedding -> linear; every step takes the next of ``durations_ms`` on CLOCK.
 
+    ``ms_per_sample``: each step takes that much longer per sample, so latency grows with the batch size.
     ``oom_above``: a step with more samples raises ``torch.OutOfMemoryError``; ``fail_above``: raises ValueError.
     """
 
@@ -48,12 +49,14 @@ class ClockedModule(LightningModule):
         self,
         batch_size: int = 2,
         durations_ms: list[float] | None = None,
+        ms_per_sample: float = 0.0,
         oom_above: int | None = None,
         fail_above: int | None = None,
     ) -> None:
         super().__init__()
         self.batch_size = batch_size
         self.durations_ms = list(durations_ms or [10.0])
+        self.ms_per_sample = ms_per_sample
         self.oom_above = oom_above
         self.fail_above = fail_above
         self.calls = 0
@@ -68,7 +71,7 @@ class ClockedModule(LightningModule):
             raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB")
         if self.fail_above is not None and samples > self.fail_above:
             raise ValueError(f"this module cannot take {samples} samples")
-        CLOCK.advance_ms(self.durations_ms[min(self.calls, len(self.durations_ms) - 1)])
+        CLOCK.advance_ms(self.durations_ms[min(self.calls, len(self.durations_ms) - 1)] + self.ms_per_sample * samples)
         self.calls += 1
 
     def training_step(self, batch: Any, batch_idx: int) -> torch.Tensor:

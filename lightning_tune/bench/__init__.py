@@ -3,10 +3,26 @@
 :class:`BenchSettings` says what to run, :class:`BenchRunner` runs each batch size in a fresh Trainer with
 :class:`~lightning_tune.ThroughputLatencyMonitor` and returns :class:`BenchResult` rows, which
 :func:`format_table`, :func:`write_results` and :func:`plot_tradeoff` turn into a table, JSON/CSV files and a
-throughput-against-latency picture. Nothing here parses command lines.
+throughput-against-latency picture. :class:`LatencyBudget` picks the batch size a p95/p99 budget allows and names
+the throughput knee beside it. Nothing here parses command lines.
 """
 
-from lightning_tune.bench.files import CSV_NAME, JSON_NAME, sweep_record, write_atomically, write_results
+from lightning_tune.bench.budget import (
+    KNEE_FRACTION,
+    Binds,
+    LatencyBudget,
+    Recommendation,
+    format_recommendation,
+    timed_batches_needed,
+)
+from lightning_tune.bench.files import (
+    CSV_NAME,
+    JSON_NAME,
+    new_version_dir,
+    sweep_record,
+    write_atomically,
+    write_results,
+)
 from lightning_tune.bench.plot import check_png_path, plot_tradeoff
 from lightning_tune.bench.progress import SweepProgress
 from lightning_tune.bench.result import COLUMNS, PERCENTILES, STATUSES, BenchResult, Status
@@ -29,27 +45,34 @@ __all__ = [
     "BenchRunner",
     "BenchSettings",
     "BenchTarget",
+    "Binds",
     "COLUMNS",
     "CSV_NAME",
     "DEFAULT_SEQ_LEN",
     "DEMO",
     "JSON_NAME",
+    "KNEE_FRACTION",
+    "LatencyBudget",
     "MODES",
     "Mode",
     "PERCENTILES",
+    "Recommendation",
     "STATUSES",
     "SettingFailed",
     "Status",
     "SweepProgress",
     "check_png_path",
     "describe_device",
+    "format_recommendation",
     "format_table",
     "load_class",
     "load_target",
+    "new_version_dir",
     "parse_batch_sizes",
     "plot_tradeoff",
     "set_batch_size",
     "sweep_record",
+    "timed_batches_needed",
     "write_atomically",
     "write_results",
 ]

@@ -21,7 +21,7 @@ from typing import Any
 from lightning_tune.bench.result import COLUMNS, BenchResult
 from lightning_tune.bench.settings import BenchSettings
 
-__all__ = ["CSV_NAME", "JSON_NAME", "sweep_record", "write_atomically", "write_results"]
+__all__ = ["CSV_NAME", "JSON_NAME", "new_version_dir", "sweep_record", "write_atomically", "write_results"]
 
 #: File names written into the output directory.
 JSON_NAME = "bench.json"
@@ -49,6 +49,7 @@ def sweep_record(
     run: Mapping[str, Any],
     command: str | None = None,
     complete: bool,
+    recommendation: Mapping[str, Any] | None = None,
 ) -> dict[str, Any]:
     """The JSON document of a sweep: when, where and how it ran, and its results.
 
@@ -59,12 +60,14 @@ def sweep_record(
             ...).
         command: The command line that reproduces the sweep, if it came from one.
         complete: Whether every batch size has run.
+        recommendation: The latency-budget decision, from :meth:`~lightning_tune.bench.Recommendation.as_dict`,
+            if a budget was given.
 
     Returns:
-        ``command``, ``date`` (UTC, ISO 8601), ``versions``, ``run``, ``settings``, ``complete`` and ``results``
-        (one mapping per batch size, keyed like the CSV's columns).
+        ``command``, ``date`` (UTC, ISO 8601), ``versions``, ``run``, ``settings``, ``complete``, ``results``
+        (one mapping per batch size, keyed like the CSV's columns) and, with a budget, ``recommendation``.
     """
-    return {
+    record = {
         "command": command,
         "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
         "versions": _versions(),
@@ -73,6 +76,41 @@ def sweep_record(
         "complete": complete,
         "results": [result.as_dict() for result in results],
     }
+    if recommendation is not None:
+        record["recommendation"] = dict(recommendation)
+    return record
+
+
+def new_version_dir(root: str | os.PathLike[str]) -> Path:
+    """Create and return ``root/version_N``, N one above the highest there, as Lightning's loggers number runs.
+
+    Args:
+        root: The parent directory; created if missing.
+
+    Returns:
+        The new, empty directory. A sweep started at the same moment gets the next number, never the same one.
+
+    Raises:
+        OSError: If the directory cannot be created.
+
+    Example:
+        >>> import tempfile
+        >>> root = tempfile.mkdtemp()
+        >>> new_version_dir(root).name, new_version_dir(root).name
+        ('version_0', 'version_1')
+    """
+    parent = Path(root)
+    parent.mkdir(parents=True, exist_ok=True)
+    taken = [int(p.name[8:]) for p in parent.glob("version_*") if p.name[8:].isdigit()]
+    number = max(taken, default=-1) + 1
+    while True:
+        candidate = parent / f"version_{number}"
+        try:
+            candidate.mkdir()
+        except FileExistsError:
+            number += 1
+            continue
+        return candidate
 
 
 def write_atomically(path: Path, data: bytes) -> None:

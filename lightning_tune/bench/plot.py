@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from lightning_tune._validation import check_choice, check_int
+from lightning_tune.bench.budget import Recommendation
 from lightning_tune.bench.files import write_atomically
 from lightning_tune.bench.result import BenchResult
 from lightning_tune.bench.settings import MODES
@@ -55,11 +56,13 @@ def plot_tradeoff(
     title: str | None = None,
     subtitle: str | None = None,
     dpi: int = 100,
+    recommendation: Recommendation | None = None,
 ) -> list[tuple[int, float, float]]:
     """Draw samples/s against p95 latency across batch sizes into a PNG.
 
     Points are joined in batch-size order and labelled with their batch size; settings that ran out of memory are
-    listed under the plot.
+    listed under the plot. With a ``recommendation`` the budget is drawn as a vertical dashed line and the
+    recommended point is ringed; the x axis is p99 when the budget is on p99 alone.
 
     Args:
         results: The sweep's results.
@@ -68,9 +71,11 @@ def plot_tradeoff(
         title: Figure title; default ``"Throughput against p95 <step|request> latency"``.
         subtitle: A smaller line under the title, e.g. the model and the device.
         dpi: Resolution; the figure is 8 x 5.5 inches, 800 x 550 pixels at 100 dpi.
+        recommendation: A :class:`~lightning_tune.bench.Recommendation` to draw: its budget line and chosen point.
 
     Returns:
-        The points drawn, ``(batch_size, p95_ms, samples_per_sec)``, in batch-size order.
+        The points drawn, ``(batch_size, latency_ms, samples_per_sec)`` with the axis's percentile (p95 unless the
+        budget is on p99 alone), in batch-size order.
 
     Raises:
         TypeError: If an argument has the wrong type.
@@ -78,19 +83,39 @@ def plot_tradeoff(
         OSError: If the file cannot be written.
     """
     out = check_png_path(path)
+    fig, points = _figure(results, mode=mode, title=title, subtitle=subtitle, dpi=dpi, recommendation=recommendation)
+    buffer = io.BytesIO()
+    fig.savefig(buffer, format="png")
+    write_atomically(out, buffer.getvalue())
+    return points
+
+
+def _figure(
+    results: Sequence[BenchResult],
+    *,
+    mode: str,
+    title: str | None,
+    subtitle: str | None,
+    dpi: int,
+    recommendation: Recommendation | None,
+) -> tuple[Any, list[tuple[int, float, float]]]:
+    """The figure of :func:`plot_tradeoff` (checked arguments) and the points on it."""
     check_choice("mode", mode, MODES)
     check_int("dpi", dpi, minimum=10)
     for name, text in (("title", title), ("subtitle", subtitle)):
         if text is not None and not isinstance(text, str):
             raise TypeError(f"`{name}` must be a string or None, got {text!r} ({type(text).__name__})")
+    if recommendation is not None and not isinstance(recommendation, Recommendation):
+        raise TypeError(f"`recommendation` must be a Recommendation or None, got {recommendation!r}")
+    q = 99 if recommendation is not None and 95 not in recommendation.budgets_ms else 95
     ordered = sorted(results, key=lambda r: r.batch_size)
     points = [
-        (r.batch_size, r.p95_ms, r.samples_per_sec)
+        (r.batch_size, latency, r.samples_per_sec)
         for r in ordered
-        if r.status == "ok" and r.p95_ms is not None and r.samples_per_sec is not None
+        if r.status == "ok" and (latency := getattr(r, f"p{q}_ms")) is not None and r.samples_per_sec is not None
     ]
     if not points:
-        raise ValueError("nothing to plot: no batch size has both a p95 latency and a throughput")
+        raise ValueError(f"nothing to plot: no batch size has both a p{q} latency and a throughput")
     failed = [str(r.batch_size) for r in ordered if r.status == "oom"]
 
     from matplotlib.backends.backend_agg import FigureCanvasAgg
@@ -100,14 +125,16 @@ def plot_tradeoff(
     fig = Figure(figsize=(8.0, 5.5), dpi=dpi, layout="constrained")
     FigureCanvasAgg(fig)
     ax = fig.add_subplot()
-    xs = [p95 for _, p95, _ in points]
+    xs = [latency for _, latency, _ in points]
     ys = [rate for _, _, rate in points]
     ax.plot(xs, ys, marker="o", linewidth=1.8, markersize=7, color="tab:blue")
     for batch_size, x, y in points:
         ax.annotate(f"bs {batch_size}", (x, y), textcoords="offset points", xytext=(6, 6), fontsize=10)
-    ax.set_xlabel(f"p95 {kind} latency (ms)")
+    if recommendation is not None:
+        _draw_budget(ax, recommendation, points, q, kind)
+    ax.set_xlabel(f"p{q} {kind} latency (ms)")
     ax.set_ylabel("throughput (samples/s)")
-    fig.suptitle(title if title is not None else f"Throughput against p95 {kind} latency", fontweight="bold")
+    fig.suptitle(title if title is not None else f"Throughput against p{q} {kind} latency", fontweight="bold")
     if subtitle:
         ax.set_title(subtitle, fontsize=10)
     ax.grid(True, alpha=0.35)
@@ -117,7 +144,24 @@ def plot_tradeoff(
             0.99, 0.02, f"out of memory: batch size {', '.join(failed)}", transform=ax.transAxes,
             ha="right", va="bottom", fontsize=10, color="tab:red",
         )  # fmt: skip
-    buffer = io.BytesIO()
-    fig.savefig(buffer, format="png")
-    write_atomically(out, buffer.getvalue())
-    return points
+    return fig, points
+
+
+def _draw_budget(
+    ax: Any, recommendation: Recommendation, points: list[tuple[int, float, float]], q: int, kind: str
+) -> None:
+    """The budget on the x axis's percentile as a dashed line, the chosen point ringed, the other budget in the key."""
+    budget = recommendation.budgets_ms[q]
+    if budget <= 2 * max(x for _, x, _ in points):
+        ax.axvline(budget, color="tab:red", linestyle="--", linewidth=1.5, label=f"p{q} budget {budget:g} ms")
+    else:  # a line that far right would squeeze every point against the left edge
+        ax.plot([], [], " ", label=f"p{q} budget {budget:g} ms (right of the plot)")
+    for other, ms in recommendation.budgets_ms.items():
+        if other != q:
+            ax.plot([], [], " ", label=f"and p{other} {kind} latency <= {ms:g} ms")
+    chosen = next(((x, y) for size, x, y in points if size == recommendation.batch_size), None)
+    if chosen is not None:
+        mark = "" if recommendation.firm else " (uncertain)"
+        ax.scatter(*chosen, s=320, facecolors="none", edgecolors="tab:green", linewidths=2.5, zorder=3,
+                   label=f"recommended: bs {recommendation.batch_size}{mark}")  # fmt: skip
+    ax.legend(loc="best", fontsize=9)

@@ -253,6 +253,7 @@ class BenchRunner:
         #: Messages about choices made for the settings (e.g. the attention fallback of ``"auto"``).
         self.notes: list[str] = []
         self._quiet_depth = 0
+        self._plugin_device: str | None = None
         self.target: BenchTarget = load_target(settings)
         with self._quiet():
             try:
@@ -261,6 +262,9 @@ class BenchRunner:
                 raise ValueError(f"`accelerator` {settings.accelerator!r}: {_first_line(err)}") from err
         #: The device every setting runs on.
         self.device: torch.device = trainer.strategy.root_device
+        if self.device.type in ("cuda", "cpu"):
+            self._plugin_device = self.device.type
+            self._plugin()  # told the device, the plugin refuses what cannot run there (16-mixed on a CPU) now
         #: The Lightning precision the settings run in (``"auto"`` resolved).
         self.precision: str = str(trainer.precision)
         #: The attention backend that runs (``"auto"`` resolved), or ``None`` when attention is left alone.
@@ -377,9 +381,18 @@ class BenchRunner:
             for logger, level in zip(loggers, levels, strict=True):
                 logger.setLevel(level)
 
+    def _plugin(self) -> TunePlugin:
+        settings = self.settings
+        return TunePlugin(
+            settings.precision,
+            optimizer=settings.optimizer,  # type: ignore[arg-type]
+            attention=settings.attention,
+            device=self._plugin_device,  # type: ignore[arg-type]
+        )
+
     def _trainer(self, callbacks: list[Callback], *, max_steps: int = -1, logger: Logger | None = None) -> pl.Trainer:
         settings = self.settings
-        plugin = TunePlugin(settings.precision, optimizer=settings.optimizer, attention=settings.attention)  # type: ignore[arg-type]
+        plugin = self._plugin()
         return pl.Trainer(
             accelerator=settings.accelerator,
             devices=1,

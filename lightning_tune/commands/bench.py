@@ -17,12 +17,14 @@ from typing import TYPE_CHECKING, Any
 from lightning_tune.cli import ACCELERATORS, PRECISIONS, PROG, _int_at_least, _usage_error
 
 if TYPE_CHECKING:
-    from lightning_tune.bench import BenchResult, BenchRunner, BenchSettings
+    from lightning_tune.bench import BenchResult, BenchRunner, BenchSettings, LatencyBudget
 
 __all__ = ["add_parser"]
 
 _DEFAULT_BATCH_SIZES = "1,4,8,16,32"
-_DEFAULT_OUTPUT_DIR = "bench_results"
+#: Where sweeps go without --output-dir: a new version_N per sweep beside Lightning's own runs, so no sweep
+#: overwrites another and the lightning_logs/ a Lightning project already keeps out of version control holds them.
+_DEFAULT_OUTPUT_ROOT = os.path.join("lightning_logs", "bench")
 
 
 def _batch_sizes(text: str) -> tuple[int, ...]:
@@ -34,6 +36,13 @@ def _batch_sizes(text: str) -> tuple[int, ...]:
         raise argparse.ArgumentTypeError(
             f"must be distinct integers >= 1 separated by commas, such as '1,4,8', got {text!r}"
         ) from None
+
+
+def _milliseconds(text: str) -> float:
+    try:
+        return float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be a number of milliseconds > 0, got {text!r}") from None
 
 
 def _json_object(text: str) -> dict[str, Any]:
@@ -60,7 +69,9 @@ def add_parser(commands: Any) -> None:
             "Run each batch size in a fresh Trainer (warm-up steps first, left out of the figures) and print one "
             "table: samples/s, tokens/s, p50/p95/p99 step (train) or request (predict) latency, peak VRAM and MFU. "
             "The figures are also written to bench.json and bench.csv in --output-dir after every batch size; a batch "
-            "size that runs out of memory is reported as OOM and the sweep goes on."
+            "size that runs out of memory is reported as OOM and the sweep goes on. With --p95-budget-ms or "
+            "--p99-budget-ms it recommends the largest batch size within the budget and names the throughput knee; "
+            "exit status 1 when no batch size is within it."
         ),
     )
     parser.add_argument(
@@ -121,13 +132,25 @@ def add_parser(commands: Any) -> None:
     )
     parser.add_argument("--accelerator", choices=ACCELERATORS, default="auto", help="where to run (default: auto)")
     parser.add_argument("--seed", type=_int_at_least(0), default=0, help="seed set before each batch size")
+    for q in (95, 99):
+        parser.add_argument(
+            f"--p{q}-budget-ms",
+            type=_milliseconds,
+            default=None,
+            metavar="MS",
+            help=f"p{q} latency budget: recommend the largest batch size whose p{q} step (train) or request "
+            "(predict) latency is within it",
+        )
     parser.add_argument(
         "--output-dir",
-        default=_DEFAULT_OUTPUT_DIR,
+        default=None,
         metavar="DIR",
-        help=f"directory that receives bench.json and bench.csv (default: {_DEFAULT_OUTPUT_DIR})",
+        help="directory that receives bench.json and bench.csv (default: a new "
+        f"{os.path.join(_DEFAULT_OUTPUT_ROOT, 'version_N')} per sweep)",
     )
-    parser.add_argument("--plot", default=None, metavar="PNG", help="draw samples/s against p95 latency into PNG")
+    parser.add_argument(
+        "--plot", default=None, metavar="PNG", help="draw samples/s against p95 latency (and the budget) into PNG"
+    )
     parser.add_argument("--no-progress-bar", action="store_true", help="hide the per-batch-size progress bars")
     parser.set_defaults(handler=_run_bench_command)
 
@@ -150,7 +173,12 @@ def _command_line(args: argparse.Namespace) -> str:
             parts += [flag, value]
     if args.attention is not None:
         parts += ["--attention", args.attention]
-    parts += ["--accelerator", args.accelerator, "--seed", str(args.seed), "--output-dir", args.output_dir]
+    parts += ["--accelerator", args.accelerator, "--seed", str(args.seed)]
+    for flag, ms in (("--p95-budget-ms", args.p95_budget_ms), ("--p99-budget-ms", args.p99_budget_ms)):
+        if ms is not None:
+            parts += [flag, repr(ms)]
+    if args.output_dir is not None:  # the default makes a new directory for every sweep
+        parts += ["--output-dir", args.output_dir]
     if args.plot:
         parts += ["--plot", args.plot]
     if args.no_progress_bar:
@@ -189,11 +217,11 @@ def _headline(runner: BenchRunner, settings: BenchSettings) -> str:
     )
 
 
-def _check_writable(directory: str) -> None:
+def _check_writable(directory: str | Path, problem: str) -> None:
     """Create ``directory`` if needed and make sure a file can be written in it.
 
     Raises:
-        ValueError: Naming the directory and why it cannot hold the results.
+        ValueError: ``problem`` and why.
     """
     import tempfile
 
@@ -202,15 +230,26 @@ def _check_writable(directory: str) -> None:
         with tempfile.TemporaryFile(dir=directory):
             pass
     except OSError as err:
-        raise ValueError(f"`output_dir` {directory!r} cannot hold the results: {err.strerror or err}") from None
+        raise ValueError(f"{problem}: {err.strerror or err}") from None
+
+
+def _budget(args: argparse.Namespace) -> LatencyBudget | None:
+    from lightning_tune.bench import LatencyBudget
+
+    if args.p95_budget_ms is None and args.p99_budget_ms is None:
+        return None
+    return LatencyBudget(p95_budget_ms=args.p95_budget_ms, p99_budget_ms=args.p99_budget_ms)
 
 
 def _run_bench_command(args: argparse.Namespace) -> int:
     from lightning_tune.bench import (
         BenchRunner,
+        Recommendation,
         SettingFailed,
         check_png_path,
+        format_recommendation,
         format_table,
+        new_version_dir,
         plot_tradeoff,
         sweep_record,
         write_results,
@@ -218,22 +257,37 @@ def _run_bench_command(args: argparse.Namespace) -> int:
 
     if args.model != "demo" and os.getcwd() not in sys.path:
         sys.path.insert(0, os.getcwd())  # `package.module` is found from the current directory, as with python -m
+    output_dir = args.output_dir
     try:
         settings = _settings(args)
+        budget = _budget(args)
         plot = check_png_path(args.plot) if args.plot is not None else None
-        if os.path.exists(args.output_dir) and not os.path.isdir(args.output_dir):
-            raise ValueError(f"`output_dir` must be a directory, got the file {args.output_dir!r}")
-        _check_writable(args.output_dir)  # before any batch size runs, not after the first
+        if output_dir is not None and os.path.exists(output_dir) and not os.path.isdir(output_dir):
+            raise ValueError(f"`output_dir` must be a directory, got the file {output_dir!r}")
         runner = BenchRunner(settings, progress=not args.no_progress_bar)
+        # where the files go is checked before any batch size runs, and created only once nothing else is wrong
+        if output_dir is None:
+            _check_writable(_DEFAULT_OUTPUT_ROOT, f"the default output directory {_DEFAULT_OUTPUT_ROOT!r} cannot be "
+                            "created here (give --output-dir)")  # fmt: skip
+            output_dir = str(new_version_dir(_DEFAULT_OUTPUT_ROOT))
+        else:
+            _check_writable(output_dir, f"`output_dir` {output_dir!r} cannot hold the results")
+        if plot is not None:
+            _check_writable(plot.parent, f"`plot` {args.plot!r} cannot be written")
     except (ValueError, TypeError, ModuleNotFoundError) as err:
         return _usage_error("bench", err)
     for note in runner.notes:
         print(f"{PROG} bench: {note}", file=sys.stderr)
     command = _command_line(args)
 
-    def save(results: list[BenchResult], complete: bool = False) -> tuple[Path, Path]:
-        record = sweep_record(settings, results, run=runner.describe(), command=command, complete=complete)
-        return write_results(args.output_dir, record, results)
+    def save(
+        results: list[BenchResult], complete: bool = False, recommendation: Recommendation | None = None
+    ) -> tuple[Path, Path]:
+        decision = recommendation.as_dict() if recommendation is not None else None
+        record = sweep_record(
+            settings, results, run=runner.describe(), command=command, complete=complete, recommendation=decision
+        )
+        return write_results(output_dir, record, results)
 
     done: list[BenchResult] = []
 
@@ -244,25 +298,36 @@ def _run_bench_command(args: argparse.Namespace) -> int:
     try:
         results = runner.sweep(after_each=keep)
     except OSError as err:  # the results could not be written after a batch size
-        print(f"{PROG} bench: error: cannot write the results to {args.output_dir}: {err}", file=sys.stderr)
+        print(f"{PROG} bench: error: cannot write the results to {output_dir}: {err}", file=sys.stderr)
         return 1
     except SettingFailed as err:
         if done:
             print(_headline(runner, settings))
             print(format_table(done, mode=settings.mode))
-        print(f"{PROG} bench: error: {err} (the batch sizes before it are in {args.output_dir})", file=sys.stderr)
+        print(f"{PROG} bench: error: {err} (the batch sizes before it are in {output_dir})", file=sys.stderr)
         return 1
-    json_path, csv_path = save(results, complete=True)
+    recommendation = budget.recommend(results) if budget is not None else None
+    json_path, csv_path = save(results, complete=True, recommendation=recommendation)
     print(_headline(runner, settings))
     print(format_table(results, mode=settings.mode))
+    failure = None
+    if recommendation is not None:
+        lines = format_recommendation(recommendation, mode=settings.mode)
+        if recommendation.batch_size is None:  # the first line says no batch size is within the budget
+            failure, lines = lines[0], lines[1:]
+        for line in lines:
+            print(line)
     print(f"wrote {json_path} and {csv_path}")
     if plot is not None:
         try:
             run = runner.describe()
             subtitle = f"{run['model']} on {run['device']}, {run['precision']}"
-            plot_tradeoff(results, plot, mode=settings.mode, subtitle=subtitle)
-        except ValueError as err:
+            plot_tradeoff(results, plot, mode=settings.mode, subtitle=subtitle, recommendation=recommendation)
+        except (ValueError, OSError) as err:
             print(f"{PROG} bench: error: no plot: {err}", file=sys.stderr)
             return 1
         print(f"wrote {plot}")
+    if failure is not None:
+        print(f"{PROG} bench: error: {failure}", file=sys.stderr)
+        return 1
     return 0

@@ -1,0 +1,365 @@
+"""Latency budgets: the batch size a sweep recommends under a p95/p99 budget, the throughput knee, and how firm it is.
+
+The procedure the tuning guides give for inference and interactive work: set a p95/p99 latency budget, raise the
+batch size until throughput stops improving or the budget breaks. :class:`LatencyBudget` takes a sweep's
+:class:`~lightning_tune.bench.BenchResult` rows and makes that decision; nothing here runs a model or parses a
+command line.
+
+A percentile rests on the timed batches of its batch size. The q-th percentile of n batches has n(100 - q)/100 of
+them beyond it; below one such batch it is an interpolation towards the slowest batch seen, not a measured tail.
+So a p95 needs at least 20 timed batches and a p99 at least 100 (:func:`timed_batches_needed`); with fewer the
+recommendation is marked uncertain.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any, Final, Literal
+
+from lightning_tune._validation import check_choice, check_float
+from lightning_tune.bench.result import BenchResult
+from lightning_tune.bench.settings import MODES
+
+__all__ = [
+    "KNEE_FRACTION",
+    "Binds",
+    "LatencyBudget",
+    "Recommendation",
+    "format_recommendation",
+    "timed_batches_needed",
+]
+
+#: Share of the best samples/s that marks the throughput knee.
+KNEE_FRACTION: Final = 0.9
+
+#: What stops the batch size from growing: ``"budget"`` (throughput still rises past the largest batch within it),
+#: ``"knee"`` (throughput levels off below what the budget allows) or ``"both"`` (the knee is that largest batch).
+Binds = Literal["budget", "knee", "both"]
+
+
+def timed_batches_needed(percentile: float) -> int:
+    """Timed batches a percentile needs so that at least one of them lies beyond it: ``ceil(100 / (100 - q))``.
+
+    Args:
+        percentile: The percentile, in (0, 100).
+
+    Returns:
+        The number of timed batches.
+
+    Example:
+        >>> timed_batches_needed(95), timed_batches_needed(99)
+        (20, 100)
+    """
+    check_float("percentile", percentile, low=0.0, high=100.0, low_inclusive=False, high_inclusive=False)
+    return math.ceil(100.0 / (100.0 - percentile) - 1e-9)
+
+
+def _latency(result: BenchResult, percentile: int) -> float | None:
+    return getattr(result, f"p{percentile}_ms")
+
+
+@dataclass(frozen=True)
+class Recommendation:
+    """What :meth:`LatencyBudget.recommend` decided, with the figures it rests on.
+
+    Args:
+        budgets_ms: Budget per percentile, e.g. ``{95: 50.0}``.
+        rows: The measured results the decision used (status ``"ok"``), in batch-size order.
+        batch_size: The largest batch size within every budget, or ``None`` when none is.
+        knee_batch_size: The smallest batch size reaching ``knee_fraction`` of the best samples/s (``None`` when
+            nothing was measured).
+        best_batch_size: The batch size with the most samples/s.
+        knee_fraction: Share of the best samples/s that marks the knee.
+        binds: What stops the batch size from growing (see :data:`Binds`); ``None`` when no batch size is within
+            the budget.
+        needed: Timed batches per batch size the budget's percentiles need to be firm.
+
+    Example:
+        >>> rows = [BenchResult(1, "ok", 5, p95_ms=4.0, samples_per_sec=250.0)]
+        >>> choice = LatencyBudget(p95_budget_ms=5.0).recommend(rows)
+        >>> choice.batch_size, choice.firm, choice.as_dict()["steps_for_firm"]
+        (1, False, 20)
+    """
+
+    budgets_ms: dict[int, float]
+    rows: tuple[BenchResult, ...]
+    batch_size: int | None
+    knee_batch_size: int | None
+    best_batch_size: int | None
+    knee_fraction: float
+    binds: Binds | None
+    needed: int
+
+    def row(self, batch_size: int | None) -> BenchResult | None:
+        """The result of a batch size, or ``None``.
+
+        Args:
+            batch_size: The batch size.
+
+        Returns:
+            Its result among :attr:`rows`.
+        """
+        return next((r for r in self.rows if r.batch_size == batch_size), None)
+
+    @property
+    def timed_batches(self) -> dict[int, int]:
+        """Timed batches each batch size's percentiles rest on."""
+        return {r.batch_size: r.steps for r in self.rows}
+
+    @property
+    def firm(self) -> bool:
+        """Whether every batch size's percentiles rest on at least :attr:`needed` timed batches."""
+        return bool(self.rows) and min(self.timed_batches.values()) >= self.needed
+
+    @property
+    def faster_smaller(self) -> BenchResult | None:
+        """A smaller batch size within the budget with more samples/s than the choice (the fastest such), if any.
+
+        Where one exists, the choice buys latency with nothing: the smaller one is faster and answers sooner.
+        """
+        chosen = self.row(self.batch_size)
+        if chosen is None:
+            return None
+        smaller = [r for r in self.rows if r.batch_size < chosen.batch_size and not self.over_budget(r)]
+        best = max(smaller, key=lambda r: r.samples_per_sec or 0.0, default=None)
+        return best if best is not None and (best.samples_per_sec or 0.0) > (chosen.samples_per_sec or 0.0) else None
+
+    def over_budget(self, result: BenchResult) -> dict[int, float]:
+        """The percentiles of ``result`` above their budget.
+
+        Args:
+            result: A measured result.
+
+        Returns:
+            Percentile -> its latency, for each one over budget.
+        """
+        return {
+            q: value
+            for q, budget in self.budgets_ms.items()
+            if (value := _latency(result, q)) is not None and value > budget
+        }
+
+    def as_dict(self) -> dict[str, Any]:
+        """The decision as JSON-ready builtins (the ``recommendation`` entry of ``bench.json``).
+
+        Returns:
+            ``budgets_ms`` and ``latency_ms`` keyed ``"p95"``/``"p99"``, ``batch_size`` and ``samples_per_sec`` of
+            the choice (``None`` when no batch size is within the budget), ``knee`` and ``best`` (batch size and
+            samples/s), ``knee_fraction``, ``binds``, ``firm``, ``timed_batches`` (per batch size),
+            ``steps_for_firm`` and ``faster_smaller`` (see :attr:`faster_smaller`; batch size and samples/s).
+        """
+        chosen, knee, best = self.row(self.batch_size), self.row(self.knee_batch_size), self.row(self.best_batch_size)
+        return {
+            "budgets_ms": {f"p{q}": ms for q, ms in self.budgets_ms.items()},
+            "batch_size": self.batch_size,
+            "samples_per_sec": chosen.samples_per_sec if chosen else None,
+            "latency_ms": {f"p{q}": _latency(chosen, q) for q in self.budgets_ms} if chosen else None,
+            "knee": {"batch_size": knee.batch_size, "samples_per_sec": knee.samples_per_sec} if knee else None,
+            "best": {"batch_size": best.batch_size, "samples_per_sec": best.samples_per_sec} if best else None,
+            "knee_fraction": self.knee_fraction,
+            "binds": self.binds,
+            "firm": self.firm,
+            "timed_batches": {str(size): n for size, n in self.timed_batches.items()},
+            "steps_for_firm": self.needed,
+            "faster_smaller": (
+                {"batch_size": faster.batch_size, "samples_per_sec": faster.samples_per_sec}
+                if (faster := self.faster_smaller) is not None
+                else None
+            ),
+        }
+
+
+class LatencyBudget:
+    """A p95 and/or p99 latency budget, and the batch size a sweep's results recommend under it.
+
+    :meth:`recommend` picks the largest batch size whose measured percentiles are all within their budgets, names
+    the throughput knee beside it (the smallest batch size reaching ``knee_fraction`` of the best samples/s) and
+    says which of the two binds. Latency equal to the budget is within it.
+
+    Args:
+        p95_budget_ms: Budget of the p95 latency in milliseconds, > 0, or ``None``.
+        p99_budget_ms: Budget of the p99 latency in milliseconds, > 0, or ``None``. At least one budget is needed.
+        knee_fraction: Share of the best samples/s that marks the knee, in (0, 1].
+
+    Raises:
+        TypeError: If an argument has the wrong type.
+        ValueError: If a budget is not a finite number > 0, both are ``None``, or ``knee_fraction`` is outside
+            (0, 1].
+
+    Example:
+        >>> rows = [BenchResult(1, "ok", 20, p95_ms=4.0, p99_ms=4.2, samples_per_sec=250.0),
+        ...         BenchResult(4, "ok", 20, p95_ms=9.0, p99_ms=9.5, samples_per_sec=480.0),
+        ...         BenchResult(8, "ok", 20, p95_ms=17.0, p99_ms=18.0, samples_per_sec=500.0)]
+        >>> choice = LatencyBudget(p95_budget_ms=10.0).recommend(rows)
+        >>> choice.batch_size, choice.knee_batch_size, choice.binds, choice.firm
+        (4, 4, 'both', True)
+    """
+
+    def __init__(
+        self,
+        *,
+        p95_budget_ms: float | None = None,
+        p99_budget_ms: float | None = None,
+        knee_fraction: float = KNEE_FRACTION,
+    ) -> None:
+        budgets: dict[int, float] = {}
+        for q, value in ((95, p95_budget_ms), (99, p99_budget_ms)):
+            check_float(f"p{q}_budget_ms", value, low=0.0, low_inclusive=False, allow_none=True)
+            if value is not None:
+                budgets[q] = float(value)
+        if not budgets:
+            raise ValueError("`p95_budget_ms` and `p99_budget_ms` are both None: give at least one budget")
+        check_float("knee_fraction", knee_fraction, low=0.0, high=1.0, low_inclusive=False)
+        self.budgets_ms = budgets
+        self.knee_fraction = float(knee_fraction)
+
+    def __repr__(self) -> str:
+        budgets = ", ".join(f"p{q}_budget_ms={ms!r}" for q, ms in self.budgets_ms.items())
+        return f"{type(self).__name__}({budgets}, knee_fraction={self.knee_fraction!r})"
+
+    def recommend(self, results: Sequence[BenchResult]) -> Recommendation:
+        """Decide on a sweep's results.
+
+        Args:
+            results: The sweep's results, in any order; out-of-memory rows are left out.
+
+        Returns:
+            The recommendation.
+
+        Raises:
+            TypeError: If ``results`` holds something other than :class:`~lightning_tune.bench.BenchResult`.
+        """
+        for index, result in enumerate(results):
+            if not isinstance(result, BenchResult):
+                raise TypeError(f"`results[{index}]` must be a BenchResult, got {result!r}")
+        rows = tuple(
+            sorted(
+                (
+                    r
+                    for r in results
+                    if r.status == "ok"
+                    and r.samples_per_sec is not None
+                    and all(_latency(r, q) is not None for q in self.budgets_ms)
+                ),
+                key=lambda r: r.batch_size,
+            )
+        )
+        within = [r.batch_size for r in rows if all(_latency(r, q) <= ms for q, ms in self.budgets_ms.items())]  # type: ignore[operator]
+        chosen = max(within, default=None)
+        knee = best = None
+        if rows:
+            best_row = max(rows, key=lambda r: r.samples_per_sec or 0.0)
+            best = best_row.batch_size
+            floor = self.knee_fraction * (best_row.samples_per_sec or 0.0)
+            knee = next(r.batch_size for r in rows if (r.samples_per_sec or 0.0) >= floor)
+        binds: Binds | None = None
+        if chosen is not None and knee is not None:
+            binds = "budget" if chosen < knee else "knee" if chosen > knee else "both"
+        return Recommendation(
+            budgets_ms=dict(self.budgets_ms),
+            rows=rows,
+            batch_size=chosen,
+            knee_batch_size=knee,
+            best_batch_size=best,
+            knee_fraction=self.knee_fraction,
+            binds=binds,
+            needed=max(timed_batches_needed(q) for q in self.budgets_ms),
+        )
+
+
+def _latencies(result: BenchResult, percentiles: Sequence[int], kind: str) -> str:
+    return ", ".join(f"{kind} p{q} {_latency(result, q):,.2f} ms" for q in percentiles)
+
+
+def format_recommendation(recommendation: Recommendation, *, mode: str = "train") -> list[str]:
+    """The lines printed after the table: the choice, the knee, what binds and whether it is firm.
+
+    Args:
+        recommendation: From :meth:`LatencyBudget.recommend`.
+        mode: ``"train"`` (step latency) or ``"predict"`` (request latency).
+
+    Returns:
+        The lines; when no batch size is within the budget, the first says so and names the smallest batch size's
+        latency.
+
+    Example:
+        >>> rows = [BenchResult(1, "ok", 20, p95_ms=4.0, samples_per_sec=250.0),
+        ...         BenchResult(4, "ok", 20, p95_ms=9.0, samples_per_sec=480.0)]
+        >>> lines = format_recommendation(LatencyBudget(p95_budget_ms=10.0).recommend(rows))
+        >>> print(lines[1])
+          recommended  batch size 4: 480.0 samples/s, step p95 9.00 ms
+    """
+    check_choice("mode", mode, MODES)
+    rec = recommendation
+    kind, unit = ("step", "steps") if mode == "train" else ("request", "requests")
+    qs = list(rec.budgets_ms)
+    budget = ", ".join(f"{kind} p{q} <= {ms:g} ms" for q, ms in rec.budgets_ms.items())
+    lines: list[str] = []
+    chosen, knee, best = rec.row(rec.batch_size), rec.row(rec.knee_batch_size), rec.row(rec.best_batch_size)
+    if chosen is None:
+        smallest = rec.rows[0] if rec.rows else None
+        lines.append(
+            f"no batch size meets the latency budget ({budget}): "
+            + (
+                f"the smallest, batch size {smallest.batch_size}, has {_latencies(smallest, qs, kind)}"
+                if smallest is not None
+                else "no batch size was measured (every one ran out of memory)"
+            )
+        )
+    else:
+        mark = "" if rec.firm else " (uncertain)"
+        counts = sorted(set(rec.timed_batches.values()))
+        rests = f"{counts[0]} timed {unit}" if len(counts) == 1 else f"{counts[0]} to {counts[-1]} timed {unit}"
+        lines.append(f"latency budget: {budget}; each percentile from {rests} per batch size")
+        lines.append(
+            f"  recommended  batch size {chosen.batch_size}{mark}: {chosen.samples_per_sec:,.1f} samples/s, "
+            f"{_latencies(chosen, qs, kind)}"
+        )
+    if knee is not None and best is not None and chosen is not None:
+        share = (knee.samples_per_sec or 0.0) / (best.samples_per_sec or 1.0)
+        lines.append(
+            f"  knee         batch size {knee.batch_size}: {knee.samples_per_sec:,.1f} samples/s, {100 * share:.0f} % "
+            f"of the best ({best.samples_per_sec:,.1f} at batch size {best.batch_size}); knee = smallest batch size "
+            f"reaching {100 * rec.knee_fraction:.0f} % of the best"
+        )
+        bigger = next((r for r in rec.rows if r.batch_size > chosen.batch_size), None)
+        breaks = (
+            f"batch size {bigger.batch_size} has "
+            + ", ".join(f"{kind} p{q} {ms:,.2f} ms" for q, ms in rec.over_budget(bigger).items())
+            if bigger is not None
+            else "no larger batch size was measured"
+        )
+        if rec.binds == "budget":
+            why = f"the budget ({breaks}); throughput still rises up to the knee at batch size {knee.batch_size}"
+        elif rec.binds == "knee":
+            gain = (chosen.samples_per_sec or 0.0) / (knee.samples_per_sec or 1.0) - 1.0
+            slower = ", ".join(
+                f"p{q} {100 * (_latency(chosen, q) / _latency(knee, q) - 1.0):+.0f} %"  # type: ignore[operator]
+                for q in qs
+            )
+            why = (
+                f"the throughput knee: batch size {chosen.batch_size} gives {100 * gain:+.0f} % samples/s over "
+                f"{knee.batch_size} for {slower} latency; take {knee.batch_size} for lower latency"
+                if gain >= 0
+                else f"the throughput knee: batch size {chosen.batch_size} gives {100 * gain:+.0f} % samples/s "
+                f"against {knee.batch_size}, at {slower} latency; take {knee.batch_size}, both faster and sooner"
+            )
+        else:
+            why = f"both: batch size {chosen.batch_size} is the knee, and the budget stops there ({breaks})"
+        lines.append(f"  binds        {why}")
+    faster = rec.faster_smaller
+    if faster is not None and chosen is not None:
+        lines.append(
+            f"  note         batch size {faster.batch_size} is within the budget too and faster "
+            f"({faster.samples_per_sec:,.1f} samples/s, {_latencies(faster, qs, kind)}): past it, larger batches "
+            "cost latency and buy no throughput here"
+        )
+    if rec.rows and not rec.firm:
+        weakest = min(rec.timed_batches.values())
+        lines.append(
+            f"  uncertain    the percentiles rest on {weakest} timed {unit} per batch size; a p{max(qs)} needs "
+            f"{rec.needed} for one {kind} beyond it. Run with --steps {rec.needed} or more to make the choice firm"
+        )
+    return lines
