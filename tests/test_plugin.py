@@ -42,15 +42,49 @@ def test_plugin_without_swaps_trains_exactly_like_trainer_precision(tmp_path: Pa
 
 
 def test_auto_precision_on_cpu_is_full_precision(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 0)
     plugin = lt.TunePlugin()
     assert plugin.precision == "32-true" and type(plugin.inner) is Precision
     assert isinstance(lt.TunePlugin("bf16").inner, MixedPrecision)
 
 
-def test_trainer_precision_together_with_the_plugin_says_where_to_put_it() -> None:
-    with pytest.raises(ValueError, match=re.escape("give the precision to TunePlugin(precision=...), not to Trainer")):
-        Trainer(precision="bf16-mixed", plugins=[lt.TunePlugin("bf16-mixed")], logger=False)
+def test_auto_precision_is_decided_in_the_training_process_not_at_construction(monkeypatch: pytest.MonkeyPatch) -> None:
+    # a GPU machine: every CUDA query is recorded; constructing the plugin (and the Trainer) must make none that
+    # initialises CUDA, or ddp_fork / ddp_notebook cannot start their processes
+    calls: list[str] = []
+
+    def bf16_supported(*args: object, **kwargs: object) -> bool:
+        calls.append("is_bf16_supported")
+        return True
+
+    monkeypatch.setattr(torch.cuda, "is_bf16_supported", bf16_supported)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
+    plugin = lt.TunePlugin()
+    Trainer(accelerator="cpu", plugins=[plugin], logger=False)
+    assert calls == [] and not torch.cuda.is_initialized()
+    assert repr(plugin) == "TunePlugin(precision='auto', optimizer=None, attention=None)"
+    # once in the training process, the strategy's device decides: the CPU gets full precision, without a GPU query
+    module = Regressor()
+    trainer = make_trainer(Path("."), [], max_steps=1, plugins=[plugin])
+    module.trainer = trainer
+    plugin.convert_module(module)
+    assert plugin.precision == "32-true" and calls == []
+    # a CUDA device asks the GPU, once
+    gpu = lt.TunePlugin()
+    assert gpu.precision == "bf16-mixed" and gpu.device == "cuda" and calls == ["is_bf16_supported"]
+
+
+def test_repr_is_plain_and_only_the_conflict_error_carries_the_hint() -> None:
+    plugin = lt.TunePlugin("bf16-mixed", optimizer="adamw_fused")
+    plain = "TunePlugin(precision='bf16-mixed', optimizer='adamw_fused', attention=None)"
+    assert repr(plugin) == str(plugin) == f"{plugin}" == plain
+    with pytest.raises(ValueError) as error:
+        Trainer(precision="bf16-mixed", plugins=[plugin], logger=False)
+    assert str(error.value) == (
+        f"Received both `precision=bf16-mixed` and `plugins={plain} (give the precision to TunePlugin(precision=...), "
+        "not to Trainer)`. Choose one."
+    )
 
 
 def test_swaps_through_the_plugin(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
@@ -146,7 +180,7 @@ def test_missing_bitsandbytes_names_the_extra(monkeypatch: pytest.MonkeyPatch) -
 
 
 def test_mixed_precision_follows_the_models_device(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)  # a GPU machine ...
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)  # a GPU machine ...
     plugin = lt.TunePlugin("bf16-mixed")
     assert plugin.device == "cuda"
     plugin.connect(torch.nn.Linear(2, 2), [], [])  # ... training on the CPU (the strategy placed the model there)

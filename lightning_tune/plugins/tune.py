@@ -1,21 +1,38 @@
 """``TunePlugin``: the pack's swaps through the ``Trainer(plugins=[...])`` flag users already know.
 
 Lightning accepts a single ``Precision`` plugin and refuses one together with ``Trainer(precision=...)``, so the
-plugin *is* the precision plugin: it wraps Lightning's own plugin for the precision asked for (mixed, half, full or
-double) and delegates every precision hook to it, adding the attention swap in ``convert_module`` (before the
-strategy wraps the model in DDP) and the optimizer swap in ``connect`` (after the optimizers exist, where
-Lightning supports replacing them).
+plugin *is* the precision plugin: it wraps the plugin Lightning itself would build for the precision and the strategy
+(``MixedPrecision``/``HalfPrecision``/``DoublePrecision``/``Precision``, ``FSDPPrecision`` under ``FSDPStrategy``,
+``DeepSpeedPrecision`` under ``DeepSpeedStrategy``) and delegates every precision hook to it, adding the attention
+swap in ``convert_module`` (before the strategy wraps the model) and the optimizer swap in ``connect`` (after the
+optimizers exist, where Lightning supports replacing them).
+
+``FSDPStrategy`` accepts only ``FSDPPrecision`` instances (Lightning #20855), so ``TunePlugin`` subclasses it; under
+every strategy the work is done by the wrapped plugin, chosen at ``convert_module``, the first hook that sees the
+Trainer's strategy and device. ``precision="auto"`` is resolved there too (or at the first read of
+:attr:`TunePlugin.precision`, in the training process), so building the plugin never initialises CUDA.
 """
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Callable
-from contextlib import AbstractContextManager
+from contextlib import AbstractContextManager, nullcontext
 from typing import TYPE_CHECKING, Any, Final, Literal
 
 import torch
-from lightning.pytorch.plugins.precision import DoublePrecision, HalfPrecision, MixedPrecision, Precision
+from lightning.pytorch import LightningModule
+from lightning.pytorch.plugins.precision import (
+    DeepSpeedPrecision,
+    DoublePrecision,
+    FSDPPrecision,
+    HalfPrecision,
+    MixedPrecision,
+    Precision,
+)
+from lightning.pytorch.strategies import DeepSpeedStrategy, FSDPStrategy, ModelParallelStrategy
 from lightning.pytorch.utilities import GradClipAlgorithmType, rank_zero_info
+from lightning.pytorch.utilities.exceptions import MisconfigurationException
 from torch import Tensor
 from torch.nn import Module
 from torch.optim import Optimizer
@@ -26,7 +43,9 @@ from lightning_tune._validation import check_choice, check_int
 
 if TYPE_CHECKING:
     import lightning.pytorch as pl
+    from lightning.pytorch.strategies import Strategy
     from lightning.pytorch.utilities.types import LRSchedulerConfig
+    from torch.distributed.fsdp import MixedPrecision as TorchMixedPrecision
 
     from lightning_tune.swaps.attention import AttentionSwapResult
     from lightning_tune.swaps.optimizer import Keep32bit, OptimizerName
@@ -34,16 +53,26 @@ if TYPE_CHECKING:
 TunePrecision = Literal["auto", "32-true", "16-mixed", "bf16-mixed", "16-true", "bf16-true", "64-true"]
 PRECISIONS: Final[tuple[str, ...]] = ("auto", "32-true", "16-mixed", "bf16-mixed", "16-true", "bf16-true", "64-true")
 _ALIASES: Final[dict[str, str]] = {"32": "32-true", "16": "16-mixed", "bf16": "bf16-mixed", "64": "64-true"}
+#: Precisions each sharded strategy takes (Lightning 2.6.6's own lists: ``ModelParallelStrategy``'s check in the
+#: accelerator connector, ``FSDPPrecision``'s and ``DeepSpeedPrecision``'s accepted inputs).
+_STRATEGY_PRECISIONS: Final[dict[str, tuple[str, ...]]] = {
+    "ModelParallelStrategy": ("32-true", "bf16-mixed", "bf16-true", "16-true"),
+    "FSDPStrategy": ("32-true", "16-mixed", "bf16-mixed", "16-true", "bf16-true"),
+    "DeepSpeedStrategy": ("32-true", "16-mixed", "bf16-mixed", "16-true", "bf16-true"),
+}
+_CONFLICT_HINT: Final[str] = " (give the precision to TunePlugin(precision=...), not to Trainer)"
 
 
-def resolve_precision(precision: str) -> str:
-    """The Lightning precision ``"auto"`` stands for on this machine.
+def resolve_precision(precision: str, device: str | None = None) -> str:
+    """The Lightning precision ``precision`` stands for on ``device``.
 
     ``"auto"`` is ``"bf16-mixed"`` on a CUDA GPU that supports bf16, ``"16-mixed"`` on other CUDA GPUs and
-    ``"32-true"`` without one; short forms (``"16"``, ``"bf16"``, ``"32"``, ``"64"``) are expanded.
+    ``"32-true"`` elsewhere; short forms (``"16"``, ``"bf16"``, ``"32"``, ``"64"``) are expanded. Only ``"auto"`` on a
+    CUDA device queries the GPU (and so initialises CUDA).
 
     Args:
         precision: One of :data:`PRECISIONS` or a short form.
+        device: ``"cuda"``, ``"cpu"``, or ``None`` for CUDA when a GPU is visible.
 
     Returns:
         A Lightning precision string.
@@ -52,19 +81,33 @@ def resolve_precision(precision: str) -> str:
         ValueError: If ``precision`` is not allowed.
 
     Example:
-        >>> resolve_precision("bf16")
-        'bf16-mixed'
+        >>> resolve_precision("bf16"), resolve_precision("auto", "cpu")
+        ('bf16-mixed', '32-true')
     """
     precision = _ALIASES.get(precision, precision) if isinstance(precision, str) else precision
     check_choice("precision", precision, PRECISIONS)
     if precision != "auto":
         return precision
-    if torch.cuda.is_available():
+    if (device or _default_device()) == "cuda":
         return "bf16-mixed" if torch.cuda.is_bf16_supported() else "16-mixed"
     return "32-true"
 
 
-def _inner_plugin(precision: str, device: str) -> Precision:
+def _default_device() -> str:
+    # device_count() asks NVML where it can and, unlike is_available(), leaves a later fork of this process usable
+    return "cuda" if torch.cuda.device_count() > 0 else "cpu"
+
+
+def _inner_plugin(precision: str, device: str, strategy: str | None = None) -> Precision:
+    if strategy is not None and precision not in _STRATEGY_PRECISIONS[strategy]:
+        allowed = ", ".join(repr(p) for p in _STRATEGY_PRECISIONS[strategy])
+        raise MisconfigurationException(
+            f"TunePlugin(precision={precision!r}) cannot run under {strategy}, which supports {allowed}"
+        )
+    if strategy == "FSDPStrategy":
+        return FSDPPrecision(precision)  # type: ignore[arg-type]
+    if strategy == "DeepSpeedStrategy":
+        return DeepSpeedPrecision(precision)  # type: ignore[arg-type]
     if precision in ("16-mixed", "bf16-mixed"):
         if precision == "16-mixed" and device == "cpu":
             raise ValueError(
@@ -79,13 +122,34 @@ def _inner_plugin(precision: str, device: str) -> Precision:
     return Precision()
 
 
-class TunePlugin(Precision):
-    """One ``Precision`` plugin that applies the pack's optimizer and attention swaps.
+def _strategy_of(module: Module) -> Strategy | None:
+    if not isinstance(module, LightningModule):
+        return None
+    try:
+        return module.trainer.strategy
+    except RuntimeError:  # not attached to a Trainer
+        return None
+
+
+def _strategy_name(strategy: Strategy | None) -> str | None:
+    for cls in (ModelParallelStrategy, FSDPStrategy, DeepSpeedStrategy):
+        if isinstance(strategy, cls):
+            return cls.__name__
+    return None
+
+
+class TunePlugin(FSDPPrecision):
+    """One ``Precision`` plugin that applies the pack's optimizer and attention swaps, under any strategy.
+
+    It wraps the precision plugin Lightning would build for ``Trainer(precision=...)`` and the strategy in use, and
+    is accepted where Lightning requires ``FSDPPrecision`` (``FSDPStrategy``). See ``docs/multi_gpu.md`` for what
+    works under DDP, FSDP, FSDP2 (``ModelParallelStrategy``) and DeepSpeed.
 
     Args:
         precision: The precision to train in (pass it here, not to ``Trainer(precision=...)``): ``"auto"``
-            (bf16-mixed where supported, else 16-mixed on CUDA, else 32-true), ``"32-true"``, ``"16-mixed"``,
-            ``"bf16-mixed"``, ``"16-true"``, ``"bf16-true"`` or ``"64-true"``.
+            (bf16-mixed where supported, else 16-mixed on CUDA, else 32-true; decided in the training process once the
+            device is known), ``"32-true"``, ``"16-mixed"``, ``"bf16-mixed"``, ``"16-true"``, ``"bf16-true"`` or
+            ``"64-true"``.
         optimizer: Replace the module's optimizers with this one (see :class:`~lightning_tune.OptimizerSwap`:
             ``"adamw8bit"``, ``"adam8bit"``, ``"lion8bit"``, ``"sgd8bit"``, the paged variants, ``"adamw_fused"``);
             ``None`` keeps them.
@@ -94,7 +158,7 @@ class TunePlugin(Precision):
         keep_32bit: With an 8-bit optimizer, which parameters keep 32-bit state (``"embeddings"``, ``"none"`` or
             ``fn(name, param) -> bool``).
         min_8bit_size: With an 8-bit optimizer, tensors with fewer elements keep 32-bit state.
-        device: ``"cuda"`` or ``"cpu"``: where mixed precision autocasts; ``None`` is CUDA when available.
+        device: ``"cuda"`` or ``"cpu"``: where mixed precision autocasts; ``None`` follows the strategy's device.
 
     Raises:
         TypeError: If an argument has the wrong type.
@@ -116,14 +180,14 @@ class TunePlugin(Precision):
         min_8bit_size: int = 4096,
         device: Literal["cuda", "cpu"] | None = None,
     ) -> None:
-        super().__init__()
+        # FSDPPrecision.__init__ is not called: the wrapped plugin holds the precision state under every strategy
         from lightning_tune.swaps.attention import BACKENDS
         from lightning_tune.swaps.optimizer import OPTIMIZERS, check_keep_32bit
 
         if device is not None:
             check_choice("device", device, ("cuda", "cpu"))
         self.requested_precision = precision
-        resolved = resolve_precision(precision)
+        resolved = resolve_precision(precision, "cpu")  # checks the value; "auto" is decided later
         if optimizer is not None:
             check_choice("optimizer", optimizer, OPTIMIZERS)
             if optimizer != "adamw_fused":
@@ -133,9 +197,12 @@ class TunePlugin(Precision):
         check_int("min_8bit_size", min_8bit_size, minimum=1)
         check_keep_32bit(keep_32bit)
         self._explicit_device = device is not None
-        self.device: str = device or ("cuda" if torch.cuda.is_available() else "cpu")
-        self.inner = _inner_plugin(resolved, self.device)
-        self.precision = self.inner.precision
+        self._device: str | None = device
+        self._precision: str | None = None if precision == "auto" else resolved
+        if self._precision is not None and device is not None:
+            _inner_plugin(self._precision, device)  # refuses "16-mixed" on an explicit CPU now, not at fit
+        self._inner: Precision | None = None
+        self._inner_strategy: str | None = None
         self.optimizer = optimizer
         self.attention = attention
         self.keep_32bit = keep_32bit
@@ -144,11 +211,63 @@ class TunePlugin(Precision):
         self.optimizer_swaps: list[Any] = []
 
     def __repr__(self) -> str:
-        # Lightning names the plugin in its "Received both `precision=...` and `plugins=...`" error: say what to do.
         return (
             f"TunePlugin(precision={self.requested_precision!r}, optimizer={self.optimizer!r}, "
-            f"attention={self.attention!r}); give the precision to TunePlugin(precision=...), not to Trainer"
+            f"attention={self.attention!r})"
         )
+
+    def __format__(self, spec: str) -> str:
+        return format(repr(self) + (_CONFLICT_HINT if _formatting_precision_conflict() else ""), spec)
+
+    # ------------------------------------------------------------------ resolved lazily, in the training process
+
+    @property  # type: ignore[override]
+    def precision(self) -> str:
+        """The Lightning precision in use; ``"auto"`` is decided at the first read (in the training process)."""
+        if self._precision is None:
+            self._precision = resolve_precision("auto", self.device)
+        return self._precision
+
+    @precision.setter
+    def precision(self, value: str) -> None:
+        self._precision = resolve_precision(value, self._device)
+
+    @property
+    def device(self) -> str:
+        """Where mixed precision autocasts: the explicit ``device``, else the strategy's (once known)."""
+        if self._device is None:
+            self._device = _default_device()
+        return self._device
+
+    @property
+    def inner(self) -> Precision:
+        """The Lightning plugin every precision hook is delegated to."""
+        if self._inner is None:
+            self._inner = _inner_plugin(self.precision, self.device)
+        return self._inner
+
+    @inner.setter
+    def inner(self, plugin: Precision) -> None:
+        self._inner = plugin
+
+    @property
+    def scaler(self) -> Any:
+        """The wrapped plugin's gradient scaler (``None`` unless ``16-mixed``)."""
+        return getattr(self.inner, "scaler", None)
+
+    @scaler.setter
+    def scaler(self, value: Any) -> None:
+        self.inner.scaler = value  # type: ignore[attr-defined]
+
+    @property
+    def mixed_precision_config(self) -> TorchMixedPrecision:
+        """FSDP's mixed-precision setting: the wrapped ``FSDPPrecision``'s, else one in :attr:`compute_dtype`."""
+        if isinstance(self.inner, FSDPPrecision):
+            return self.inner.mixed_precision_config
+        from torch.distributed.fsdp import MixedPrecision as TorchMixedPrecision
+
+        dtype = self.compute_dtype
+        return TorchMixedPrecision(param_dtype=dtype, reduce_dtype=dtype, buffer_dtype=dtype)
 
     @property
     def compute_dtype(self) -> torch.dtype:
@@ -157,14 +276,32 @@ class TunePlugin(Precision):
 
         return precision_dtype(self.precision)
 
+    def _setup_for(self, strategy: Strategy | None) -> None:
+        """Decide the device, ``"auto"`` and the wrapped plugin from the strategy the model is set up under."""
+        if strategy is not None and self._device is None and strategy.root_device.type in ("cuda", "cpu"):
+            self._device = strategy.root_device.type
+        name = _strategy_name(strategy)
+        if self._inner is None or name != self._inner_strategy:
+            self._inner = _inner_plugin(self.precision, self.device, name)
+            self._inner_strategy = name
+
     # ------------------------------------------------------------------ the swaps
 
     @override
     def convert_module(self, module: Module) -> Module:
+        strategy = _strategy_of(module)
+        self._setup_for(strategy)
         module = self.inner.convert_module(module)
         if self.attention is not None and self.attention_swap is None:
             from lightning_tune.swaps.attention import swap_attention
 
+            if isinstance(strategy, ModelParallelStrategy) and _is_sharded(module):
+                raise MisconfigurationException(
+                    f"TunePlugin(attention={self.attention!r}) cannot swap attention under ModelParallelStrategy: "
+                    "`configure_model` has already applied `fully_shard` when the plugin sees the model. Use "
+                    f"callbacks=[AttentionSwap({self.attention!r})] instead, which swaps in `setup`, before "
+                    "`configure_model`, and keep TunePlugin for the precision and the optimizer."
+                )
             self.attention_swap = swap_attention(
                 module,
                 self.attention,
@@ -182,6 +319,13 @@ class TunePlugin(Precision):
         model, optimizers, lr_schedulers = self.inner.connect(model, optimizers, lr_schedulers)
         self._follow_model_device(model)
         if self.optimizer is not None and optimizers:
+            if self._inner_strategy == "DeepSpeedStrategy":
+                raise MisconfigurationException(
+                    f"TunePlugin(optimizer={self.optimizer!r}) cannot swap the optimizer under DeepSpeed: its engine "
+                    "replaces the optimizer's parameters with its own flat, partitioned fp32 copies, so per-parameter "
+                    "8-bit state and the 32-bit embedding overrides would not apply. Set the optimizer in DeepSpeed's "
+                    "config (or return it from configure_optimizers) and use TunePlugin for precision and attention."
+                )
             from lightning_tune.swaps.optimizer import swap_optimizers
 
             optimizers, lr_schedulers, self.optimizer_swaps = swap_optimizers(
@@ -199,15 +343,15 @@ class TunePlugin(Precision):
     def _follow_model_device(self, model: Module) -> None:
         """Autocast where the model actually is (``connect`` runs after the strategy moved it to its device).
 
-        Without an explicit ``device`` the plugin guessed CUDA whenever a GPU exists; a run on
-        ``accelerator="cpu"`` must autocast on the CPU instead, as ``Trainer(precision=...)`` would.
+        A model the strategy placed on the CPU autocasts on the CPU, as ``Trainer(precision=...)`` would, even where
+        a GPU exists.
         """
         if self._explicit_device or not isinstance(self.inner, MixedPrecision):
             return
         parameter = next(model.parameters(), None)
         if parameter is not None and parameter.device.type in ("cuda", "cpu") and parameter.device.type != self.device:
-            self.device = parameter.device.type
-            self.inner.device = self.device
+            self._device = parameter.device.type
+            self.inner.device = self._device
 
     @override
     def teardown(self) -> None:
@@ -220,11 +364,12 @@ class TunePlugin(Precision):
 
     @override
     def tensor_init_context(self) -> AbstractContextManager:
-        return self.inner.tensor_init_context()
+        # before the strategy is known, "auto" can only become a mixed or full precision: nothing to change at init
+        return nullcontext() if self._precision is None else self.inner.tensor_init_context()
 
     @override
     def module_init_context(self) -> AbstractContextManager:
-        return self.inner.module_init_context()
+        return nullcontext() if self._precision is None else self.inner.module_init_context()
 
     @override
     def forward_context(self) -> AbstractContextManager:
@@ -321,3 +466,20 @@ class TunePlugin(Precision):
         inner_key = type(self.inner).__qualname__
         if type(self).__qualname__ not in checkpoint and inner_key in checkpoint:
             self.inner.load_state_dict(checkpoint[inner_key])
+
+
+def _is_sharded(module: Module) -> bool:
+    from torch.distributed.fsdp import FSDPModule
+
+    return any(isinstance(child, FSDPModule) for child in module.modules())
+
+
+def _formatting_precision_conflict() -> bool:
+    """Whether the plugin is being written into Lightning's "Received both `precision=...` and `plugins=...`" error.
+
+    That error is the one place where the hint belongs, and Lightning builds it with an f-string in
+    ``_AcceleratorConnector._check_config_and_set_final_flags`` (checked on Lightning 2.6.6;
+    ``tests/test_plugin.py`` fails if it moves), which calls ``__format__`` from that frame.
+    """
+    caller = sys._getframe(2)
+    return caller.f_code.co_name == "_check_config_and_set_final_flags" and "precision_flag" in caller.f_locals

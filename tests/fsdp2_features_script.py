@@ -1,0 +1,297 @@
+"""Run by test_fsdp2_features.py: the CPU cells of docs/multi_gpu.md for one strategy in one 2-process launch (gloo).
+
+``python fsdp2_features_script.py OUT STRATEGY [CELL ...]`` with STRATEGY ``fsdp2`` (``ModelParallelStrategy``; the
+module shards itself in ``configure_model`` with ``fully_shard``) or ``ddp``. Each cell is one or more short ``fit``
+runs; every rank writes what it saw to ``<out>/rank<r>.json`` under the cell's id, and the test compares ranks, runs
+and references.
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+import traceback
+from collections.abc import Callable
+from datetime import timedelta
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+import torch  # noqa: E402
+from lightning.pytorch import Callback, Trainer  # noqa: E402
+from lightning.pytorch.loggers import Logger  # noqa: E402
+from lightning.pytorch.strategies import DDPStrategy, ModelParallelStrategy, Strategy  # noqa: E402
+from torch.distributed.fsdp import FSDPModule, fully_shard  # noqa: E402
+
+import lightning_tune as lt  # noqa: E402
+from lightning_tune.demos import DemoGPT, GPTConfig, SyntheticTokenDataModule  # noqa: E402
+from tests.helpers import LRRecorder, finish_ddp  # noqa: E402
+
+CONFIG = GPTConfig(vocab_size=32, seq_len=16, d_model=32, n_layers=2, n_heads=2)
+STRATEGY = sys.argv[2] if len(sys.argv) > 2 else "fsdp2"
+
+
+class ShardedGPT(DemoGPT):
+    """The demo GPT with FSDP2 applied the documented way: each block, then the root, in ``configure_model``."""
+
+    def configure_model(self) -> None:
+        if not isinstance(self.trainer.strategy, ModelParallelStrategy) or isinstance(self.model, FSDPModule):
+            return  # DDP replicates the module as it is
+        assert self.device_mesh is not None  # set by ModelParallelStrategy before configure_model
+        mesh = self.device_mesh["data_parallel"]
+        for block in self.model.blocks:
+            fully_shard(block, mesh=mesh)
+        fully_shard(self.model, mesh=mesh)
+
+    def validation_step(self, batch, batch_idx):  # type: ignore[no-untyped-def]
+        # each rank reports its own loss: rank 0 improves every epoch, rank 1 stays flat (and alone would reduce)
+        value = 1.0 - 0.1 * self.current_epoch if self.global_rank == 0 else 1.0
+        self.log("val_loss", torch.tensor(value), batch_size=1)
+
+
+class RecordingLogger(Logger):
+    """Keeps every row logged on *this* rank (Lightning's own loggers write on rank 0 only)."""
+
+    def __init__(self, monitor: lt.ThroughputLatencyMonitor | None = None) -> None:
+        super().__init__()
+        self.rows: list[dict[str, float]] = []
+        self.local: list[dict[str, float]] = []
+        self.monitor = monitor
+
+    @property
+    def name(self) -> str:
+        return "recording"
+
+    @property
+    def version(self) -> int:
+        return 0
+
+    def log_metrics(self, metrics: dict[str, float], step: int | None = None) -> None:
+        self.rows.append({k: float(v) for k, v in metrics.items()})
+        if self.monitor is not None and any(k.startswith("perf/train/") for k in metrics):
+            self.local.append(dict(self.monitor.last_interval))
+
+    def log_hyperparams(self, params: Any, *args: Any, **kwargs: Any) -> None:
+        pass
+
+
+class StepCounter(Callback):
+    """Counts forward calls of the first block's attention per optimizer step (2 when the block is recomputed)."""
+
+    def __init__(self) -> None:
+        self.calls = 0
+        self.per_step: list[int] = []
+
+    def on_train_start(self, trainer: Trainer, pl_module: Any) -> None:
+        pl_module.model.blocks[0].attn.register_forward_hook(lambda *_: self._count())
+
+    def _count(self) -> None:
+        self.calls += 1
+
+    def on_train_batch_end(self, trainer: Trainer, pl_module: Any, outputs: Any, batch: Any, batch_idx: int) -> None:
+        self.per_step.append(self.calls)
+        self.calls = 0
+
+
+def data() -> SyntheticTokenDataModule:
+    # 32 sequences over 2 ranks, batch 4: 4 batches per rank per epoch
+    return SyntheticTokenDataModule(4, seq_len=16, vocab_size=32, train_sequences=32, val_sequences=8, seed=0)
+
+
+def strategy() -> Strategy:
+    # a short collective timeout: a rank left waiting fails within a minute instead of the default half hour
+    if STRATEGY == "ddp":
+        return DDPStrategy(timeout=timedelta(seconds=60))
+    return ModelParallelStrategy(data_parallel_size=2, tensor_parallel_size=1, timeout=timedelta(seconds=60))
+
+
+def trainer(callbacks: list[Callback] | None = None, **kwargs: Any) -> Trainer:
+    defaults: dict[str, Any] = {
+        "accelerator": "cpu",
+        "devices": 2,
+        "strategy": strategy(),
+        "max_epochs": 2,
+        "limit_val_batches": 0,
+        "num_sanity_val_steps": 0,
+        "logger": False,
+        "enable_checkpointing": False,
+        "enable_progress_bar": False,
+        "enable_model_summary": False,
+    }
+    defaults.update(kwargs)
+    return Trainer(callbacks=callbacks or [], **defaults)
+
+
+def model() -> ShardedGPT:
+    torch.manual_seed(0)
+    return ShardedGPT(CONFIG, lr=1e-2)
+
+
+def shards(module: torch.nn.Module) -> list[float]:
+    """This rank's shard of every parameter, summed in float64: equal runs give equal lists on each rank."""
+    local = [p.to_local() if hasattr(p, "to_local") else p for p in module.parameters()]
+    return [float(p.detach().double().sum()) for p in local]
+
+
+def elements(module: torch.nn.Module) -> int:
+    return sum(p.numel() for p in module.parameters())
+
+
+def refused(run: Callable[[], Any]) -> dict[str, Any]:
+    try:
+        result = run()
+    except Exception as err:  # noqa: BLE001 - the refusal is what the cell checks
+        return {"refused": True, "type": type(err).__name__, "message": str(err)}
+    return {"refused": False, **(result if isinstance(result, dict) else {})}
+
+
+def cell_plugin_precision() -> dict[str, Any]:
+    reference = model()
+    torch.manual_seed(1)
+    trainer(precision="bf16-mixed", max_epochs=1).fit(reference, datamodule=data())
+    ours = model()
+    torch.manual_seed(1)
+    fitted = trainer(plugins=[lt.TunePlugin("bf16-mixed")], max_epochs=1)
+    fitted.fit(ours, datamodule=data())
+    return {"reference": shards(reference), "plugin": shards(ours), "precision": fitted.precision}
+
+
+def cell_lr_monitor() -> dict[str, Any]:
+    recorder = LRRecorder()
+    plateau = lt.AdaptiveLROnPlateau(patience=0, factor=0.5, min_lr=0.0)
+    monitor = lt.ThroughputLatencyMonitor(log_every_n_steps=2)
+    logger = RecordingLogger(monitor)
+    run = trainer(
+        [lt.WarmupCosine(warmup_steps=2, min_lr=1e-4), plateau, monitor, recorder],
+        max_epochs=3,
+        accumulate_grad_batches=2,
+        limit_val_batches=1,
+        logger=logger,
+    )
+    run.fit(model(), datamodule=data())
+    perf = [{k: v for k, v in row.items() if k.startswith("perf/train/")} for row in logger.rows]
+    return {
+        "lrs": recorder.lrs,
+        "steps": run.global_step,
+        "reductions": plateau.reductions,
+        "perf": [row for row in perf if row],
+        "local": logger.local,
+    }
+
+
+def schedule_run(out: Path, name: str, *, extra: list[Callback] | None = None, **kwargs: Any) -> dict[str, Any]:
+    recorder = LRRecorder()
+    counter = StepCounter()
+    callbacks = [lt.WarmupCosine(warmup_steps=2, total_steps=8, min_lr=1e-4), recorder, counter, *(extra or [])]
+    plugins = kwargs.pop("plugins", [lt.TunePlugin("32-true", optimizer="adamw_fused")])
+    run = trainer(callbacks, plugins=plugins, **kwargs)
+    module = model()
+    run.fit(module, datamodule=data())
+    result = {
+        "lrs": recorder.lrs,
+        "shards": shards(module),
+        "steps": run.global_step,
+        "optimizer": type(run.optimizers[0]).__name__,
+        "fused": bool(run.optimizers[0].param_groups[0].get("fused")),
+        "attn_calls": counter.per_step,
+    }
+    if name == "first_half":
+        run.save_checkpoint(out / "resume.ckpt")
+        result["checkpoint_is_a_folder"] = (out / "resume.ckpt").is_dir()
+    return result
+
+
+def cell_checkpoint(out: Path) -> dict[str, Any]:
+    whole = schedule_run(out, "whole")
+    first = schedule_run(out, "first_half", max_epochs=1)
+    recorder = LRRecorder()
+    run = trainer(
+        [lt.WarmupCosine(warmup_steps=2, total_steps=8, min_lr=1e-4), recorder],
+        plugins=[lt.TunePlugin("32-true", optimizer="adamw_fused")],
+    )
+    module = model()
+    run.fit(module, datamodule=data(), ckpt_path=out / "resume.ckpt")
+    resumed = {"lrs": recorder.lrs, "shards": shards(module), "steps": run.global_step}
+    return {"whole": whole, "first": first, "resumed": resumed}
+
+
+def cell_checkpointing_and_attention(out: Path) -> dict[str, Any]:
+    checkpointing = lt.ActivationCheckpointing(verbose=False)
+    attention = lt.AttentionSwap("sdpa", verbose=False)
+    seen: dict[str, Any] = {}
+
+    class Probe(Callback):
+        def on_train_start(self, trainer: Trainer, pl_module: Any) -> None:
+            block = pl_module.model.blocks[0]
+            seen["block_sharded"] = isinstance(block, FSDPModule)
+            seen["checkpointed_blocks"] = len(checkpointing.result.entries) if checkpointing.result else 0
+            seen["swapped_attention"] = len(attention.result.entries) if attention.result else 0
+
+    run = schedule_run(out, "composed", extra=[checkpointing, attention, Probe()])
+    return {**run, **seen}
+
+
+def cell_optimizer_swap(out: Path) -> dict[str, Any]:
+    swap = lt.OptimizerSwap("adamw_fused")
+    logger = RecordingLogger()
+    run = schedule_run(out, "callback", extra=[swap], plugins=[], precision="32-true", logger=logger)
+    state = [row["tune/optimizer_state_bytes"] for row in logger.rows if "tune/optimizer_state_bytes" in row]
+    return {**run, "state_bytes": state, "estimate": swap.state_bytes_before, "elements": elements(model())}
+
+
+def fit_one_step(callbacks: list[Callback], plugins: list[Any]) -> Trainer:
+    run = trainer(callbacks, plugins=plugins, max_steps=1)
+    run.fit(model(), datamodule=data())
+    return run
+
+
+def cell_optimizer_8bit() -> dict[str, Any]:
+    def optimizer(callbacks: list[Callback], plugins: list[Any]) -> dict[str, Any]:
+        return {"optimizer": type(fit_one_step(callbacks, plugins).optimizers[0]).__name__}
+
+    return {
+        "callback": refused(lambda: optimizer([lt.OptimizerSwap("adamw8bit")], [])),
+        "plugin": refused(lambda: optimizer([], [lt.TunePlugin("32-true", optimizer="adamw8bit")])),
+    }
+
+
+def cell_plugin_attention() -> dict[str, Any]:
+    plugin = lt.TunePlugin("32-true", attention="sdpa")
+    seen: dict[str, Any] = {}
+
+    class Probe(Callback):
+        def on_train_start(self, trainer: Trainer, pl_module: Any) -> None:
+            seen["swapped_attention"] = len(plugin.attention_swap.entries) if plugin.attention_swap else 0
+
+    return {**refused(lambda: fit_one_step([Probe()], [plugin])), **seen}
+
+
+def main(out: Path) -> None:
+    cells: dict[str, Callable[[], dict[str, Any]]] = {
+        "plugin_precision": cell_plugin_precision,
+        "lr_monitor": cell_lr_monitor,
+        "checkpoint": lambda: cell_checkpoint(out),
+        "composed": lambda: cell_checkpointing_and_attention(out),
+        "optimizer_fused": lambda: cell_optimizer_swap(out),
+        "optimizer_8bit": cell_optimizer_8bit,
+        "plugin_attention": cell_plugin_attention,
+    }
+    only = set(sys.argv[3:])
+    results: dict[str, Any] = {}
+    rank = 0
+    for name, run in cells.items():
+        if only and name not in only:
+            continue
+        start = time.perf_counter()
+        try:
+            results[name] = run()
+        except Exception:  # noqa: BLE001 - recorded so the test names the failing cell
+            results[name] = {"error": traceback.format_exc()[-3000:]}
+        results[name]["seconds"] = time.perf_counter() - start
+        rank = torch.distributed.get_rank() if torch.distributed.is_initialized() else 0
+    finish_ddp(out, rank, results)
+
+
+if __name__ == "__main__":
+    main(Path(sys.argv[1]))
