@@ -12,7 +12,6 @@ writes ``<out>.json`` and ``<out>.md`` with the device, date, commit and command
 from __future__ import annotations
 
 import argparse
-import platform
 import random
 import statistics
 import tempfile
@@ -22,7 +21,7 @@ from typing import Any
 
 import lightning.pytorch as pl
 import torch
-from _results import run_header, write_results
+from _results import device_name, header_lines, run_header, write_results
 from lightning.pytorch.callbacks import Callback, ThroughputMonitor
 
 import lightning_tune as lt
@@ -88,10 +87,17 @@ def time_hooks(callback: Callback) -> dict[str, float]:
 
 
 def run_once(
-    setting: str, *, steps: int, warmup: int, batch_size: int, accelerator: str, precision: str
+    setting: str,
+    *,
+    steps: int,
+    warmup: int,
+    batch_size: int,
+    accelerator: str,
+    precision: str,
+    config: GPTConfig | None = None,
 ) -> tuple[float, float]:
     pl.seed_everything(0, verbose=False)
-    config = GPTConfig()
+    config = config or GPTConfig()
     clock = StepClock(warmup)
     callbacks: list[Callback] = [clock]
     monitor: Callback | None = None
@@ -116,49 +122,53 @@ def run_once(
         enable_model_summary=False,
         limit_val_batches=0,
     )
-    data = SyntheticTokenDataModule(batch_size, seq_len=config.seq_len, vocab_size=config.vocab_size, seed=0)
+    data = SyntheticTokenDataModule(
+        batch_size,
+        seq_len=config.seq_len,
+        vocab_size=config.vocab_size,
+        seed=0,
+        train_sequences=batch_size * steps,  # one pass: generating more would only slow the rounds down
+        val_sequences=1,
+    )
     trainer.fit(DemoGPT(config), datamodule=data)
     return clock.ms_per_step, spent["seconds"] * 1e6 / steps
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--rounds", type=int, default=7)
-    parser.add_argument("--steps", type=int, default=60)
-    parser.add_argument("--warmup", type=int, default=10)
-    parser.add_argument("--batch-size", type=int, default=32)
-    parser.add_argument("--accelerator", default="auto")
-    parser.add_argument("--precision", default=None)
-    parser.add_argument("--out", type=Path, default=None, help="write <out>.json and <out>.md")
-    args = parser.parse_args()
-    cuda = torch.cuda.is_available() and args.accelerator in ("auto", "gpu", "cuda")
-    precision = args.precision or ("bf16-mixed" if cuda else "32-true")
-    device = (
-        torch.cuda.get_device_name()
-        if cuda
-        else f"CPU ({platform.processor() or platform.machine()}, {torch.get_num_threads()} threads)"
-    )
+def measure(
+    *,
+    rounds: int,
+    steps: int,
+    warmup: int,
+    batch_size: int,
+    accelerator: str = "auto",
+    precision: str | None = None,
+    config: GPTConfig | None = None,
+) -> tuple[dict[str, Any], str]:
+    """Interleaved rounds of the three settings; returns the JSON record and the Markdown report."""
+    cuda = torch.cuda.is_available() and accelerator in ("auto", "gpu", "cuda")
+    precision = precision or ("bf16-mixed" if cuda else "32-true")
+    device = device_name() if cuda else f"CPU, {torch.get_num_threads()} threads"
 
     settings = ["none", "lightning_tune", "lightning"]
     times: dict[str, list[float]] = {s: [] for s in settings}
     hook_us: dict[str, list[float]] = {s: [] for s in settings}
     rng = random.Random(0)
-    for round_index in range(args.rounds):
+    for round_index in range(rounds):
         order = settings[:]
         rng.shuffle(order)
         for setting in order:
             ms, us = run_once(
                 setting,
-                steps=args.steps,
-                warmup=args.warmup,
-                batch_size=args.batch_size,
-                accelerator=args.accelerator,
+                steps=steps,
+                warmup=warmup,
+                batch_size=batch_size,
+                accelerator=accelerator,
                 precision=precision,
+                config=config,
             )
             times[setting].append(ms)
             hook_us[setting].append(us)
-        print(f"round {round_index + 1}/{args.rounds}: " + ", ".join(f"{s} {times[s][-1]:.2f} ms" for s in settings))
-
+        print(f"round {round_index + 1}/{rounds}: " + ", ".join(f"{s} {times[s][-1]:.2f} ms" for s in settings))
     medians = {s: statistics.median(v) for s, v in times.items()}
     # each round's ratio to that round's run without a monitor: robust to the machine drifting between rounds
     paired = {s: statistics.median(t / n for t, n in zip(times[s], times["none"], strict=True)) - 1.0 for s in settings}
@@ -167,9 +177,9 @@ def main() -> None:
         **run_header("monitor_overhead", device),
         "precision": precision,
         "lightning": pl.__version__,
-        "rounds": args.rounds,
-        "steps_per_run": args.steps - args.warmup,
-        "batch_size": args.batch_size,
+        "rounds": rounds,
+        "steps_per_run": steps - warmup,
+        "batch_size": batch_size,
         "ms_per_step": times,
         "median_ms_per_step": medians,
         "overhead_vs_none": {s: medians[s] / medians["none"] - 1.0 for s in settings},
@@ -181,11 +191,9 @@ def main() -> None:
     lines = [
         f"# Monitor overhead — {device}",
         "",
-        f"{result['date']}, commit `{result['commit'][:12]}`, torch {torch.__version__}, lightning {pl.__version__}, "
-        f"precision {precision}, demo GPT, batch {args.batch_size}, {args.rounds} interleaved rounds of "
-        f"{args.steps - args.warmup} timed steps.",
-        "",
-        f"Command: `{result['command']}`",
+        *header_lines(result),
+        f"Precision {precision}, demo GPT {config or GPTConfig()}, batch {batch_size}, {rounds} interleaved rounds of "
+        f"{steps - warmup} timed steps.",
         "",
         "| Setting | median ms/step | vs none (medians) | vs none (median of per-round ratios) "
         "| time inside the monitor's hooks | hooks / step |",
@@ -209,7 +217,28 @@ def main() -> None:
         "(summed per step, medians over rounds) is the direct measure of what the monitor itself costs. Both monitors "
         "log every 10 steps here (the Trainer's default is 50), so logging is 5x more frequent than by default.",
     ]
-    write_results(args.out, result, "\n".join(lines) + "\n")
+    return result, "\n".join(lines) + "\n"
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--rounds", type=int, default=7)
+    parser.add_argument("--steps", type=int, default=60)
+    parser.add_argument("--warmup", type=int, default=10)
+    parser.add_argument("--batch-size", type=int, default=32)
+    parser.add_argument("--accelerator", default="auto")
+    parser.add_argument("--precision", default=None)
+    parser.add_argument("--out", type=Path, default=None, help="write <out>.json and <out>.md")
+    args = parser.parse_args()
+    record, report = measure(
+        rounds=args.rounds,
+        steps=args.steps,
+        warmup=args.warmup,
+        batch_size=args.batch_size,
+        accelerator=args.accelerator,
+        precision=args.precision,
+    )
+    write_results(args.out, record, report)
 
 
 if __name__ == "__main__":

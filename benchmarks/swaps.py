@@ -1,20 +1,28 @@
-"""Attention and optimizer swaps on the demo GPT: step time, peak memory and optimizer-state bytes, side by side.
+"""Attention and optimizer swaps on the demo GPT, side by side: step time, peak memory, optimizer-state bytes, loss.
 
-Settings run interleaved in one process, in rounds:
+Settings run interleaved in rounds in one process; each run's time per optimizer step is taken between the end of
+the warm-up steps and the last step, with one device synchronisation at each end. Medians over the rounds.
 
-- attention: the demo GPT's explicit eager attention, versus SDPA restricted to its flash/memory-efficient kernels
-  through ``TunePlugin(attention="sdpa")``, versus flash-attn through ``TunePlugin(attention="flash")`` when it is
-  installed;
-- optimizer: torch AdamW versus bitsandbytes AdamW8bit through ``TunePlugin(optimizer="adamw8bit")``.
+- ``--part attention``, at each of ``--seq-lens`` in bf16 (the same tokens per batch at every length): the model's
+  explicit eager attention (``GPTConfig(attention="eager")``); the model as written, its own
+  ``F.scaled_dot_product_attention`` call untouched; ``AttentionSwap("sdpa")``; and ``AttentionSwap("flash")``. The
+  flash row is kept only when the swap really routes attention through flash-attn; otherwise the report says why
+  instead of showing SDPA a second time under another name.
+- ``--part optimizers``: the module's own torch AdamW; fused AdamW (``OptimizerSwap("adamw_fused")``);
+  bitsandbytes AdamW8bit and PagedAdamW8bit. State bytes are measured on the optimizer's state tensors; the loss is
+  the training loss after the last step (the same seed and data for every row).
 
-    python benchmarks/swaps.py --seq-len 2048 --batch-size 8 --out benchmarks/results/swaps_gpu
+    python benchmarks/swaps.py --part attention --out benchmarks/results/attention_gpu
+    python benchmarks/swaps.py --part optimizers --out benchmarks/results/optimizers_gpu
 
-Needs a CUDA GPU for meaningful figures (``--device cpu --seq-len 128`` runs a smoke test).
+Needs a CUDA GPU for meaningful figures; ``--device cpu`` runs the same code at whatever size it is given.
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
+import gc
 import statistics
 import time
 from pathlib import Path
@@ -22,22 +30,26 @@ from typing import Any
 
 import lightning.pytorch as pl
 import torch
-from _results import run_header, write_results
+from _results import device_name, header_lines, run_header, write_results
 from lightning.pytorch.callbacks import Callback
 
-from lightning_tune import TunePlugin, _imports
+import lightning_tune as lt
 from lightning_tune.demos import DemoGPT, GPTConfig, SyntheticTokenDataModule
 from lightning_tune.swaps.optimizer import optimizer_state_bytes
 
+GIB = float(1 << 30)
+
 
 class Probe(Callback):
-    """Steady-state ms per optimizer step (synchronised), peak memory and optimizer-state bytes."""
+    """Steady-state time per optimizer step (one synchronisation at each end), peak memory, state bytes, loss."""
 
     def __init__(self, warmup: int) -> None:
         self.warmup = warmup
         self.start = self.end = 0.0
         self.state_bytes = 0
-        self.peak_bytes = 0
+        self.peak_allocated = self.peak_reserved = 0
+        self.loss = float("nan")
+        self.kernel: str | None = None
 
     def _now(self, trainer: pl.Trainer) -> float:
         if trainer.strategy.root_device.type == "cuda":
@@ -45,108 +57,307 @@ class Probe(Callback):
         return time.perf_counter()
 
     def on_train_batch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule, *args: Any) -> None:
-        if trainer.global_step == self.warmup:
-            if trainer.strategy.root_device.type == "cuda":
-                torch.cuda.reset_peak_memory_stats()
+        if trainer.global_step == self.warmup and self.start == 0.0:
             self.start = self._now(trainer)
         elif trainer.global_step == trainer.max_steps:
             self.end = self._now(trainer)
             self.state_bytes = optimizer_state_bytes(trainer.optimizers[0])
+            self.loss = float(trainer.callback_metrics["train_loss"])
+            for callback in trainer.callbacks:  # type: ignore[attr-defined]
+                if isinstance(callback, lt.AttentionSwap) and callback.result is not None:
+                    self.kernel = "; ".join(sorted({entry.detail for entry in callback.result.entries}))
             if trainer.strategy.root_device.type == "cuda":
-                self.peak_bytes = torch.cuda.max_memory_allocated()
+                self.peak_allocated = torch.cuda.max_memory_allocated()
+                self.peak_reserved = torch.cuda.max_memory_reserved()
 
 
-def run(setting: dict[str, Any], args: argparse.Namespace) -> dict[str, float]:
+def _free() -> None:
+    if torch.cuda.is_available():  # what the last run left must not count in the next one's peak
+        gc.collect()
+        torch.cuda.empty_cache()
+        torch.cuda.reset_peak_memory_stats()
+
+
+def run(
+    setting: dict[str, Any],
+    *,
+    config: GPTConfig,
+    data: pl.LightningDataModule,
+    precision: str,
+    accelerator: str,
+    steps: int,
+    warmup: int,
+) -> dict[str, Any]:
+    """One training run of ``steps`` optimizer steps; an out-of-memory error is a result (``"oom": True``)."""
+    _free()
     pl.seed_everything(0, verbose=False)
-    config = GPTConfig(
-        seq_len=args.seq_len,
-        d_model=args.d_model,
-        n_layers=args.n_layers,
-        n_heads=args.n_heads,
-        attention=setting.get("model_attention", "sdpa"),
-    )
-    probe = Probe(args.warmup)
-    plugin = TunePlugin(args.precision, attention=setting.get("attention"), optimizer=setting.get("optimizer"))
+    probe = Probe(warmup)
+    callbacks: list[Callback] = [probe]
+    if setting.get("attention"):
+        callbacks.append(lt.AttentionSwap(setting["attention"], verbose=False))
+    if setting.get("optimizer"):
+        callbacks.append(lt.OptimizerSwap(setting["optimizer"]))
     trainer = pl.Trainer(
-        accelerator=args.device,
+        accelerator=accelerator,
         devices=1,
-        plugins=[plugin],
-        max_steps=args.steps,
-        callbacks=[probe],
+        precision=precision,  # type: ignore[arg-type]
+        max_steps=steps,
+        callbacks=callbacks,
         logger=False,
         enable_checkpointing=False,
         enable_progress_bar=False,
         enable_model_summary=False,
         limit_val_batches=0,
     )
-    data = SyntheticTokenDataModule(args.batch_size, seq_len=args.seq_len, vocab_size=config.vocab_size, seed=0)
-    trainer.fit(DemoGPT(config), datamodule=data)
+    model = DemoGPT(dataclasses.replace(config, attention=setting.get("model_attention", config.attention)))
+    try:
+        trainer.fit(model, datamodule=data)
+    except torch.OutOfMemoryError:
+        return {"oom": True}
+    finally:
+        del trainer, model
+        _free()
     return {
-        "ms_per_step": (probe.end - probe.start) * 1000 / (args.steps - args.warmup),
-        "peak_gib": probe.peak_bytes / 2**30,
+        "ms_per_step": (probe.end - probe.start) * 1000 / (steps - warmup),
+        "peak_allocated_gib": probe.peak_allocated / GIB,
+        "peak_reserved_gib": probe.peak_reserved / GIB,
         "optimizer_state_mib": probe.state_bytes / 2**20,
+        "loss": probe.loss,
+        "kernel": probe.kernel,
     }
+
+
+def _interleave(
+    settings: dict[str, dict[str, Any]], rounds: int, **kwargs: Any
+) -> tuple[dict[str, list[dict[str, Any]]], dict[str, dict[str, Any]]]:
+    runs: dict[str, list[dict[str, Any]]] = {name: [] for name in settings}
+    for index in range(rounds):
+        order = list(settings) if index % 2 == 0 else list(reversed(settings))
+        for name in order:
+            runs[name].append(run(settings[name], **kwargs))
+        print(f"round {index + 1}/{rounds} done", flush=True)
+    summary: dict[str, dict[str, Any]] = {}
+    for name, results in runs.items():
+        ok = [r for r in results if not r.get("oom")]
+        if not ok:
+            summary[name] = {"oom": True}
+            continue
+        summary[name] = {k: statistics.median(r[k] for r in ok) for k in ok[0] if k != "kernel"}
+        summary[name]["kernel"] = ok[0]["kernel"]
+        summary[name]["oom_runs"] = len(results) - len(ok)
+    return runs, summary
+
+
+def _flash_check(config: GPTConfig, accelerator: str, precision: str) -> str | None:
+    """Why ``AttentionSwap("flash")`` would not run flash-attn on this model here, or ``None`` when it does."""
+    from lightning_tune.swaps.attention import precision_dtype, swap_attention
+
+    device = torch.device("cuda" if accelerator in ("gpu", "cuda") else accelerator)
+    try:
+        result = swap_attention(DemoGPT(config), "flash", device=device, dtype=precision_dtype(precision))
+    except (ImportError, ValueError, RuntimeError) as err:
+        return f"`AttentionSwap('flash')` cannot run here: {err}"
+    details = sorted({entry.detail for entry in result.entries})
+    result.restore()
+    if any("SDPA" in detail for detail in details):
+        return (
+            f"`AttentionSwap('flash')` resolves to {', '.join(details)} on this model (an sdpa-call module), not to "
+            "flash-attn, so its row would repeat the SDPA row"
+        )
+    return None
+
+
+ATTENTION_ROWS: dict[str, tuple[str, dict[str, Any]]] = {
+    "eager": ("the model's explicit eager attention", {"model_attention": "eager"}),
+    "sdpa_untouched": ("the model as written (its SDPA call untouched)", {}),
+    "swap_sdpa": ('`AttentionSwap("sdpa")`', {"attention": "sdpa"}),
+    "swap_flash": ('`AttentionSwap("flash")` (flash-attn)', {"attention": "flash"}),
+}
+
+
+def attention(
+    *,
+    seq_lens: list[int],
+    batch_tokens: int,
+    d_model: int,
+    n_layers: int,
+    n_heads: int,
+    steps: int,
+    warmup: int,
+    rounds: int,
+    precision: str = "bf16-mixed",
+    accelerator: str = "cuda",
+) -> tuple[dict[str, Any], str]:
+    record: dict[str, Any] = {**run_header("attention", device_name()), "precision": precision, "by_seq_len": {}}
+    lines = [f"# Attention on the demo GPT — {record['device']}", "", *header_lines(record)]
+    lines += [
+        f"{precision}, d_model {d_model}, {n_layers} layers, {n_heads} heads, {batch_tokens} tokens per batch, "
+        f"medians of {rounds} interleaved rounds of {steps - warmup} timed steps after {warmup} warm-up steps.",
+        "",
+    ]
+    for seq in seq_lens:
+        config = GPTConfig(seq_len=seq, d_model=d_model, n_layers=n_layers, n_heads=n_heads)
+        batch = max(1, batch_tokens // seq)
+        data = SyntheticTokenDataModule(
+            batch, seq_len=seq, vocab_size=config.vocab_size, train_sequences=batch * steps, val_sequences=1
+        )
+        settings = {name: setting for name, (_, setting) in ATTENTION_ROWS.items()}
+        flash_note = _flash_check(config, accelerator, precision)
+        if flash_note is not None:
+            del settings["swap_flash"]
+        runs, summary = _interleave(
+            settings,
+            rounds,
+            config=config,
+            data=data,
+            precision=precision,
+            accelerator=accelerator,
+            steps=steps,
+            warmup=warmup,
+        )
+        record["by_seq_len"][str(seq)] = {"batch": batch, "runs": runs, "median": summary, "flash_note": flash_note}
+        base = summary["sdpa_untouched"]
+        lines += [
+            f"## Sequence {seq}, batch {batch}",
+            "",
+            "| Attention | ms/step | vs model as written | peak allocated GiB | peak reserved GiB | kernel |",
+            "| --- | --- | --- | --- | --- | --- |",
+        ]
+        for name, row in summary.items():
+            label = ATTENTION_ROWS[name][0]
+            if row.get("oom"):
+                lines.append(f"| {label} | out of memory | | | | |")
+                continue
+            ratio = f"{row['ms_per_step'] / base['ms_per_step']:.2f}x" if not base.get("oom") else "-"
+            lines.append(
+                f"| {label} | {row['ms_per_step']:.1f} | {ratio} | {row['peak_allocated_gib']:.2f} "
+                f"| {row['peak_reserved_gib']:.2f} | {row['kernel'] or 'as written'} |"
+            )
+        if flash_note is not None:
+            lines += ["", f"flash-attn: not measured. {flash_note}."]
+        lines.append("")
+    return record, "\n".join(lines)
+
+
+OPTIMIZER_ROWS: dict[str, tuple[str, dict[str, Any]]] = {
+    "adamw": ("torch AdamW (the module's own)", {}),
+    "adamw_fused": ('fused AdamW (`OptimizerSwap("adamw_fused")`)', {"optimizer": "adamw_fused"}),
+    "adamw8bit": ('bitsandbytes AdamW8bit (`OptimizerSwap("adamw8bit")`)', {"optimizer": "adamw8bit"}),
+    "paged_adamw8bit": (
+        'bitsandbytes PagedAdamW8bit (`OptimizerSwap("paged_adamw8bit")`)',
+        {"optimizer": "paged_adamw8bit"},
+    ),
+}
+
+
+def optimizers(
+    *,
+    config: GPTConfig,
+    batch_size: int,
+    steps: int,
+    warmup: int,
+    rounds: int,
+    precision: str = "bf16-mixed",
+    accelerator: str = "cuda",
+) -> tuple[dict[str, Any], str]:
+    from lightning_tune import _imports
+
+    settings = {name: setting for name, (_, setting) in OPTIMIZER_ROWS.items()}
+    missing = None
+    if not _imports.is_available("bitsandbytes"):
+        missing = "bitsandbytes is not installed: the 8-bit rows were not measured"
+        del settings["adamw8bit"], settings["paged_adamw8bit"]
+    data = SyntheticTokenDataModule(
+        batch_size,
+        seq_len=config.seq_len,
+        vocab_size=config.vocab_size,
+        train_sequences=batch_size * steps,
+        val_sequences=1,
+    )
+    runs, summary = _interleave(
+        settings,
+        rounds,
+        config=config,
+        data=data,
+        precision=precision,
+        accelerator=accelerator,
+        steps=steps,
+        warmup=warmup,
+    )
+    params = sum(p.numel() for p in DemoGPT(config).parameters())
+    record = {
+        **run_header("optimizers", device_name()),
+        "precision": precision,
+        "config": config.__dict__,
+        "parameters": params,
+        "batch_size": batch_size,
+        "steps": steps,
+        "runs": runs,
+        "median": summary,
+        "note": missing,
+    }
+    base = summary["adamw"]
+    lines = [f"# Optimizers on the demo GPT — {record['device']}", "", *header_lines(record)]
+    lines += [
+        f"{precision}, {params / 1e6:.1f} M parameters ({config}), batch {batch_size}; medians of {rounds} "
+        f"interleaved rounds; time over the last {steps - warmup} of {steps} steps; loss after step {steps}.",
+        "",
+        "| Optimizer | state MiB | vs AdamW | ms/step | vs AdamW | loss after N steps | peak reserved GiB |",
+        "| --- | --- | --- | --- | --- | --- | --- |",
+    ]
+    for name, row in summary.items():
+        label = OPTIMIZER_ROWS[name][0]
+        if row.get("oom"):
+            lines.append(f"| {label} | out of memory | | | | | |")
+            continue
+        lines.append(
+            f"| {label} | {row['optimizer_state_mib']:.1f} "
+            f"| {row['optimizer_state_mib'] / base['optimizer_state_mib']:.3f} "
+            f"| {row['ms_per_step']:.1f} | {row['ms_per_step'] / base['ms_per_step']:.2f}x | {row['loss']:.4f} "
+            f"| {row['peak_reserved_gib']:.2f} |"
+        )
+    if missing:
+        lines += ["", missing + "."]
+    return record, "\n".join(lines) + "\n"
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--part", choices=["attention", "optimizers"], required=True)
     parser.add_argument("--device", default="cuda")
     parser.add_argument("--precision", default="bf16-mixed")
-    parser.add_argument("--seq-len", type=int, default=2048)
-    parser.add_argument("--batch-size", type=int, default=8)
-    parser.add_argument("--d-model", type=int, default=512)
+    parser.add_argument("--seq-lens", type=int, nargs="+", default=[2048, 4096])
+    parser.add_argument("--batch-tokens", type=int, default=8192, help="tokens per batch (attention part)")
+    parser.add_argument("--seq-len", type=int, default=512, help="sequence length (optimizers part)")
+    parser.add_argument("--batch-size", type=int, default=16, help="batch (optimizers part)")
+    parser.add_argument("--d-model", type=int, default=1024)
     parser.add_argument("--n-layers", type=int, default=8)
-    parser.add_argument("--n-heads", type=int, default=8)
-    parser.add_argument("--steps", type=int, default=30)
+    parser.add_argument("--n-heads", type=int, default=16)
+    parser.add_argument("--steps", type=int, default=20)
     parser.add_argument("--warmup", type=int, default=5)
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--out", type=Path, default=None)
     args = parser.parse_args()
-
-    settings: dict[str, dict[str, Any]] = {
-        "eager attention, AdamW": {"model_attention": "eager"},
-        "SDPA flash/mem-efficient attention, AdamW": {"attention": "sdpa"},
-        "SDPA attention, AdamW8bit": {"attention": "sdpa", "optimizer": "adamw8bit"},
+    common = {
+        "steps": args.steps,
+        "warmup": args.warmup,
+        "rounds": args.rounds,
+        "precision": args.precision,
+        "accelerator": args.device,
     }
-    if _imports.is_available("flash_attn"):
-        settings["flash-attn attention, AdamW"] = {"attention": "flash"}
-    if not _imports.is_available("bitsandbytes"):
-        del settings["SDPA attention, AdamW8bit"]
-    results: dict[str, list[dict[str, float]]] = {name: [] for name in settings}
-    for round_index in range(args.rounds):
-        for name, setting in settings.items():
-            results[name].append(run(setting, args))
-        print(f"round {round_index + 1}/{args.rounds} done")
-    summary = {
-        name: {key: statistics.median(r[key] for r in runs) for key in runs[0]} for name, runs in results.items()
-    }
-    device = torch.cuda.get_device_name() if args.device == "cuda" else "CPU"
-    record = {
-        **run_header("swaps", device),
-        "args": {k: str(v) for k, v in vars(args).items()},
-        "runs": results,
-        "median": summary,
-    }
-    base = summary["eager attention, AdamW"]
-    lines = [
-        f"# Swaps on the demo GPT — {device}",
-        "",
-        f"{record['date']}, commit `{record['commit'][:12]}`, torch {torch.__version__}, {args.precision}, "
-        f"sequence {args.seq_len}, batch {args.batch_size}, d_model {args.d_model}, {args.n_layers} layers; "
-        f"medians of {args.rounds} interleaved rounds.",
-        "",
-        f"Command: `{record['command']}`",
-        "",
-        "| Setting | ms/step | vs eager | peak GiB | vs eager | optimizer state MiB |",
-        "| --- | --- | --- | --- | --- | --- |",
-    ]
-    for name, row in summary.items():
-        peak_ratio = f"{row['peak_gib'] / base['peak_gib']:.2f}x" if base["peak_gib"] else "-"
-        lines.append(
-            f"| {name} | {row['ms_per_step']:.1f} | {row['ms_per_step'] / base['ms_per_step']:.2f}x "
-            f"| {row['peak_gib']:.2f} | {peak_ratio} | {row['optimizer_state_mib']:.1f} |"
+    if args.part == "attention":
+        record, report = attention(
+            seq_lens=args.seq_lens,
+            batch_tokens=args.batch_tokens,
+            d_model=args.d_model,
+            n_layers=args.n_layers,
+            n_heads=args.n_heads,
+            **common,
         )
-    write_results(args.out, record, "\n".join(lines) + "\n")
+    else:
+        config = GPTConfig(seq_len=args.seq_len, d_model=args.d_model, n_layers=args.n_layers, n_heads=args.n_heads)
+        record, report = optimizers(config=config, batch_size=args.batch_size, **common)
+    write_results(args.out, record, report)
 
 
 if __name__ == "__main__":

@@ -46,7 +46,13 @@ def test_import_pulls_in_no_optional_package() -> None:
 
 @pytest.mark.parametrize(
     ("module", "extra"),
-    [("bitsandbytes", "bnb"), ("flash_attn", "flash"), ("deepspeed", "deepspeed"), ("pynvml", "gpu")],
+    [
+        ("bitsandbytes", "bnb"),
+        ("flash_attn", "flash2"),
+        ("flash_attn.cute", "flash4"),
+        ("deepspeed", "deepspeed"),
+        ("pynvml", "gpu"),
+    ],
 )
 def test_missing_optional_package_names_the_extra(monkeypatch: pytest.MonkeyPatch, module: str, extra: str) -> None:
     real_import = importlib.import_module
@@ -64,6 +70,28 @@ def test_missing_optional_package_names_the_extra(monkeypatch: pytest.MonkeyPatc
 def test_require_rejects_unknown_packages() -> None:
     with pytest.raises(
         ValueError,
-        match=r"`module` must be one of \['bitsandbytes', 'deepspeed', 'flash_attn', 'pynvml'\], got 'numpy'",
+        match=r"`module` must be one of \['bitsandbytes', 'deepspeed', 'flash_attn', 'flash_attn.cute', 'pynvml'\], "
+        r"got 'numpy'",
     ):
         _imports.require("numpy", feature="x")
+
+
+def test_version_is_the_installed_distributions() -> None:
+    import importlib.metadata
+
+    import lightning_tune
+
+    assert lightning_tune.__version__ == importlib.metadata.version("lightning-tune")
+    assert "__version__" in lightning_tune.__all__
+
+
+def test_version_falls_back_when_the_package_is_not_installed() -> None:
+    # a source tree on sys.path without installed metadata: the import must still work and say the version is unknown
+    code = (
+        "import importlib.metadata as m\n"
+        "def missing(name): raise m.PackageNotFoundError(name)\n"
+        "m.version = missing\n"
+        "import lightning_tune; print(lightning_tune.__version__)"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.strip()
+    assert out == "0.0.0+unknown"
