@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import importlib
 import importlib.util
+import os
+import sys
 from types import ModuleType
 from typing import Final
 
@@ -16,7 +18,8 @@ from typing import Final
 OPTIONAL_PACKAGES: Final[dict[str, tuple[str, str]]] = {
     "bitsandbytes": ("bnb", "bitsandbytes"),
     "deepspeed": ("deepspeed", "deepspeed"),
-    "flash_attn": ("flash", "flash-attn"),
+    "flash_attn": ("flash2", "flash-attn"),
+    "flash_attn.cute": ("flash4", "flash-attn-4"),
     "pynvml": ("gpu", "nvidia-ml-py"),
 }
 
@@ -24,11 +27,15 @@ OPTIONAL_PACKAGES: Final[dict[str, tuple[str, str]]] = {
 def is_available(module: str) -> bool:
     """Tell whether an optional package can be imported, without importing it.
 
+    flash-attn 2 (``flash_attn``) and flash-attn-4 (``flash_attn.cute``) share the ``flash_attn`` name: flash-attn-4
+    alone installs it as a namespace package, with no ``__init__.py``, which does not count as flash-attn 2 (Hugging
+    Face models would otherwise be sent to ``flash_attention_2``). Neither check imports anything.
+
     Args:
         module: Import name, one of the keys of :data:`OPTIONAL_PACKAGES`.
 
     Returns:
-        ``True`` when the package is installed.
+        ``True`` when the package is installed (or already imported).
 
     Raises:
         ValueError: If ``module`` is not one of the optional packages.
@@ -38,7 +45,23 @@ def is_available(module: str) -> bool:
         True
     """
     _check_known(module)
-    return importlib.util.find_spec(module) is not None
+    top, _, sub = module.partition(".")
+    if module in sys.modules:  # imported already (or marked missing with None)
+        found = sys.modules[module]
+        return found is not None and (bool(sub) or getattr(found, "__file__", None) is not None)
+    loaded = sys.modules.get(top, False)
+    if loaded is None:
+        return False
+    if loaded is not False:  # the parent is imported: look beside it
+        locations = list(getattr(loaded, "__path__", None) or [])
+    else:
+        spec = importlib.util.find_spec(top)
+        if spec is None:
+            return False
+        if not sub:
+            return spec.origin is not None and spec.origin != "namespace"  # a regular package, not a namespace
+        locations = list(spec.submodule_search_locations or [])
+    return any(os.path.isdir(os.path.join(location, sub)) for location in locations)
 
 
 def require(module: str, *, feature: str) -> ModuleType:
@@ -60,7 +83,7 @@ def require(module: str, *, feature: str) -> ModuleType:
     try:
         return importlib.import_module(module)
     except ModuleNotFoundError as err:
-        if err.name is not None and err.name.split(".")[0] != module:
+        if err.name is not None and not (module == err.name or module.startswith(f"{err.name}.")):
             raise  # the package is there but one of its own dependencies is missing: keep the real error
         raise ModuleNotFoundError(
             f"{feature} needs the optional package `{distribution}`, which is not installed. "

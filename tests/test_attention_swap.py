@@ -34,7 +34,7 @@ from lightning_tune.swaps.attention import (
 from tests.helpers import make_trainer
 
 ALLOWED = "'auto', 'flash', 'sdpa', 'eager'"
-EXTRA = "pip install 'lightning-tune[flash]'"
+EXTRA = "pip install 'lightning-tune[flash4]' on Hopper or newer, 'lightning-tune[flash2]' on Ampere"
 
 
 # ----------------------------------------------------------------------------------------------------------- helpers
@@ -42,8 +42,9 @@ EXTRA = "pip install 'lightning-tune[flash]'"
 
 @pytest.fixture
 def no_flash_attn(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Make flash-attn look uninstalled, whatever this machine has."""
+    """Make flash-attn (2 and 4) look uninstalled, whatever this machine has."""
     monkeypatch.setitem(sys.modules, "flash_attn", None)
+    monkeypatch.setitem(sys.modules, "flash_attn.cute", None)
 
 
 def run_with_grads(module: nn.Module, run: Callable[[nn.Module], Tensor]) -> tuple[Tensor, dict[str, Tensor]]:
@@ -445,9 +446,9 @@ def test_auto_without_flash_attn_uses_sdpa_with_one_message(no_flash_attn: None)
 
 def test_flash_without_flash_attn_names_the_extra(no_flash_attn: None) -> None:
     model = nn.MultiheadAttention(8, 2)
-    with pytest.raises(ModuleNotFoundError, match=r"flash-attn.*pip install 'lightning-tune\[flash\]'"):
+    with pytest.raises(ModuleNotFoundError, match=r"FlashAttention.*pip install 'lightning-tune\[flash4\]'"):
         swap_attention(model, "flash")
-    with pytest.raises(ModuleNotFoundError, match=r"lightning-tune\[flash\]"):
+    with pytest.raises(ModuleNotFoundError, match=r"lightning-tune\[flash2\]' on Ampere"):
         resolve_backend("flash", device="cuda", dtype=torch.bfloat16)
     assert "forward" not in vars(model)
 
@@ -550,6 +551,24 @@ def test_gpu_multihead_attention_bf16_matches_math() -> None:
         torch.testing.assert_close(mha(x, x, x, need_weights=False)[0], expected, atol=2e-2, rtol=2e-2)
 
 
+SDPA_OPS = {
+    "flash": "aten::_scaled_dot_product_flash_attention",
+    "efficient": "aten::_scaled_dot_product_efficient_attention",
+    "math": "aten::_scaled_dot_product_attention_math",
+}
+
+
+def sdpa_ops_run(run: Callable[[], object]) -> set[str]:
+    """Which SDPA kernels ran, from the profiler's op names."""
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        run()
+        torch.cuda.synchronize()
+    names = {event.name for event in prof.events()}
+    return {kernel for kernel, op in SDPA_OPS.items() if op in names}
+
+
 @pytest.mark.gpu
 def test_gpu_demo_gpt_sdpa_uses_only_fused_kernels() -> None:
     model = GPT(GPTConfig(d_model=64, n_heads=4, n_layers=1, seq_len=32)).cuda()
@@ -557,12 +576,27 @@ def test_gpu_demo_gpt_sdpa_uses_only_fused_kernels() -> None:
     with torch.autocast("cuda", dtype=torch.bfloat16):
         expected = model(ids)
         with quiet_swap(model, "sdpa", dtype=torch.bfloat16):
+            ran = sdpa_ops_run(lambda: model(ids).float().sum().backward())
             torch.testing.assert_close(model(ids), expected, atol=2e-2, rtol=2e-2)
+        assert sdpa_ops_run(lambda: quiet_swap(model, "eager", dtype=torch.bfloat16) and model(ids)) == {"math"}
+    assert ran and ran <= {"flash", "efficient"}, ran
+
+
+@pytest.mark.gpu
+def test_gpu_float64_and_3d_calls_fall_back_to_math_with_one_warning() -> None:
+    probe = ThreeD(dtype=torch.float64).cuda()
+    x = torch.randn(2, 6, 8, device="cuda", dtype=torch.float64)
+    expected = probe(x)
+    with quiet_swap(probe, "sdpa", dtype=torch.float64), pytest.warns(UserWarning, match="MATH kernel"):
+        ran = sdpa_ops_run(lambda: probe(x))
+        torch.testing.assert_close(probe(x), expected)
+    assert ran == {"math"}
 
 
 @pytest.mark.gpu
 def test_gpu_transformers_flash_attention_2(gpt2: Any) -> None:
-    pytest.importorskip("flash_attn", reason="flash-attn is not installed (pip install 'lightning-tune[flash]')")
+    if not _imports.is_available("flash_attn"):
+        pytest.skip("flash-attn 2 is not installed (pip install 'lightning-tune[flash2]')")
     model = gpt2.to("cuda", torch.bfloat16)
     ids = torch.randint(0, 100, (2, 32), device="cuda")
     expected = model(input_ids=ids).logits
@@ -570,3 +604,188 @@ def test_gpu_transformers_flash_attention_2(gpt2: Any) -> None:
         assert result.entries[0].backend == "flash" and "flash" in model.config._attn_implementation
         torch.testing.assert_close(model(input_ids=ids).logits, expected, atol=3e-2, rtol=3e-2)
     assert model.config._attn_implementation == "eager"
+
+
+# ------------------------------------------------------------- flash-attn 2 and 4, the MATH fallback (CPU, mocked)
+
+
+class ThreeD(nn.Module):
+    """Calls F.scaled_dot_product_attention on 3-D (batch * heads, seq, head_dim) tensors."""
+
+    def __init__(self, dtype: torch.dtype = torch.float32) -> None:
+        super().__init__()
+        self.proj = nn.Linear(8, 8, dtype=dtype)
+
+    def forward(self, x: Tensor) -> Tensor:
+        q = self.proj(x)
+        return F.scaled_dot_product_attention(q, q, q)
+
+
+def flash_attn_4_module(calls: list[dict[str, Any]]) -> tuple[Any, Any]:
+    """A stand-in for flash-attn-4 as it installs: a ``flash_attn`` namespace (no ``__file__``) holding ``cute``."""
+    import types
+
+    def flash_attn_func(q: Tensor, k: Tensor, v: Tensor, softmax_scale: Any = None, causal: bool = False) -> Any:
+        calls.append({"shape": tuple(q.shape), "causal": causal, "scale": softmax_scale})
+        out = F.scaled_dot_product_attention(  # the reference, in flash-attn's (B, S, H, D) layout
+            q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), is_causal=causal, scale=softmax_scale
+        )
+        return out.transpose(1, 2), None  # flash-attn-4 returns (out, lse)
+
+    namespace = types.ModuleType("flash_attn")
+    namespace.__path__ = []  # type: ignore[attr-defined]
+    cute = types.ModuleType("flash_attn.cute")
+    cute.flash_attn_func = flash_attn_func  # type: ignore[attr-defined]
+    return namespace, cute
+
+
+@pytest.fixture
+def as_if_cuda(monkeypatch: pytest.MonkeyPatch) -> Callable[[tuple[int, int]], None]:
+    """Make the device checks see a CUDA GPU of a given compute capability, and route CPU calls as CUDA ones."""
+    import lightning_tune.swaps.attention as attention
+
+    def install(capability: tuple[int, int]) -> None:
+        monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+        monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: capability)
+        monkeypatch.setattr(torch.cuda, "get_device_name", lambda device=None: f"GPU sm{capability[0]}{capability[1]}")
+        monkeypatch.setattr(attention, "_routes", lambda device: True)
+
+    return install
+
+
+def test_flash_attn_4_alone_is_not_flash_attn_2(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    # on disk, as the wheel installs it: flash_attn/cute/__init__.py and no flash_attn/__init__.py
+    (tmp_path / "flash_attn" / "cute").mkdir(parents=True)
+    (tmp_path / "flash_attn" / "cute" / "__init__.py").write_text("")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.delitem(sys.modules, "flash_attn", raising=False)
+    monkeypatch.delitem(sys.modules, "flash_attn.cute", raising=False)
+    assert not _imports.is_available("flash_attn") and _imports.is_available("flash_attn.cute")
+    assert "flash_attn" not in sys.modules  # nothing was imported to find out
+    # and with flash-attn 2 (a regular package) installed too, both count
+    (tmp_path / "flash_attn" / "__init__.py").write_text("")
+    assert _imports.is_available("flash_attn") and _imports.is_available("flash_attn.cute")
+    # mocked modules: an imported namespace without __file__ is not flash-attn 2
+    namespace, cute = flash_attn_4_module([])
+    monkeypatch.setitem(sys.modules, "flash_attn", namespace)
+    monkeypatch.setitem(sys.modules, "flash_attn.cute", cute)
+    assert not _imports.is_available("flash_attn") and _imports.is_available("flash_attn.cute")
+
+
+@pytest.mark.parametrize(
+    ("capability", "installed", "engine"),
+    [
+        pytest.param((9, 0), ("flash4",), "flash-attn-4", id="hopper-fa4"),
+        pytest.param((10, 0), ("flash2", "flash4"), "flash-attn-4", id="blackwell-prefers-fa4"),
+        pytest.param((9, 0), ("flash2",), "flash-attn-2", id="hopper-fa2-only"),
+        pytest.param((8, 0), ("flash2", "flash4"), "flash-attn-2", id="ampere-fa2"),
+        pytest.param((8, 0), ("flash4",), None, id="ampere-fa4-only"),
+        pytest.param((12, 0), ("flash4",), None, id="consumer-blackwell-fa4"),
+        pytest.param((7, 5), ("flash2",), None, id="turing"),
+    ],
+)
+def test_the_flash_package_follows_the_compute_capability(
+    monkeypatch: pytest.MonkeyPatch,
+    as_if_cuda: Any,
+    capability: tuple[int, int],
+    installed: tuple[str, ...],
+    engine: str | None,
+) -> None:
+    from lightning_tune.swaps.attention import _choose_flash
+
+    as_if_cuda(capability)
+    modules = {"flash2": "flash_attn", "flash4": "flash_attn.cute"}
+    monkeypatch.setattr(_imports, "is_available", lambda module: module in {modules[i] for i in installed})
+    chosen, problem = _choose_flash(torch.device("cuda"), torch.bfloat16, 64)
+    assert chosen == engine
+    if engine is None:
+        assert problem is not None and f"got {capability[0]}.{capability[1]}" in problem
+        if installed == ("flash4",):
+            assert "pip install 'lightning-tune[flash2]'" in problem
+        with pytest.raises(ValueError, match="backend='flash' cannot run here"):
+            resolve_backend("flash", device="cuda", dtype=torch.bfloat16, head_dim=64)
+
+
+def test_flash_on_hopper_runs_flash_attn_4_in_its_layout(monkeypatch: pytest.MonkeyPatch, as_if_cuda: Any) -> None:
+    calls: list[dict[str, Any]] = []
+    namespace, cute = flash_attn_4_module(calls)
+    monkeypatch.setitem(sys.modules, "flash_attn", namespace)
+    monkeypatch.setitem(sys.modules, "flash_attn.cute", cute)
+    as_if_cuda((9, 0))
+    model = GPT(GPTConfig(d_model=32, n_heads=4, n_layers=2, seq_len=16)).to(torch.bfloat16)
+    ids = torch.randint(0, 64, (2, 16))
+    expected = model(ids)
+    with quiet_swap(model, "flash", device="cuda", dtype=torch.bfloat16) as result:
+        assert result.backend == "flash" and "flash-attn-4" in result.entries[0].detail
+        torch.testing.assert_close(model(ids), expected, atol=2e-2, rtol=2e-2)
+    assert calls == [{"shape": (2, 16, 4, 8), "causal": True, "scale": None}] * 2  # (B, S, H, D), one per layer
+    model(ids)
+    assert len(calls) == 2  # restored: plain SDPA again
+
+
+def test_transformers_get_flash_attention_4_on_hopper() -> None:
+    from lightning_tune.swaps.attention import _hf_name
+
+    assert _hf_name("flash", "flash-attn-4") == "flash_attention_4"
+    assert _hf_name("flash", "flash-attn-2") == "flash_attention_2"
+    assert _hf_name("sdpa", "flash-attn-4") == "sdpa"
+
+
+@pytest.mark.parametrize(
+    ("shape", "dtype", "problem"),
+    [
+        pytest.param((2, 4, 8, 64), torch.bfloat16, None, id="bf16-64"),
+        pytest.param((2, 4, 8, 64), torch.float64, "float64 inputs", id="float64"),
+        pytest.param((8, 8, 64), torch.float32, "3-D inputs", id="3d"),
+        pytest.param((1, 2, 8, 260), torch.bfloat16, "head dimension 260 in bfloat16", id="bf16-260"),
+        pytest.param((1, 2, 8, 264), torch.bfloat16, None, id="bf16-264-aligned"),
+        pytest.param((1, 2, 8, 250), torch.bfloat16, None, id="bf16-250-flash-takes-it"),
+    ],
+)
+def test_which_calls_no_fused_kernel_takes(shape: tuple[int, ...], dtype: torch.dtype, problem: str | None) -> None:
+    from lightning_tune.swaps.attention import fused_problem
+
+    q = torch.zeros(shape, dtype=dtype)
+    found = fused_problem(q, q, q)
+    assert found == problem if problem is None else (found is not None and found.startswith(problem))
+
+
+def fused_only(monkeypatch: pytest.MonkeyPatch) -> None:
+    """SDPA restricted to the fused kernels, as on CUDA; on CPU the flash kernel then declines 3-D and dropout."""
+    import lightning_tune.swaps.attention as attention
+
+    fused = [torch.nn.attention.SDPBackend.FLASH_ATTENTION, torch.nn.attention.SDPBackend.EFFICIENT_ATTENTION]
+    original = attention.sdpa_backends
+    monkeypatch.setattr(attention, "sdpa_backends", lambda b, d: fused if b != "eager" else original(b, d))
+    monkeypatch.setattr(attention, "_routes", lambda device: True, raising=False)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64], ids=["3d-float32", "3d-float64"])
+def test_calls_no_fused_kernel_takes_run_on_math_with_one_warning(
+    monkeypatch: pytest.MonkeyPatch, dtype: torch.dtype
+) -> None:
+    probe = ThreeD(dtype)
+    x = torch.randn(4, 6, 8, dtype=dtype)
+    expected = probe(x)
+    fused_only(monkeypatch)
+    with quiet_swap(probe, "sdpa"), warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        outs = [probe(x) for _ in range(3)]
+    notes = [str(w.message) for w in caught if "MATH kernel" in str(w.message)]
+    assert len(notes) == 1 and "ThreeD" in notes[0]
+    assert ("float64 inputs" if dtype == torch.float64 else "3-D inputs") in notes[0]
+    for out in outs:
+        torch.testing.assert_close(out, expected)
+
+
+@pytest.mark.filterwarnings("ignore:.*kernel not used because", "ignore:Both fused kernels")  # torch's own reasons
+def test_a_call_pytorch_refuses_for_another_reason_also_runs_on_math(monkeypatch: pytest.MonkeyPatch) -> None:
+    class Dropout(nn.Module):
+        def forward(self, q: Tensor) -> Tensor:
+            return F.scaled_dot_product_attention(q, q, q, dropout_p=0.5)
+
+    fused_only(monkeypatch)
+    module = Dropout()
+    with quiet_swap(module, "sdpa"), pytest.warns(UserWarning, match="PyTorch found no fused kernel"):
+        out = module(torch.randn(1, 2, 4, 8))
+    assert out.shape == (1, 2, 4, 8)

@@ -412,3 +412,112 @@ def test_cuda_forward_backward_flops_and_device_name() -> None:
     name = torch.cuda.get_device_name()
     key = canonical_device(name)
     assert key is None or peak_flops(name, "fp32") == PEAK_FLOPS[key]["fp32"]
+
+
+# ------------------------------------------------------------------- counting on a meta copy (perf/counting.py)
+
+from lightning_tune.demos import DemoGPT, GPTConfig  # noqa: E402
+from lightning_tune.perf.counting import FlopModel, attention_pairs, count_step_flops, meta_copy  # noqa: E402
+
+
+def demo_step(module: nn.Module, batch: object) -> object:
+    return type(module).training_step(module, batch, 0)  # type: ignore[operator]
+
+
+def test_demo_gpt_125m_step_flops_match_a_hand_count() -> None:
+    config = GPTConfig(vocab_size=50304, seq_len=1024, d_model=768, n_layers=12, n_heads=12)
+    with torch.device("meta"):
+        module = DemoGPT(config)
+    batch, seq, d = 8, 1024, 768
+    ids = torch.zeros(batch, seq, dtype=torch.long)
+    flops, hardware = count_step_flops(module, (ids, ids), demo_step, samples=batch)
+    # per layer: qkv 3d^2, proj d^2, MLP 8d^2 weights; plus the d x vocab head. 6 FLOPs per weight and token
+    # (2 forward, 4 backward); the embedding lookups are not matmuls
+    dense = 6 * batch * seq * (12 * 12 * d * d + d * 50304)
+    # causal attention: QK^T and AV, 2 FLOPs per multiply-add each, over L(L+1)/2 pairs; backward twice the forward
+    attention = 12 * 3 * 4 * batch * d * (seq * (seq + 1) // 2)
+    assert flops.total == pytest.approx(dense + attention, rel=0.02)
+    assert flops.dense == dense and flops.causal_attention == attention and flops.full_attention == 0
+    assert hardware is None
+    # the usual 6N + 12 L H Q T (full-square) rule counts more: the difference is the causal convention
+    assert flops.total < 6 * batch * seq * (12 * 12 * d * d + d * 50304) + 12 * 12 * d * seq * batch * seq
+
+
+def test_attention_counted_as_torch_counts_the_explicit_matmuls() -> None:
+    # a non-causal call: our formula against FlopCounterMode on the same attention written as matmuls
+    q, k, v = (torch.randn(2, 3, 5, 4, requires_grad=True) for _ in range(3))
+
+    def explicit() -> None:
+        ((q @ k.transpose(-2, -1)).softmax(-1) @ v).sum().backward()
+
+    expected = measure_flops(explicit)
+    model, _ = count_step_flops(
+        nn.Identity(), q, lambda m, x: torch.nn.functional.scaled_dot_product_attention(q, k, v).sum(), samples=2
+    )
+    assert model.full_attention == expected == 3 * 2 * 2 * 3 * 5 * 5 * (4 + 4)
+
+
+def test_attention_pairs() -> None:
+    assert [attention_pairs(n, n, causal=True) for n in (1, 2, 3, 1024)] == [1, 3, 6, 1024 * 1025 // 2]
+    assert attention_pairs(2, 5, causal=True) == 1 + 2  # torch's top-left alignment
+    assert attention_pairs(5, 2, causal=True) == 1 + 2 + 2 + 2 + 2
+    assert attention_pairs(3, 7, causal=False) == 21
+
+
+def test_flop_model_scales_dense_with_tokens_and_attention_with_pairs() -> None:
+    model = FlopModel(samples=2, seq_len=4, dense=800.0, causal_attention=100.0, full_attention=160.0)
+    assert model.flops(2, 4) == model.total == 1060.0
+    assert model.flops(4, 4) == 2120.0  # twice the samples
+    # one sequence of 8: dense 800 * (1/2) * 2, causal 100 * (1/2) * 36/10, full 160 * (1/2) * 4
+    assert model.flops(1, 8) == pytest.approx(800 + 180 + 320)
+    assert model.flops(1, None) == 530.0  # no length: by samples
+
+
+def test_meta_copy_leaves_the_model_alone_and_computes_nothing() -> None:
+    module = DemoGPT(GPTConfig(d_model=32, n_heads=4, n_layers=1, seq_len=16))
+    before = {name: p.clone() for name, p in module.named_parameters()}
+    copied = meta_copy(module)
+    assert all(p.device.type == "meta" for p in copied.parameters())
+    assert all(p.device.type == "cpu" and p.grad is None for p in module.parameters())
+    ids = torch.zeros(2, 16, dtype=torch.long)
+    count_step_flops(module, (ids, ids), demo_step, samples=2)
+    assert all(torch.equal(before[name], p) and p.grad is None for name, p in module.named_parameters())
+    with pytest.raises(TypeError, match="`module` must be a torch.nn.Module, got 3"):
+        meta_copy(3)  # type: ignore[arg-type]
+
+
+def test_hugging_face_gpt2_with_a_padded_dict_batch_matches_a_hand_count() -> None:
+    transformers = pytest.importorskip("transformers", reason="transformers is not installed")
+    config = transformers.GPT2Config(n_layer=2, n_head=2, n_embd=32, vocab_size=100, n_positions=64)
+    model = transformers.GPT2LMHeadModel(config)
+    model.set_attn_implementation("sdpa")
+    ids = torch.randint(0, 100, (2, 16))
+    mask = torch.ones(2, 16, dtype=torch.long)
+    mask[0, -3:] = 0  # right padding, as a collator makes it
+    labels = ids.masked_fill(mask == 0, -100)
+    batch = {"input_ids": ids, "attention_mask": mask, "labels": labels}
+    flops, _ = count_step_flops(model, batch, lambda m, b: m(**b).loss, samples=2)
+    d, tokens = 32, 2 * 16
+    weights = 2 * 12 * d * d + d * 100  # qkv, proj, MLP per layer (Conv1D), and the tied head
+    assert flops.dense == 6 * tokens * weights
+    assert flops.causal_attention == 3 * 2 * 4 * 2 * d * attention_pairs(16, 16, causal=True)
+
+
+def test_hugging_face_gradient_checkpointing_is_hardware_work_not_model_work() -> None:
+    transformers = pytest.importorskip("transformers", reason="transformers is not installed")
+    config = transformers.GPT2Config(n_layer=2, n_head=2, n_embd=32, vocab_size=100, n_positions=64)
+    model = transformers.GPT2LMHeadModel(config)
+    model.set_attn_implementation("sdpa")
+    ids = torch.randint(0, 100, (2, 16))
+    batch = {"input_ids": ids, "labels": ids}
+    plain, none = count_step_flops(model, batch, lambda m, b: m(**b).loss, samples=2)
+    if hasattr(model, "activation_checkpointing_enable"):  # transformers 5
+        model.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": False})
+    else:
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    model.train()
+    flops, hardware = count_step_flops(model, batch, lambda m, b: m(**b).loss, samples=2)
+    assert none is None and flops == plain  # the model's FLOPs do not change with checkpointing
+    d, tokens = 32, 2 * 16
+    layer_forward = 2 * tokens * 12 * d * d + 4 * 2 * d * attention_pairs(16, 16, causal=True)
+    assert hardware is not None and hardware.total - flops.total == 2 * layer_forward  # each layer's forward again

@@ -13,8 +13,9 @@ from lightning.pytorch.loggers import CSVLogger
 from torch.utils.data import DataLoader, Dataset
 
 import lightning_tune as lt
+from lightning_tune.demos import DemoGPT
 from lightning_tune.perf.batch import count_samples, count_tokens
-from tests.helpers import Regressor, csv_rows, make_trainer
+from tests.helpers import Regressor, csv_rows, make_trainer, regression_data
 
 CLOCK = "lightning_tune.perf.timing.perf_counter"
 
@@ -44,7 +45,8 @@ class ClockDriver(Regressor):
     clock: ScriptedClock
 
     def training_step(self, batch: Any, batch_idx: int) -> torch.Tensor:
-        self.clock.on_batch_end()
+        if batch[0].device.type != "meta":  # the monitor's FLOP count runs this on a meta copy: no time passes
+            self.clock.on_batch_end()
         return super().training_step(batch, batch_idx)
 
 
@@ -70,7 +72,7 @@ def test_rates_and_percentiles_are_exact_on_a_mocked_clock(tmp_path: Path) -> No
     steps = [0.010, 0.020, 0.030, 0.040, 0.100, 0.012, 0.013, 0.014, 0.015, 0.016]
     gaps = [0.005, 0.001, 0.002, 0.001, 0.001, 0.050, 0.001, 0.001, 0.001, 0.001]
     rows = _run(tmp_path, lt.ThroughputLatencyMonitor(window=8, log_every_n_steps=5), steps, gaps)
-    assert [int(r["step"]) for r in rows] == [5, 10]
+    assert [int(r["step"]) for r in rows] == [4, 9]  # Lightning's numbering: the steps before the logged one
     first, second = rows
     wall1 = sum(steps[:5]) + sum(gaps[:5])
     assert float(first["perf/train/samples_per_sec"]) == pytest.approx(20 / wall1)
@@ -92,7 +94,7 @@ def test_accumulation_counts_all_micro_batches_of_a_step(tmp_path: Path) -> None
     steps = [0.01] * 8
     gaps = [0.002] * 8
     rows = _run(tmp_path, lt.ThroughputLatencyMonitor(log_every_n_steps=2), steps, gaps, accumulate_grad_batches=2)
-    assert [int(r["step"]) for r in rows] == [2, 4]
+    assert [int(r["step"]) for r in rows] == [1, 3]
     # a step spans two micro-batches and the gap between them; the gap before it is the time between steps
     step_ms = (0.01 + 0.002 + 0.01) * 1000
     assert float(rows[0]["perf/train/step_ms_p50"]) == pytest.approx(step_ms)
@@ -225,18 +227,16 @@ def test_mfu_uses_flops_per_batch_over_the_device_peak(tmp_path: Path) -> None:
 
 
 def test_mfu_counts_flops_on_the_first_batch_when_not_given(tmp_path: Path) -> None:
-    monitor = lt.ThroughputLatencyMonitor(log_every_n_steps=3)
-    with mock.patch.object(lt.ThroughputLatencyMonitor, "device_peak_flops", return_value=1e12):
-        rows = _run(tmp_path, monitor, [0.01] * 7, [0.0] * 7)
+    monitor = lt.ThroughputLatencyMonitor(log_every_n_steps=3, peak_flops=1e12)
+    rows = _run(tmp_path, monitor, [0.01] * 7, [0.0] * 7)
     # Regressor: Linear(8,16) and Linear(16,1) on 4 samples; forward 2*4*(8*16+16*1) FLOPs, backward twice that
     # for the second layer (input and weight grads) and once for the first (weight grad only: its input needs none)
     forward = 2 * 4 * (8 * 16 + 16 * 1)
     backward = 2 * 4 * 8 * 16 + 2 * 2 * 4 * 16 * 1
-    flops_per_sample = (forward + backward) / 4
-    assert monitor._flops_per_sample == pytest.approx(flops_per_sample)
-    # the counted first step is left out of the timings: the first log covers steps 2 and 3
-    assert monitor.stats.total.steps == 6
-    assert float(rows[0]["perf/train/mfu"]) == pytest.approx(flops_per_sample * 4 * 2 / 0.02 / 1e12)
+    assert monitor.flop_model is not None and monitor.flop_model.total == forward + backward
+    # counted on a copy, so no step is left out: the first log covers steps 1 to 3, on CPU with the explicit peak
+    assert monitor.stats.total.steps == 7
+    assert float(rows[0]["perf/train/mfu"]) == pytest.approx((forward + backward) * 3 / 0.03 / 1e12)
 
 
 @pytest.mark.parametrize(
@@ -287,3 +287,292 @@ def test_trainer_that_never_logs_per_step_does_not_break_the_monitor(tmp_path: P
     trainer = make_trainer(tmp_path, [monitor], max_steps=4, log_every_n_steps=0)
     trainer.fit(Regressor())
     assert monitor.summary["steps"] == 4  # nothing logged per step, the run and its summary intact
+
+
+# ---------------------------------------------------------------------------------------------- latency budget
+
+
+class InferenceClock(Regressor):
+    """Each validation or predict batch takes the next of ``durations_ms`` on a clock the monitor reads."""
+
+    def __init__(self, durations_ms: list[float], **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.durations_ms = list(durations_ms)
+        self.now = 0.0
+
+    def clock(self) -> float:
+        return self.now
+
+    def _tick(self) -> None:
+        self.now += self.durations_ms.pop(0) / 1000.0
+
+    def validation_step(self, batch: Any, batch_idx: int) -> None:
+        self._tick()
+        super().validation_step(batch, batch_idx)
+
+    def val_dataloader(self) -> DataLoader:
+        return DataLoader(regression_data(self.n, seed=1), batch_size=self.batch_size)
+
+    def predict_step(self, batch: Any, batch_idx: int) -> torch.Tensor:
+        self._tick()
+        return self(batch)
+
+
+def test_predict_batches_over_the_latency_budget_are_counted_logged_and_warned(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    durations = [20.0, 20.0, 5.0, 5.0, 5.0, 12.0, 5.0, 5.0]  # 3 of 8 over 10 ms; 1 of the last 4
+    model = InferenceClock(durations)
+    logger = CSVLogger(str(tmp_path), name="csv")
+    monitor = lt.ThroughputLatencyMonitor(window=4, latency_budget_ms=10.0)
+    trainer = make_trainer(tmp_path, [monitor], logger=logger)
+    with mock.patch(CLOCK, model.clock), caplog.at_level("INFO"), pytest.warns(RuntimeWarning) as warned:
+        trainer.predict(model, dataloaders=DataLoader(torch.randn(16, 8), batch_size=2))
+    logger.save()
+    (row,) = [r for r in csv_rows(logger.log_dir) if r.get("perf/predict/over_budget_frac")]
+    assert float(row["perf/predict/over_budget_frac"]) == 0.25  # the window: the last 4 batches
+    assert float(row["perf/predict/batch_ms_p50"]) == pytest.approx(np.percentile(durations[-4:], 50))
+    assert "ThroughputLatencyMonitor: 3 of 8 predict batches (37.5 %) took longer than the latency budget of 10 ms" in (
+        caplog.text
+    )
+    budget_warnings = [w for w in warned if "latency budget" in str(w.message)]
+    assert len(budget_warnings) == 1
+    assert str(budget_warnings[0].message).startswith("37.5 % of predict batches took longer than the latency budget")
+
+
+def test_validation_share_is_summed_over_the_fit_and_five_percent_is_not_a_warning(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture, recwarn: pytest.WarningsRecorder
+) -> None:
+    # two validation runs of 10 batches: one batch of the 20 over 8 ms, exactly 5 %
+    model = InferenceClock([1.0] * 3 + [9.0] + [1.0] * 6 + [7.9] * 10, batch_size=2, n=20)
+    logger = CSVLogger(str(tmp_path), name="csv")
+    monitor = lt.ThroughputLatencyMonitor(latency_budget_ms=8.0)
+    trainer = make_trainer(
+        tmp_path, [monitor], max_epochs=2, limit_train_batches=2, limit_val_batches=10, logger=logger
+    )
+    with mock.patch(CLOCK, model.clock), caplog.at_level("INFO"):
+        trainer.fit(model)
+    logger.save()
+    key = "perf/val/over_budget_frac"
+    assert [float(r[key]) for r in csv_rows(logger.log_dir) if r.get(key)] == [0.1, 0.0]
+    assert caplog.text.count("latency budget") == 1
+    assert "1 of 20 validation batches (5.0 %) took longer than the latency budget of 8 ms" in caplog.text
+    assert not [w for w in recwarn if "latency budget" in str(w.message)]
+
+
+def test_without_a_budget_nothing_about_it_is_logged(tmp_path: Path) -> None:
+    model = InferenceClock([50.0] * 4)
+    logger = CSVLogger(str(tmp_path), name="csv")
+    trainer = make_trainer(tmp_path, [lt.ThroughputLatencyMonitor()], logger=logger)
+    with mock.patch(CLOCK, model.clock):
+        trainer.predict(model, dataloaders=DataLoader(torch.randn(8, 8), batch_size=2))
+    logger.save()
+    keys = {k for row in csv_rows(logger.log_dir) for k, v in row.items() if v}
+    assert "perf/predict/batch_ms_p50" in keys and not any("over_budget" in k for k in keys)
+
+
+@pytest.mark.parametrize(
+    ("budget", "error", "message"),
+    [
+        pytest.param(0, ValueError, "`latency_budget_ms` must be in (0, inf], got 0", id="zero"),
+        pytest.param(-5.0, ValueError, "`latency_budget_ms` must be in (0, inf], got -5.0", id="negative"),
+        pytest.param(float("nan"), ValueError, "`latency_budget_ms` must be a finite number, got nan", id="nan"),
+        pytest.param(float("inf"), ValueError, "`latency_budget_ms` must be a finite number, got inf", id="inf"),
+        pytest.param("50", TypeError, "`latency_budget_ms` must be a number, got '50' (str)", id="str"),
+        pytest.param(True, TypeError, "`latency_budget_ms` must be a number, got True (bool)", id="bool"),
+    ],
+)
+def test_bad_latency_budget(budget: Any, error: type[Exception], message: str) -> None:
+    import re
+
+    with pytest.raises(error, match=re.escape(message) + "$"):
+        lt.ThroughputLatencyMonitor(latency_budget_ms=budget)
+
+
+# ---------------------------------------------------------------------------------------------- MFU, issue 11 and 15
+
+GPT_CONFIG = {"vocab_size": 64, "seq_len": 32, "d_model": 32, "n_layers": 2, "n_heads": 4}
+
+
+def gpt_step_flops(batch: int, seq: int, config: dict[str, int] = GPT_CONFIG) -> int:
+    """Hand count of one DemoGPT training step (forward and backward), the convention of docs/peak_flops.md."""
+    d, layers, vocab = config["d_model"], config["n_layers"], config["vocab_size"]
+    linear = layers * (3 * d * d + d * d + 8 * d * d) + d * vocab  # qkv, proj, MLP, head weights
+    dense = 6 * batch * seq * linear  # 2 per multiply-add forward, twice that backward (input and weight grads)
+    attention = 3 * layers * 4 * batch * d * (seq * (seq + 1) // 2)  # QK^T and AV over the causal pairs
+    return dense + attention
+
+
+class VaryingLengthGPT(DemoGPT):
+    """DemoGPT fed batches whose sequence length changes from step to step."""
+
+    def __init__(self, lengths: list[int], batch: int = 2) -> None:
+        super().__init__(GPT_CONFIG)
+        self.lengths, self.batch = lengths, batch
+
+    def train_dataloader(self) -> DataLoader:
+        batches = []
+        for length in self.lengths:
+            ids = torch.randint(0, GPT_CONFIG["vocab_size"], (self.batch, length))
+            batches.append((ids, ids))
+        return DataLoader(batches, batch_size=None)
+
+
+def test_flops_follow_each_steps_tokens_and_the_square_of_its_length(tmp_path: Path) -> None:
+    lengths = [8, 32, 16, 32, 4]
+    monitor = lt.ThroughputLatencyMonitor(log_every_n_steps=5, peak_flops=1e12)
+    make_trainer(tmp_path, [monitor], max_epochs=1).fit(VaryingLengthGPT(lengths))
+    assert monitor.stats.total.steps == 5
+    assert monitor.stats.total.flops == pytest.approx(sum(gpt_step_flops(2, n) for n in lengths), rel=1e-9)
+    wall_s = monitor.stats.total.wall_ms / 1000
+    assert monitor.summary["mfu"] == pytest.approx(monitor.stats.total.flops / wall_s / 1e12)
+
+
+def test_a_compiled_model_stays_compiled_and_its_compiling_steps_are_not_timed(tmp_path: Path) -> None:
+    compiled: list[int] = []
+    runs: list[int] = []
+
+    def counting_backend(graph: torch.fx.GraphModule, inputs: list[torch.Tensor]) -> Any:
+        compiled.append(1)
+
+        def run(*args: Any) -> Any:
+            runs.append(1)
+            return graph.forward(*args)
+
+        return run
+
+    torch._dynamo.reset()
+    module = VaryingLengthGPT([16] * 4)
+    module.model = torch.compile(module.model, backend=counting_backend)  # type: ignore[assignment]
+    monitor = lt.ThroughputLatencyMonitor(log_every_n_steps=2, peak_flops=1e12)
+    make_trainer(tmp_path, [monitor], max_epochs=1).fit(module)
+    torch._dynamo.reset()
+    assert compiled, "the backend was never called: the model ran eagerly"
+    assert len(runs) >= 4, "later steps did not run the compiled graph"
+    assert monitor.stats.total.steps == 3  # the step that compiled is left out of the timings
+    assert monitor.stats.total.flops == pytest.approx(3 * gpt_step_flops(2, 16), rel=1e-9)
+
+
+class RetriedFirstStep(DemoGPT):
+    """Runs its first step's forward twice, as a step retried after an out-of-memory error does."""
+
+    retried = False
+
+    def training_step(self, batch: Any, batch_idx: int) -> torch.Tensor:
+        if not self.retried and batch[0].device.type != "meta":
+            self.retried = True
+            super().training_step(batch, batch_idx).backward()  # the attempt that "ran out of memory"
+            self.zero_grad()
+        return super().training_step(batch, batch_idx)
+
+    def train_dataloader(self) -> DataLoader:
+        ids = torch.randint(0, GPT_CONFIG["vocab_size"], (6, 16))
+        return DataLoader(torch.utils.data.TensorDataset(ids, ids), batch_size=2)
+
+
+def test_a_retried_first_step_does_not_count_its_flops_twice(tmp_path: Path) -> None:
+    monitor = lt.ThroughputLatencyMonitor(log_every_n_steps=3, peak_flops=1e12)
+    make_trainer(tmp_path, [monitor], max_epochs=1).fit(RetriedFirstStep(GPT_CONFIG))
+    assert monitor.flop_model is not None and monitor.flop_model.total == gpt_step_flops(2, 16)
+    assert monitor.stats.total.flops == 3 * gpt_step_flops(2, 16)
+
+
+def test_activation_checkpointing_logs_hfu_beside_mfu(tmp_path: Path) -> None:
+    logger = CSVLogger(str(tmp_path), name="csv")
+    monitor = lt.ThroughputLatencyMonitor(log_every_n_steps=2, peak_flops=1e12)
+    trainer = make_trainer(tmp_path, [lt.ActivationCheckpointing(), monitor], max_epochs=1, logger=logger)
+    trainer.fit(VaryingLengthGPT([16] * 4))
+    row = next(r for r in csv_rows(logger.log_dir) if r.get("perf/train/mfu"))
+    d, batch, seq, layers = GPT_CONFIG["d_model"], 2, 16, GPT_CONFIG["n_layers"]
+    # the backward recomputes each block's forward: its matmuls (12 d^2 per token) and causal attention
+    recompute = layers * (2 * batch * seq * 12 * d * d + 4 * batch * d * (seq * (seq + 1) // 2))
+    ratio = float(row["perf/train/hfu"]) / float(row["perf/train/mfu"])
+    assert ratio == pytest.approx((gpt_step_flops(batch, seq) + recompute) / gpt_step_flops(batch, seq))
+    assert monitor.flop_model is not None and monitor.flop_model.total == gpt_step_flops(batch, seq)
+    assert monitor.summary["hfu"] / monitor.summary["mfu"] == pytest.approx(ratio)
+
+
+def test_no_hfu_without_recomputation(tmp_path: Path) -> None:
+    logger = CSVLogger(str(tmp_path), name="csv")
+    monitor = lt.ThroughputLatencyMonitor(log_every_n_steps=2, peak_flops=1e12)
+    make_trainer(tmp_path, [monitor], max_epochs=1, logger=logger).fit(VaryingLengthGPT([16] * 2))
+    rows = [r for r in csv_rows(logger.log_dir) if r.get("perf/train/mfu")]
+    assert rows and not rows[0].get("perf/train/hfu")
+
+
+def test_a_step_that_cannot_be_counted_warns_once_and_training_goes_on(tmp_path: Path) -> None:
+    class DataDependent(Regressor):
+        def training_step(self, batch: Any, batch_idx: int) -> torch.Tensor:
+            if batch[0].sum() > 1e9:  # Python control flow on a value: impossible on meta tensors
+                raise AssertionError
+            return super().training_step(batch, batch_idx)
+
+    monitor = lt.ThroughputLatencyMonitor(log_every_n_steps=2, peak_flops=1e12)
+    with pytest.warns(RuntimeWarning, match="could not count the training step's FLOPs.*flops_per_batch="):
+        make_trainer(tmp_path, [monitor], max_steps=4).fit(DataDependent())
+    assert monitor.stats.total.steps == 4 and "mfu" not in monitor.summary
+
+
+def test_perf_rows_share_lightnings_step_and_epoch_with_train_loss(tmp_path: Path) -> None:
+    logger = CSVLogger(str(tmp_path), name="csv")
+    monitor = lt.ThroughputLatencyMonitor(log_every_n_steps=4)
+    make_trainer(tmp_path, [monitor], max_steps=12, logger=logger, log_every_n_steps=4).fit(Regressor(n=32))
+    rows = csv_rows(logger.log_dir)
+    loss_steps = [int(r["step"]) for r in rows if r.get("train_loss_step")]
+    perf = [r for r in rows if r.get("perf/train/samples_per_sec")]
+    assert loss_steps == [3, 7, 11]
+    assert [int(r["step"]) for r in perf] == loss_steps
+    assert [r["epoch"] for r in perf] == ["0.0", "0.0", "1.0"]  # 8 batches an epoch: step 11 is in epoch 1
+
+
+class FakeNvml:
+    """nvidia-ml-py on a MIG slice: the utilisation query is not supported."""
+
+    class NVMLError_NotSupported(Exception):  # noqa: N801 - pynvml's own name
+        pass
+
+    def __init__(self) -> None:
+        self.queries = 0
+
+    def nvmlDeviceGetUtilizationRates(self, handle: Any) -> Any:  # noqa: N802
+        self.queries += 1
+        raise self.NVMLError_NotSupported("Not Supported")
+
+
+def test_nvml_failing_in_sample_is_disabled_after_one_message(tmp_path: Path) -> None:
+    from lightning_tune.perf.devices import NvmlSampler
+
+    nvml = FakeNvml()
+    sampler = NvmlSampler.__new__(NvmlSampler)
+    sampler._nvml, sampler._handle = nvml, "MIG-0"
+
+    class InstallSampler(lt.ThroughputLatencyMonitor):
+        def on_fit_start(self, trainer: Any, pl_module: Any) -> None:
+            super().on_fit_start(trainer, pl_module)
+            self._nvml = sampler
+
+    monitor = InstallSampler(log_every_n_steps=2)
+    with pytest.warns(RuntimeWarning, match="NVML could not read GPU utilisation") as caught:
+        make_trainer(tmp_path, [monitor], max_steps=6).fit(Regressor())
+    assert len([w for w in caught if "NVML" in str(w.message)]) == 1
+    assert nvml.queries == 1 and monitor._nvml is None and monitor.summary["steps"] == 6
+
+
+def test_window_too_large_is_a_value_error() -> None:
+    with pytest.raises(ValueError, match=r"`window` must be an integer in \[2, 1000000\], got 10{30}"):
+        lt.ThroughputLatencyMonitor(window=10**30)
+
+
+@pytest.mark.parametrize(
+    ("value", "error", "message"),
+    [
+        pytest.param(0.0, ValueError, "`peak_flops` must be in (0, inf], got 0.0", id="zero"),
+        pytest.param(float("inf"), ValueError, "`peak_flops` must be a finite number, got inf", id="inf"),
+        pytest.param("989e12", TypeError, "`peak_flops` must be a number, got '989e12' (str)", id="str"),
+    ],
+)
+def test_bad_peak_flops(value: Any, error: type[Exception], message: str) -> None:
+    import re
+
+    with pytest.raises(error, match=re.escape(message)):
+        lt.ThroughputLatencyMonitor(peak_flops=value)

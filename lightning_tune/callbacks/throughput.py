@@ -15,12 +15,15 @@ Key                                Meaning
 ``perf/train/step_ms_p{q}``        Optimizer-step time percentiles over the last ``window`` steps
 ``perf/train/step_ms_max``         Longest step in the window
 ``perf/train/data_wait_frac``      Share of training wall time spent waiting for the next batch
-``perf/train/mfu``                 Model FLOPs utilisation (known GPUs only)
+``perf/train/mfu``                 Model FLOPs utilisation (known GPUs, or an explicit ``peak_flops``)
+``perf/train/hfu``                 Hardware FLOPs utilisation, recomputation included (activation checkpointing)
 ``perf/train/straggler_ratio``     Slowest rank's p50 own time per step / median rank's (multi-device)
 ``perf/val/batch_ms_p{q}``         Validation batch latency percentiles, per validation run
 ``perf/val/samples_per_sec``       Validation samples per second
 ``perf/predict/batch_ms_p{q}``     Predict batch latency percentiles, per predict run
 ``perf/predict/samples_per_sec``   Predict samples per second
+``perf/val/over_budget_frac``      Share of the window's validation batches over ``latency_budget_ms``
+``perf/predict/over_budget_frac``  Share of the window's predict batches over ``latency_budget_ms``
 ``perf/vram_*``, ``perf/alloc_*``  CUDA memory (GPU only)
 ``perf/gpu_util_pct``, ...         NVML utilisation (GPU with nvidia-ml-py only)
 =================================  ===================================================================
@@ -37,22 +40,25 @@ import torch
 from lightning.pytorch.callbacks import Callback
 from lightning.pytorch.trainer.states import TrainerFn
 from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
-from torch import Tensor
+from torch import Tensor, nn
 from typing_extensions import override
 
 from lightning_tune._validation import check_bool, check_float, check_int
-from lightning_tune.perf.batch import count_samples, count_tokens
+from lightning_tune.perf.batch import count_samples, count_tokens, sequence_length
+from lightning_tune.perf.counting import FlopModel, count_step_flops
 from lightning_tune.perf.devices import NvmlSampler, cuda_memory_metrics
-from lightning_tune.perf.flops import FlopCounter, mfu, peak_flops, precision_dtype
+from lightning_tune.perf.flops import mfu, peak_flops, precision_dtype
 from lightning_tune.perf.stats import StepStats
-from lightning_tune.perf.timing import Timer, timer_for
-from lightning_tune.perf.window import LatencyWindow, check_percentiles, percentile_suffix
+from lightning_tune.perf.timing import Timer, compiled_graphs, timer_for
+from lightning_tune.perf.window import MAX_WINDOW, LatencyWindow, check_percentiles, percentile_suffix
 
 if TYPE_CHECKING:
     import lightning.pytorch as pl
 
 #: A data-wait share above this gets a hint in the end-of-fit summary.
 DATA_WAIT_HINT = 0.10
+#: A share of validation or predict batches over ``latency_budget_ms`` above this gets a warning at the end.
+OVER_BUDGET_WARN = 0.05
 
 
 @dataclass
@@ -71,6 +77,9 @@ class _Step:
     batches: int = 0
     global_step: int = 0
     excluded: bool = False
+    flops: float = 0.0
+    hardware_flops: float = 0.0
+    compiled: int = 0
 
 
 @dataclass
@@ -100,9 +109,15 @@ class ThroughputLatencyMonitor(Callback):
         tokens_fn: ``fn(batch) -> int`` giving the input tokens in a batch; default: found from integer
             ``(batch, seq)`` tensors and attention masks (see :mod:`lightning_tune.perf.batch`).
         flops_per_batch: Model FLOPs of one training micro-batch (forward and backward); default: counted once,
-            on the first batch, with ``torch.utils.flop_counter`` and scaled by samples. MFU needs a GPU whose
-            peak is known (``docs/peak_flops.md``).
+            at the first batch, on a meta-device copy of the model (the model itself never runs under a FLOP
+            counter, so a compiled model stays compiled), then scaled to each batch's samples and sequence length,
+            attention with the square of the length (``docs/peak_flops.md``).
+        peak_flops: The device's peak FLOP/s to divide by; default: the dense peak of a known GPU at the training
+            precision (``docs/peak_flops.md``). Given, MFU is logged on any device, CPU included.
         gpu_stats: Log CUDA memory and NVML utilisation.
+        latency_budget_ms: Latency budget of one validation or predict batch, in ms, > 0. Each run logs the share
+            of its window's batches over it; at the end of ``fit``/``validate``/``predict`` one line sums it up,
+            and a warning follows when more than 5 % of the batches were over.
 
     Raises:
         TypeError: If an argument has the wrong type.
@@ -121,21 +136,31 @@ class ThroughputLatencyMonitor(Callback):
         batch_size_fn: Callable[[Any], int] | None = None,
         tokens_fn: Callable[[Any], int | Tensor] | None = None,
         flops_per_batch: float | None = None,
+        peak_flops: float | None = None,
         gpu_stats: bool = True,
+        latency_budget_ms: float | None = None,
     ) -> None:
         check_int("window", window, minimum=2)
+        if window > MAX_WINDOW:
+            raise ValueError(f"`window` must be an integer in [2, {MAX_WINDOW}], got {window!r}")
         check_int("log_every_n_steps", log_every_n_steps, minimum=1, allow_none=True)
         self.percentiles = check_percentiles("percentiles", percentiles)
         for name, fn in (("batch_size_fn", batch_size_fn), ("tokens_fn", tokens_fn)):
             if fn is not None and not callable(fn):
                 raise TypeError(f"`{name}` must be a callable taking a batch, or None, got {fn!r}")
         check_float("flops_per_batch", flops_per_batch, low=0.0, low_inclusive=False, allow_none=True)
+        check_float("peak_flops", peak_flops, low=0.0, low_inclusive=False, allow_none=True)
         check_bool("gpu_stats", gpu_stats)
+        check_float("latency_budget_ms", latency_budget_ms, low=0.0, low_inclusive=False, allow_none=True)
+        self.latency_budget_ms = latency_budget_ms
+        #: Per stage ("val", "predict"): [batches over the budget, batches timed] since the Trainer call began.
+        self._over_budget: dict[str, list[int]] = {}
         self.window = window
         self.log_every_n_steps = log_every_n_steps
         self.batch_size_fn = batch_size_fn
         self.tokens_fn = tokens_fn
         self.flops_per_batch = flops_per_batch
+        self.peak_flops = peak_flops
         self.gpu_stats = gpu_stats
         self.stats = StepStats(window=window, percentiles=self.percentiles)
         self.summary: dict[str, float] = {}
@@ -144,9 +169,12 @@ class ThroughputLatencyMonitor(Callback):
         self._current: _Step | None = None
         self._prev_end: Any = None
         self._peak: float | None = None
-        self._flops_per_sample: float | None = None
-        self._flop_counter: FlopCounter | None = None
+        #: FLOPs of a training micro-batch by its shape: model FLOPs, and hardware FLOPs when recomputation adds any.
+        self.flop_model: FlopModel | None = None
+        self.hardware_flop_model: FlopModel | None = None
+        self._flops_counted = False
         self._nvml: NvmlSampler | None = None
+        self._nvml_off = False
         self._inference: dict[str, _Inference] = {}
         self._last_logged_step = -1
         self._own = LatencyWindow(window)
@@ -159,10 +187,12 @@ class ThroughputLatencyMonitor(Callback):
     def _setup_device(self, trainer: pl.Trainer) -> None:
         device = trainer.strategy.root_device
         self._timer = timer_for(device)
-        if device.type != "cuda" or not self.gpu_stats or self._nvml is not None:
+        if device.type != "cuda" or not self.gpu_stats or self._nvml is not None or self._nvml_off:
             return
+        self._nvml_off = True  # until it works: one message, one attempt
         try:
             self._nvml = NvmlSampler(device)
+            self._nvml_off = False
         except ModuleNotFoundError as err:
             rank_zero_warn(f"{err} Until then `perf/gpu_util_pct` is not logged.", category=RuntimeWarning)
         except Exception as err:  # noqa: BLE001 - NVML present but unusable (e.g. no driver access)
@@ -175,8 +205,10 @@ class ThroughputLatencyMonitor(Callback):
             trainer: The Trainer.
 
         Returns:
-            The peak, or ``None`` (CPU, or a GPU missing from the table).
+            The ``peak_flops`` given, else the table's peak, or ``None`` (CPU, or a GPU missing from the table).
         """
+        if self.peak_flops is not None:
+            return self.peak_flops
         device = trainer.strategy.root_device
         if device.type != "cuda":
             return None
@@ -200,14 +232,9 @@ class ThroughputLatencyMonitor(Callback):
         self._own = LatencyWindow(self.window)
         self._distributed = trainer.world_size > 1
         self._last_logged_step = -1
-        self._flops_per_sample = None  # the model may have changed since the last fit
+        self.flop_model = self.hardware_flop_model = None  # the model may have changed since the last fit
+        self._flops_counted = False
         self.summary = {}
-
-    @override
-    def on_exception(self, trainer: pl.Trainer, pl_module: pl.LightningModule, exception: BaseException) -> None:
-        if self._flop_counter is not None:  # never leave the counting mode active after a failed first step
-            self._flop_counter.stop()
-            self._flop_counter = None
 
     # ------------------------------------------------------------------ training
 
@@ -229,23 +256,49 @@ class ThroughputLatencyMonitor(Callback):
             return
         mark = self._timer.mark()
         step = self._current
+        samples, tokens = self._count(batch)
         if step is None:
             before = (self._prev_end, mark) if self._prev_end is not None else None
-            step = self._current = _Step(start=mark, before=before, global_step=trainer.global_step)
-            if self._peak is not None and self._flops_per_sample is None and self.flops_per_batch is None:
-                step.excluded = True  # the counted step runs slower; keep it out of the timings
-                self._flop_counter = FlopCounter()
-                self._flop_counter.start()
+            if self._peak is not None and self.flops_per_batch is None and not self._flops_counted:
+                self._count_flops(pl_module, batch, batch_idx, samples)
+                mark = self._timer.mark()  # the count is neither waiting for data nor training
+            step = self._current = _Step(
+                start=mark, before=before, global_step=trainer.global_step, compiled=compiled_graphs()
+            )
         elif self._prev_end is not None:
             step.within.append((self._prev_end, mark))
         step.batch_start = mark
-        samples, tokens = self._count(batch)
         step.samples += samples
         step.batches += 1
+        if self.flops_per_batch is not None:
+            step.flops += self.flops_per_batch
+        elif self.flop_model is not None:  # this batch's shape: its samples and sequence length
+            length = sequence_length(batch)
+            step.flops += self.flop_model.flops(samples, length)
+            hardware = self.hardware_flop_model or self.flop_model
+            step.hardware_flops += hardware.flops(samples, length)
         if isinstance(tokens, Tensor):  # counted on the device; read at logging time
             step.mask_tokens = tokens.detach() if step.mask_tokens is None else step.mask_tokens + tokens.detach()
         elif tokens is not None:
             step.tokens += int(tokens)
+
+    def _count_flops(self, pl_module: pl.LightningModule, batch: Any, batch_idx: int, samples: int) -> None:
+        """Count the step's FLOPs once, on a meta-device copy: the model that is timed never runs under a counter."""
+        self._flops_counted = True
+
+        def step(copied: nn.Module, meta_batch: Any) -> Any:
+            return type(copied).training_step(copied, meta_batch, batch_idx)  # type: ignore[attr-defined]
+
+        try:
+            self.flop_model, self.hardware_flop_model = count_step_flops(pl_module, batch, step, samples=samples)
+        except Exception as err:  # noqa: BLE001 - any failure of the copy only costs the MFU figure
+            self.flop_model = self.hardware_flop_model = None
+            rank_zero_warn(
+                f"ThroughputLatencyMonitor could not count the training step's FLOPs on a meta-device copy of the "
+                f"model ({type(err).__name__}: {err}), so `perf/train/mfu` is not logged. Pass `flops_per_batch=` "
+                "to give them.",
+                category=RuntimeWarning,
+            )
 
     @override
     def on_before_backward(self, trainer: pl.Trainer, pl_module: pl.LightningModule, loss: Tensor) -> None:
@@ -262,13 +315,10 @@ class ThroughputLatencyMonitor(Callback):
         if self._timer is None or step is None:
             return
         mark = self._prev_end = self._timer.mark()
-        if self._flop_counter is not None:
-            flops = self._flop_counter.stop()
-            self._flop_counter = None
-            self._flops_per_sample = flops / step.samples if step.samples else None
         if trainer.global_step == step.global_step:
             return  # accumulating: the optimizer step is still to come
         step.end = mark
+        step.excluded = compiled_graphs() != step.compiled  # torch.compile compiled during the step: not a timing
         self._current = None
         self._pending.append(step)
         every = self.log_every_n_steps or trainer.log_every_n_steps  # type: ignore[attr-defined]  # set at runtime
@@ -294,39 +344,54 @@ class ThroughputLatencyMonitor(Callback):
             within = sum(timer.elapsed_ms(a, b) for a, b in step.within)
             if self._distributed:
                 self._own.add(before + within + sum(timer.elapsed_ms(a, b) for a, b in step.forward))
-            flops = self._step_flops(step)
             self.stats.add_step(
                 step_ms=timer.elapsed_ms(step.start, step.end),
                 samples=step.samples,
                 tokens=step.tokens,
                 batches=step.batches,
                 wait_ms=within,
-                flops=flops,
+                flops=step.flops,
+                hardware_flops=step.hardware_flops,
             )
         self._pending = []
         self.stats.interval.tokens += mask_total
         self.stats.total.tokens += mask_total
 
-    def _step_flops(self, step: _Step) -> float:
-        if self.flops_per_batch is not None:
-            return self.flops_per_batch * step.batches
-        if self._flops_per_sample is not None:
-            return self._flops_per_sample * step.samples
-        return 0.0
-
     def _train_metrics(self, trainer: pl.Trainer) -> dict[str, float]:
         self._resolve_pending()
         local = self.last_interval = self.stats.interval_metrics()
-        metrics = {f"perf/train/{k}": v for k, v in local.items() if k != "flops_per_sec"}
+        metrics = {f"perf/train/{k}": v for k, v in local.items() if not k.endswith("flops_per_sec")}
         if trainer.world_size > 1:
             metrics.update(self._gather(trainer, local))
-        elif self._peak and "flops_per_sec" in local:
-            metrics["perf/train/mfu"] = mfu(local["flops_per_sec"], self._peak)
+        else:
+            metrics.update(self._utilisation(local))
         if self.gpu_stats:
             metrics.update({f"perf/{k}": v for k, v in cuda_memory_metrics(trainer.strategy.root_device).items()})
-            if self._nvml is not None:
-                metrics.update({f"perf/{k}": v for k, v in self._nvml.sample().items()})
+            metrics.update({f"perf/{k}": v for k, v in self._sample_nvml().items()})
         return metrics
+
+    def _sample_nvml(self) -> dict[str, float]:
+        if self._nvml is None:
+            return {}
+        try:
+            return self._nvml.sample()
+        except Exception as err:  # noqa: BLE001 - e.g. NVMLError_NotSupported on a MIG device: stop asking
+            self._nvml, self._nvml_off = None, True
+            rank_zero_warn(
+                f"NVML could not read GPU utilisation ({type(err).__name__}: {err}); `perf/gpu_util_pct` and "
+                "`perf/gpu_mem_bw_pct` are not logged from now on.",
+                category=RuntimeWarning,
+            )
+            return {}
+
+    def _utilisation(self, rates: dict[str, float]) -> dict[str, float]:
+        """MFU, and HFU when recomputation adds hardware FLOPs, from FLOP rates."""
+        if not self._peak or "flops_per_sec" not in rates:
+            return {}
+        out = {"perf/train/mfu": mfu(rates["flops_per_sec"], self._peak)}
+        if self.hardware_flop_model is not None and "hardware_flops_per_sec" in rates:
+            out["perf/train/hfu"] = mfu(rates["hardware_flops_per_sec"], self._peak)
+        return out
 
     def _gather(self, trainer: pl.Trainer, local: dict[str, float]) -> dict[str, float]:
         """One collective per logging interval: sum rates over ranks, compare the ranks' own time per step.
@@ -334,7 +399,7 @@ class ThroughputLatencyMonitor(Callback):
         A rank's own time per step is what no collective waits in: waiting for its batches plus its forward passes.
         (The step time itself cannot tell a straggler: the fast ranks wait for it inside the gradient all-reduce.)
         """
-        names = ("samples_per_sec", "tokens_per_sec", "batches_per_sec", "flops_per_sec")
+        names = ("samples_per_sec", "tokens_per_sec", "batches_per_sec", "flops_per_sec", "hardware_flops_per_sec")
         p50 = self._own.percentiles((50.0,)).get(50.0, 0.0)
         row = torch.tensor([local.get(n, 0.0) for n in names] + [p50], dtype=torch.float64)
         gathered = trainer.strategy.all_gather(row.to(trainer.strategy.root_device)).reshape(-1, len(names) + 1).cpu()
@@ -342,8 +407,7 @@ class ThroughputLatencyMonitor(Callback):
         for index, name in enumerate(names[:3]):
             if name in local:
                 out[f"perf/train/{name}"] = float(gathered[:, index].sum())
-        if self._peak and "flops_per_sec" in local:
-            out["perf/train/mfu"] = mfu(float(gathered[:, 3].mean()), self._peak)
+        out.update(self._utilisation({n: float(gathered[:, i].mean()) for i, n in enumerate(names) if n in local}))
         medians = [float(v) for v in gathered[:, -1]]
         middle = statistics.median(medians)
         if middle > 0:
@@ -392,14 +456,22 @@ class ThroughputLatencyMonitor(Callback):
         if run is None or timer is None or not run.marks or run.marks[-1][1] is None:
             return
         timer.wait(run.marks[-1][1])
+        durations = [timer.elapsed_ms(a, b) for a, b in run.marks if b is not None]
         window = LatencyWindow(self.window)
-        window.extend(timer.elapsed_ms(a, b) for a, b in run.marks if b is not None)
+        window.extend(durations)
         metrics = {
             f"perf/{stage}/batch_ms_{percentile_suffix(p)}": v for p, v in window.percentiles(self.percentiles).items()
         }
         seconds = timer.elapsed_ms(run.start, run.marks[-1][1]) / 1000.0
         if seconds > 0:
             metrics[f"perf/{stage}/samples_per_sec"] = run.samples / seconds
+        if self.latency_budget_ms is not None and durations:
+            over = [ms > self.latency_budget_ms for ms in durations]
+            recent = over[-self.window :]
+            metrics[f"perf/{stage}/over_budget_frac"] = sum(recent) / len(recent)
+            tally = self._over_budget.setdefault(stage, [0, 0])
+            tally[0] += sum(over)
+            tally[1] += len(over)
         self._log(trainer, metrics)
 
     @override
@@ -446,22 +518,43 @@ class ThroughputLatencyMonitor(Callback):
     def on_predict_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         self._end_inference("predict", trainer)
 
+    @override
+    def teardown(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
+        """End of ``fit``, ``validate`` or ``predict``: one line per stage on the latency budget, a warning past 5 %."""
+        tallies, self._over_budget = self._over_budget, {}
+        for name, (over, total) in tallies.items():
+            what = "validation" if name == "val" else name
+            share = over / total
+            rank = " on this rank" if trainer.world_size > 1 else ""
+            rank_zero_info(
+                f"ThroughputLatencyMonitor: {over} of {total} {what} batches{rank} ({100 * share:.1f} %) took longer "
+                f"than the latency budget of {self.latency_budget_ms:g} ms"
+            )
+            if share > OVER_BUDGET_WARN:
+                rank_zero_warn(
+                    f"{100 * share:.1f} % of {what} batches{rank} took longer than the latency budget of "
+                    f"{self.latency_budget_ms:g} ms (more than {100 * OVER_BUDGET_WARN:g} %). A smaller batch size "
+                    f"brings them under it; `lightning-tune bench --p95-budget-ms {self.latency_budget_ms:g}` finds "
+                    "the largest that stays within it",
+                    category=RuntimeWarning,
+                )
+
     # ------------------------------------------------------------------ output
 
     @staticmethod
     def _log(trainer: pl.Trainer, metrics: dict[str, float]) -> None:
         if not metrics:
             return
+        metrics = {**metrics, "epoch": float(trainer.current_epoch)}  # as on Lightning's own rows
         for logger in trainer.loggers:
-            logger.log_metrics(metrics, step=trainer.global_step)
+            logger.log_metrics(metrics, step=_lightning_step(trainer))
 
     @override
     def on_fit_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         self._resolve_pending()
         totals = self.stats.total
         summary = {**StepStats.rates(totals), **self.stats.latency_metrics()}
-        if self._peak and "flops_per_sec" in summary:
-            summary["mfu"] = mfu(summary["flops_per_sec"], self._peak)
+        summary.update({key.rpartition("/")[2]: value for key, value in self._utilisation(summary).items()})
         memory = cuda_memory_metrics(trainer.strategy.root_device) if self.gpu_stats else {}
         if "vram_peak_gib" in memory:
             summary["vram_peak_gib"] = memory["vram_peak_gib"]
@@ -469,6 +562,16 @@ class ThroughputLatencyMonitor(Callback):
         self.summary = summary
         if totals.steps:
             rank_zero_info(format_summary(summary, self.percentiles, num_workers=_num_workers(trainer)))
+
+
+def _lightning_step(trainer: pl.Trainer) -> int:
+    """The step Lightning logs ``self.log`` values at, so ``perf/*`` rows overlay with them (e.g. ``train_loss``).
+
+    Lightning logs at ``fit_loop.epoch_loop._batches_that_stepped``, the optimizer steps *before* the current batch's
+    (so one less than ``global_step`` in ``on_train_batch_end``); private, checked on Lightning 2.6.6, read only here.
+    """
+    step = getattr(getattr(trainer.fit_loop, "epoch_loop", None), "_batches_that_stepped", None)
+    return step if isinstance(step, int) else trainer.global_step
 
 
 def _num_workers(trainer: pl.Trainer) -> int | None:
@@ -512,7 +615,8 @@ def format_summary(summary: dict[str, float], percentiles: Sequence[float], *, n
     if "vram_peak_gib" in summary:
         lines.append(f"  peak VRAM     {summary['vram_peak_gib']:.2f} GiB")
     if "mfu" in summary:
-        lines.append(f"  MFU           {100 * summary['mfu']:.1f} %")
+        hfu = f" (HFU {100 * summary['hfu']:.1f} %, recomputation included)" if "hfu" in summary else ""
+        lines.append(f"  MFU           {100 * summary['mfu']:.1f} %{hfu}")
     if "data_wait_frac" in summary:
         share = summary["data_wait_frac"]
         lines.append(f"  data wait     {100 * share:.1f} % of training time")

@@ -4,7 +4,8 @@ Plain classes and functions with no Trainer in them; :class:`~lightning_tune.Thr
 Lightning's hooks to them, and the command line reuses them.
 """
 
-from lightning_tune.perf.batch import count_samples, count_tokens
+from lightning_tune.perf.batch import count_samples, count_tokens, sequence_length
+from lightning_tune.perf.counting import FlopModel, attention_pairs, count_step_flops, meta_copy
 from lightning_tune.perf.devices import NvmlSampler, cuda_memory_metrics
 from lightning_tune.perf.flops import (
     PEAK_FLOPS,
@@ -16,28 +17,35 @@ from lightning_tune.perf.flops import (
     precision_dtype,
 )
 from lightning_tune.perf.stats import StepStats, Totals
-from lightning_tune.perf.timing import CudaTimer, HostTimer, Timer, timer_for
-from lightning_tune.perf.window import LatencyWindow, check_percentiles, percentile_suffix
+from lightning_tune.perf.timing import CudaTimer, HostTimer, Timer, compiled_graphs, timer_for
+from lightning_tune.perf.window import MAX_WINDOW, LatencyWindow, check_percentiles, percentile_suffix
 
 __all__ = [
     "CudaTimer",
     "FlopCounter",
+    "FlopModel",
     "HostTimer",
     "LatencyWindow",
+    "MAX_WINDOW",
     "NvmlSampler",
     "PEAK_FLOPS",
     "StepStats",
     "Timer",
     "Totals",
+    "attention_pairs",
     "canonical_device",
     "check_percentiles",
+    "compiled_graphs",
     "count_samples",
+    "count_step_flops",
     "count_tokens",
     "cuda_memory_metrics",
     "measure_flops",
+    "meta_copy",
     "mfu",
     "peak_flops",
     "percentile_suffix",
     "precision_dtype",
+    "sequence_length",
     "timer_for",
 ]

@@ -76,3 +76,27 @@ def count_tokens(batch: Any) -> int | Tensor | None:
         if tensor.dim() == 2 and not tensor.is_floating_point() and not tensor.is_complex():
             return int(tensor.numel())
     return None
+
+
+def sequence_length(batch: Any) -> int | None:
+    """Sequence length of a batch: the second dimension of its first ``(batch, seq)`` integer tensor (token ids).
+
+    Args:
+        batch: A tensor, or tuples, lists and mappings of them.
+
+    Returns:
+        The length (padding included), or ``None`` when the batch holds no token ids.
+
+    Example:
+        >>> sequence_length({"input_ids": torch.zeros(2, 7, dtype=torch.long), "labels": torch.zeros(2, 7)})
+        7
+    """
+    for _, tensor in _tensors(batch):
+        if (
+            tensor.dim() == 2
+            and not tensor.is_floating_point()
+            and not tensor.is_complex()
+            and tensor.dtype != torch.bool
+        ):
+            return int(tensor.shape[1])
+    return None

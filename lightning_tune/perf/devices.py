@@ -13,6 +13,24 @@ from lightning_tune import _imports
 
 GIB = float(1 << 30)
 
+_EARLIER_PEAK: dict[int, int] = {}  # device index -> highest allocated peak before an interval reset
+
+
+def reset_interval_peak(device: torch.device) -> None:
+    """Reset ``torch.cuda``'s peak counters for an interval measurement, keeping the run's peak.
+
+    :func:`run_peak_allocated` (and so the monitor's ``perf/vram_peak_gib``) still reads the peak of the whole run.
+    """
+    index = torch.device(device).index or 0
+    _EARLIER_PEAK[index] = max(_EARLIER_PEAK.get(index, 0), int(torch.cuda.max_memory_allocated(device)))
+    torch.cuda.reset_peak_memory_stats(device)
+
+
+def run_peak_allocated(device: torch.device) -> int:
+    """Peak allocated bytes of the process, across interval resets made by :func:`reset_interval_peak`."""
+    index = torch.device(device).index or 0
+    return max(int(torch.cuda.max_memory_allocated(device)), _EARLIER_PEAK.get(index, 0))
+
 
 def cuda_memory_metrics(device: torch.device) -> dict[str, float]:
     """Memory of a CUDA device, from the caching allocator and the driver.
@@ -21,7 +39,8 @@ def cuda_memory_metrics(device: torch.device) -> dict[str, float]:
         device: The device; anything but a CUDA device gives an empty result.
 
     Returns:
-        ``vram_allocated_gib``, ``vram_reserved_gib``, ``vram_peak_gib`` (peak allocated since the last reset),
+        ``vram_allocated_gib``, ``vram_reserved_gib``, ``vram_peak_gib`` (peak allocated in the process, across
+        DynamicBatchSize's interval resets),
         ``vram_used_frac`` (memory in use on the whole device, all processes, as a fraction of its total) and
         ``alloc_retries`` (allocator retries after a failed ``cudaMalloc``: memory pressure short of an OOM).
     """
@@ -32,7 +51,7 @@ def cuda_memory_metrics(device: torch.device) -> dict[str, float]:
     return {
         "vram_allocated_gib": torch.cuda.memory_allocated(device) / GIB,
         "vram_reserved_gib": torch.cuda.memory_reserved(device) / GIB,
-        "vram_peak_gib": torch.cuda.max_memory_allocated(device) / GIB,
+        "vram_peak_gib": run_peak_allocated(device) / GIB,
         "vram_used_frac": (total - free) / total,
         "alloc_retries": float(stats.get("num_alloc_retries", 0)),
     }

@@ -7,7 +7,8 @@ in. This module holds the pieces, free of any Trainer:
   behind each number: ``docs/peak_flops.md``), with :func:`canonical_device` mapping a CUDA device name to a row
   and :func:`peak_flops` reading one entry;
 - :func:`precision_dtype`, the dtype whose peak applies to a Lightning precision setting;
-- :func:`measure_flops` and :class:`FlopCounter`, counting FLOPs with ``torch.utils.flop_counter``;
+- :func:`measure_flops` and :class:`FlopCounter`, counting FLOPs with ``torch.utils.flop_counter`` (the monitor
+  counts a training step on a meta-device copy instead: :mod:`lightning_tune.perf.counting`);
 - :func:`mfu`, the ratio.
 
 Example:

@@ -26,6 +26,7 @@ class Totals:
         between_ms: Time between steps (from one step's end to the next step's start).
         wait_ms: Time waiting for batches, between steps and between the micro-batches of a step.
         flops: Model FLOPs, when known.
+        hardware_flops: FLOPs the hardware ran, recomputation (activation checkpointing) included, when known.
     """
 
     steps: int = 0
@@ -36,6 +37,7 @@ class Totals:
     between_ms: float = 0.0
     wait_ms: float = 0.0
     flops: float = 0.0
+    hardware_flops: float = 0.0
 
     @property
     def wall_ms(self) -> float:
@@ -76,7 +78,15 @@ class StepStats:
         self.total = Totals()
 
     def add_step(
-        self, *, step_ms: float, samples: int, tokens: int, batches: int, wait_ms: float = 0.0, flops: float = 0.0
+        self,
+        *,
+        step_ms: float,
+        samples: int,
+        tokens: int,
+        batches: int,
+        wait_ms: float = 0.0,
+        flops: float = 0.0,
+        hardware_flops: float = 0.0,
     ) -> None:
         """Record one optimizer step.
 
@@ -87,10 +97,18 @@ class StepStats:
             batches: Its micro-batches.
             wait_ms: Time between its micro-batches (waiting for data), already inside ``step_ms``.
             flops: Model FLOPs of the step, if known.
+            hardware_flops: Hardware FLOPs of the step (recomputation included), if known.
         """
         self.window.add(step_ms)
         record = Totals(
-            steps=1, batches=batches, samples=samples, tokens=tokens, step_ms=step_ms, wait_ms=wait_ms, flops=flops
+            steps=1,
+            batches=batches,
+            samples=samples,
+            tokens=tokens,
+            step_ms=step_ms,
+            wait_ms=wait_ms,
+            flops=flops,
+            hardware_flops=hardware_flops,
         )
         self.interval.add(record)
         self.total.add(record)
@@ -114,7 +132,7 @@ class StepStats:
 
         Returns:
             ``samples_per_sec``, ``batches_per_sec``, ``data_wait_frac``, plus ``tokens_per_sec`` and
-            ``flops_per_sec`` when non-zero; empty when no time has passed.
+            ``flops_per_sec`` and ``hardware_flops_per_sec`` when non-zero; empty when no time has passed.
         """
         seconds = totals.wall_ms / 1000.0
         if seconds <= 0:
@@ -128,6 +146,8 @@ class StepStats:
             out["tokens_per_sec"] = totals.tokens / seconds
         if totals.flops:
             out["flops_per_sec"] = totals.flops / seconds
+        if totals.hardware_flops:
+            out["hardware_flops_per_sec"] = totals.hardware_flops / seconds
         return out
 
     def latency_metrics(self) -> dict[str, float]:

@@ -9,6 +9,9 @@ import numpy as np
 
 from lightning_tune._validation import check_float, check_int
 
+#: The largest window: a million durations (8 MB), sorted at each log.
+MAX_WINDOW = 1_000_000
+
 
 def check_percentiles(name: str, percentiles: Sequence[float]) -> tuple[float, ...]:
     """Validate percentiles: a non-empty sequence of distinct numbers strictly inside (0, 100).
@@ -61,7 +64,7 @@ class LatencyWindow:
 
     Raises:
         TypeError: If ``size`` is not an integer.
-        ValueError: If ``size`` is below 2.
+        ValueError: If ``size`` is below 2 or above :data:`MAX_WINDOW`.
 
     Example:
         >>> window = LatencyWindow(4)
@@ -72,6 +75,8 @@ class LatencyWindow:
 
     def __init__(self, size: int) -> None:
         check_int("size", size, minimum=2)
+        if size > MAX_WINDOW:
+            raise ValueError(f"`size` must be an integer in [2, {MAX_WINDOW}], got {size!r}")
         self.size = size
         self._values: deque[float] = deque(maxlen=size)
 

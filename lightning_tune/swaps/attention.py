@@ -47,8 +47,10 @@ from dataclasses import dataclass, field
 from typing import Any, Literal, get_args
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 from torch.nn.attention import SDPBackend, sdpa_kernel
+from torch.overrides import TorchFunctionMode
 
 from lightning_tune import _imports
 from lightning_tune._surgery import InstanceForward, SurgeryResult, remove_forward
@@ -60,11 +62,13 @@ __all__ = [
     "AttentionSwapResult",
     "BACKENDS",
     "FLASH_MAX_HEAD_DIM",
+    "FlashEngine",
     "ResolvedBackend",
     "SWAP_KINDS",
     "SwapEntry",
     "SwapKind",
     "find_attention",
+    "fused_problem",
     "precision_dtype",
     "resolve_backend",
     "sdpa_backends",
@@ -156,24 +160,48 @@ def _kernel_text(backend: ResolvedBackend, device: torch.device) -> str:
     return f"SDPA {names}"
 
 
-def _flash_problem(device: torch.device, dtype: torch.dtype, head_dim: int | None) -> str | None:
-    """Why flash-attn cannot run with these settings, or ``None`` when it can."""
+#: FlashAttention packages, newest first: flash-attn-4 (``flash_attn.cute``) on Hopper and Blackwell, flash-attn 2 on
+#: Ampere and newer.
+FlashEngine = Literal["flash-attn-4", "flash-attn-2"]
+_ENGINE_MODULE: dict[str, str] = {"flash-attn-4": "flash_attn.cute", "flash-attn-2": "flash_attn"}
+_FLASH_EXTRAS = "pip install 'lightning-tune[flash4]' on Hopper or newer, 'lightning-tune[flash2]' on Ampere"
+
+
+def _flash4_capable(capability: tuple[int, int]) -> bool:
+    return capability[0] in (9, 10, 11)  # flash-attn-4's kernels: SM90 (Hopper), SM100/SM110 (Blackwell)
+
+
+def _choose_flash(
+    device: torch.device, dtype: torch.dtype, head_dim: int | None
+) -> tuple[FlashEngine | None, str | None]:
+    """The installed FlashAttention that can run here, or ``None`` and why not (``None, None``: none installed)."""
+    engines = [engine for engine, module in _ENGINE_MODULE.items() if _imports.is_available(module)]
+    if not engines:
+        return None, None
     if device.type != "cuda":
-        return f"flash-attn needs a CUDA device, got device {str(device)!r}"
+        return None, f"flash-attn needs a CUDA device, got device {str(device)!r}"
     if not torch.cuda.is_available():
-        return "flash-attn needs a CUDA device, but CUDA is not available"
+        return None, "flash-attn needs a CUDA device, but CUDA is not available"
     if dtype not in (torch.float16, torch.bfloat16):
-        return (
+        return None, (
             f"flash-attn needs float16 or bfloat16, got {dtype} (train with precision='bf16-mixed' or '16-mixed', "
             "or pass dtype=)"
         )
-    major, minor = torch.cuda.get_device_capability(device)
-    if (major, minor) < (8, 0):
-        name = torch.cuda.get_device_name(device)
-        return f"flash-attn needs compute capability >= 8.0 (Ampere or newer), got {major}.{minor} ({name})"
     if head_dim is not None and head_dim > FLASH_MAX_HEAD_DIM:
-        return f"flash-attn needs a head dimension <= {FLASH_MAX_HEAD_DIM}, got {head_dim}"
-    return None
+        return None, f"flash-attn needs a head dimension <= {FLASH_MAX_HEAD_DIM}, got {head_dim}"
+    capability = torch.cuda.get_device_capability(device)
+    if "flash-attn-4" in engines and _flash4_capable(capability):
+        return "flash-attn-4", None
+    if "flash-attn-2" in engines and capability >= (8, 0):
+        return "flash-attn-2", None
+    name = torch.cuda.get_device_name(device)
+    got = f"got {capability[0]}.{capability[1]} ({name})"
+    if "flash-attn-2" not in engines:
+        return None, (
+            f"flash-attn-4 runs on compute capability 9.x-11.x (Hopper, Blackwell), {got}; on Ampere install "
+            "flash-attn 2: pip install 'lightning-tune[flash2]'"
+        )
+    return None, f"flash-attn needs compute capability >= 8.0 (Ampere or newer), {got}"
 
 
 def _warn(message: str) -> None:
@@ -188,18 +216,19 @@ def resolve_backend(
     head_dim: int | None = None,
     notify: Callable[[str], object] | None = None,
 ) -> ResolvedBackend:
-    """Pick the backend that will run: ``"flash"`` where flash-attn can, else ``"sdpa"``, as requested.
+    """Pick the backend that will run: ``"flash"`` where FlashAttention can, else ``"sdpa"``, as requested.
 
-    ``"sdpa"`` and ``"eager"`` are returned as they are. ``"flash"`` needs flash-attn installed, a CUDA device of
-    compute capability >= 8.0, float16/bfloat16 and ``head_dim <= 256``. ``"auto"`` is ``"flash"`` when all of that
-    holds and ``"sdpa"`` otherwise, with one message through ``notify`` saying why.
+    ``"sdpa"`` and ``"eager"`` are returned as they are. ``"flash"`` needs FlashAttention on a CUDA device with
+    float16/bfloat16 and ``head_dim <= 256``: flash-attn-4 (``flash_attn.cute``) on compute capability 9.x-11.x
+    (Hopper, Blackwell), else flash-attn 2 on 8.0 or newer. ``"auto"`` is ``"flash"`` when all of that holds and
+    ``"sdpa"`` otherwise, with one message through ``notify`` saying why.
 
     Args:
         requested: One of :data:`BACKENDS`.
         device: Device the attention will run on.
         dtype: Dtype attention computes in (see :func:`precision_dtype`).
         head_dim: Largest head dimension of the model's attention, if known.
-        notify: Receives the message when ``"auto"`` does not pick flash-attn; ``None`` issues it as a
+        notify: Receives the message when ``"auto"`` does not pick FlashAttention; ``None`` issues it as a
             ``UserWarning``.
 
     Returns:
@@ -208,7 +237,8 @@ def resolve_backend(
     Raises:
         ValueError: If ``requested`` is not one of :data:`BACKENDS`, or ``"flash"`` is requested where it cannot run
             (the message names the unmet condition).
-        ModuleNotFoundError: If ``"flash"`` is requested and flash-attn is not installed; the message names the extra.
+        ModuleNotFoundError: If ``"flash"`` is requested and no FlashAttention is installed; the message names the
+            extras.
 
     Example:
         >>> resolve_backend("sdpa", device="cpu", dtype=torch.float32)
@@ -222,27 +252,30 @@ def resolve_backend(
     device = torch.device(device)
     say = _warn if notify is None else notify
     sdpa_text = _kernel_text("sdpa", device)
-    if not _imports.is_available("flash_attn"):
+    engine, problem = _choose_flash(device, dtype, head_dim)
+    if engine is None and problem is None:
         if requested == "flash":
-            _imports.require("flash_attn", feature="backend='flash'")  # raises, naming the extra
+            raise ModuleNotFoundError(
+                f"backend='flash' needs FlashAttention, which is not installed. Install it with: {_FLASH_EXTRAS}",
+                name="flash_attn",
+            )
         say(
             "backend='auto': flash-attn is not installed, so attention runs through PyTorch SDPA "
-            f"({sdpa_text}). For flash-attn on an Ampere or newer GPU: pip install 'lightning-tune[flash]'"
+            f"({sdpa_text}). For FlashAttention: {_FLASH_EXTRAS}"
         )
         return "sdpa"
-    problem = _flash_problem(device, dtype, head_dim)
-    if problem is not None:
+    if engine is None:
         if requested == "flash":
             raise ValueError(f"backend='flash' cannot run here: {problem}. Use backend='auto' to fall back to SDPA.")
         say(f"backend='auto': {problem}, so attention runs through PyTorch SDPA ({sdpa_text})")
         return "sdpa"
     if requested == "flash":
-        _imports.require("flash_attn", feature="backend='flash'")
+        _imports.require(_ENGINE_MODULE[engine], feature="backend='flash'")
         return "flash"
     try:
-        _imports.require("flash_attn", feature="backend='auto'")
+        _imports.require(_ENGINE_MODULE[engine], feature="backend='auto'")
     except ImportError as err:  # installed but broken (e.g. built against another torch)
-        say(f"backend='auto': flash-attn is installed but does not import ({err}), so attention runs through SDPA")
+        say(f"backend='auto': {engine} is installed but does not import ({err}), so attention runs through SDPA")
         return "sdpa"
     return "flash"
 
@@ -374,21 +407,142 @@ def _call_device(args: tuple[Any, ...], kwargs: Mapping[str, Any]) -> torch.devi
     return None
 
 
-class _KernelForward(InstanceForward):
-    """An instance-level ``forward`` that runs the module's own forward under ``sdpa_kernel``."""
+def _routes(device: torch.device) -> bool:
+    """Whether SDPA calls on ``device`` go through the router (CUDA, where the kernel list has no MATH)."""
+    return device.type == "cuda"
 
-    def __init__(self, module: nn.Module, backend: ResolvedBackend, original: Any, fallback: torch.device) -> None:
+
+def _sdpa_call(args: tuple[Any, ...], kwargs: Mapping[str, Any]) -> dict[str, Any]:
+    names = ("query", "key", "value", "attn_mask", "dropout_p", "is_causal", "scale", "enable_gqa")
+    return (
+        {"attn_mask": None, "dropout_p": 0.0, "is_causal": False, "scale": None}
+        | dict(zip(names, args, strict=False))
+        | dict(kwargs)
+    )
+
+
+def fused_problem(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor) -> str | None:
+    """Why neither fused SDPA kernel (flash, memory-efficient) on CUDA takes a call, when that is known beforehand.
+
+    Args:
+        query: The call's query.
+        key: Its key.
+        value: Its value.
+
+    Returns:
+        The reason, or ``None`` when a fused kernel may take it (PyTorch has the last word: a call it still refuses
+        is run by the MATH kernel too, see :func:`swap_attention`).
+
+    Example:
+        >>> q = torch.zeros(2, 4, 8, dtype=torch.float64)
+        >>> fused_problem(q, q, q)
+        'float64 inputs (the fused kernels take float16, bfloat16 and float32)'
+    """
+    if query.dtype == torch.float64:
+        return "float64 inputs (the fused kernels take float16, bfloat16 and float32)"
+    if query.dim() != 4:
+        return f"{query.dim()}-D inputs (the fused kernels take (batch, heads, seq, head_dim))"
+    alignment = 4 if query.dtype == torch.float32 else 8
+    head_dims = (query.shape[-1], key.shape[-1], value.shape[-1])
+    if max(head_dims) > FLASH_MAX_HEAD_DIM and any(dim % alignment for dim in head_dims):
+        return (
+            f"head dimension {query.shape[-1]} in {str(query.dtype).removeprefix('torch.')} (flash takes at most "
+            f"{FLASH_MAX_HEAD_DIM}, memory-efficient a multiple of {alignment})"
+        )
+    return None
+
+
+def _flash4_call(call: Mapping[str, Any]) -> torch.Tensor | None:
+    """Run an SDPA call through flash-attn-4, or return ``None`` when it cannot take the call as it stands."""
+    q, k, v = call["query"], call["key"], call["value"]
+    if q.dim() != 4 or q.dtype not in (torch.float16, torch.bfloat16) or call["attn_mask"] is not None:
+        return None
+    if call["dropout_p"] or (call["is_causal"] and q.shape[-2] != k.shape[-2]):  # flash aligns causal bottom right
+        return None
+    if k.shape[1] != v.shape[1] or q.shape[1] % k.shape[1]:
+        return None
+    largest = FLASH_MAX_HEAD_DIM if torch.cuda.get_device_capability(q.device)[0] == 9 else 128
+    if any(dim % 8 or not 8 <= dim <= largest for dim in (q.shape[-1], v.shape[-1])):
+        return None
+    flash = _imports.require("flash_attn.cute", feature="backend='flash'").flash_attn_func
+    q, k, v = (t.transpose(1, 2) for t in (q, k, v))  # (B, H, S, D) -> flash-attn's (B, S, H, D)
+    out = flash(q, k, v, softmax_scale=call["scale"], causal=bool(call["is_causal"]))
+    out = out[0] if isinstance(out, tuple) else out  # it returns (out, lse)
+    return out.transpose(1, 2)
+
+
+class _SdpaRouter(TorchFunctionMode):
+    """Inside a swapped forward on CUDA: sends each SDPA call to FlashAttention, a fused kernel, or MATH."""
+
+    def __init__(self, owner: _KernelForward) -> None:
+        super().__init__()
+        self.owner = owner
+
+    def __torch_function__(self, func: Any, types: Any, args: tuple[Any, ...] = (), kwargs: Any = None) -> Any:
+        kwargs = kwargs or {}
+        if func is not F.scaled_dot_product_attention:
+            return func(*args, **kwargs)
+        return self.owner.attend(args, kwargs)
+
+
+class _KernelForward(InstanceForward):
+    """An instance-level ``forward`` that runs the module's own forward under ``sdpa_kernel``.
+
+    On CUDA its SDPA calls go through :class:`_SdpaRouter`: to flash-attn-4 when the backend is ``"flash"`` on a GPU
+    it runs on and the call suits it, else to the fused kernels, and to the MATH kernel (with one warning) for a call
+    neither fused kernel takes. (flash-attn 2 serves transformers models only, which reshape their own inputs.)
+    """
+
+    def __init__(
+        self,
+        module: nn.Module,
+        backend: ResolvedBackend,
+        original: Any,
+        fallback: torch.device,
+        engine: FlashEngine | None = None,
+    ) -> None:
         super().__init__(module, original)
         self.backend: ResolvedBackend = backend
         self.fallback = fallback
+        self.engine = engine if backend == "flash" else None
         self.warned_weights = False
+        self.warned_math = False
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         if isinstance(self.module, nn.MultiheadAttention) and not self.warned_weights:
             self._check_need_weights(args, kwargs)
         device = _call_device(args, kwargs) or self.fallback
         with sdpa_kernel(sdpa_backends(self.backend, device)):
-            return self.call_original(*args, **kwargs)
+            if self.backend == "eager" or not _routes(device):
+                return self.call_original(*args, **kwargs)
+            with _SdpaRouter(self):
+                return self.call_original(*args, **kwargs)
+
+    def attend(self, args: tuple[Any, ...], kwargs: Mapping[str, Any]) -> Any:
+        """Run one SDPA call of the wrapped forward (see the class docstring)."""
+        call = _sdpa_call(args, kwargs)
+        if self.engine == "flash-attn-4":
+            out = _flash4_call(call)
+            if out is not None:
+                return out
+        problem = fused_problem(call["query"], call["key"], call["value"])
+        if problem is None:
+            try:
+                return F.scaled_dot_product_attention(*args, **kwargs)
+            except RuntimeError as err:
+                if "No available kernel" not in str(err):
+                    raise
+                problem = "this call (PyTorch found no fused kernel for it; its warnings above say why)"
+        if not self.warned_math:
+            self.warned_math = True
+            warnings.warn(
+                f"{type(self.module).__name__}: neither fused SDPA kernel (flash, memory-efficient) takes {problem}, "
+                "so these calls run on the MATH kernel, slower and with more memory.",
+                UserWarning,
+                stacklevel=2,
+            )
+        with sdpa_kernel([SDPBackend.MATH]):
+            return F.scaled_dot_product_attention(*args, **kwargs)
 
     def _check_need_weights(self, args: tuple[Any, ...], kwargs: Mapping[str, Any]) -> None:
         need_weights = kwargs.get("need_weights", args[4] if len(args) > 4 else True)
@@ -403,14 +557,16 @@ class _KernelForward(InstanceForward):
             )
 
 
-def _wrap_forward(module: nn.Module, backend: ResolvedBackend, device: torch.device) -> Callable[[], None]:
+def _wrap_forward(
+    module: nn.Module, backend: ResolvedBackend, device: torch.device, engine: FlashEngine | None = None
+) -> Callable[[], None]:
     """Route ``module.forward`` through ``sdpa_kernel``; return the undo."""
     current = module.__dict__.get("forward")
     if isinstance(current, _KernelForward):
-        if current.backend != backend:  # re-swap to another backend: replace the wrap, keep the true original
-            setattr(module, "forward", _KernelForward(module, backend, current.original, device))  # noqa: B010
+        if (current.backend, current.engine) != (backend, engine):  # re-swap: replace the wrap, keep the original
+            setattr(module, "forward", _KernelForward(module, backend, current.original, device, engine))  # noqa: B010
     else:
-        setattr(module, "forward", _KernelForward(module, backend, current, device))  # noqa: B010
+        setattr(module, "forward", _KernelForward(module, backend, current, device, engine))  # noqa: B010
     return lambda: remove_forward(module, _KernelForward)
 
 
@@ -471,12 +627,18 @@ def _hf_set(model: nn.Module, implementation: str) -> None:
         model.config._attn_implementation = implementation  # type: ignore[union-attr]
 
 
+def _hf_name(backend: ResolvedBackend, engine: FlashEngine | None) -> str:
+    """Transformers' attention implementation for a backend: flash-attn-4 is ``"flash_attention_4"``."""
+    return "flash_attention_4" if backend == "flash" and engine == "flash-attn-4" else _HF_IMPLEMENTATION[backend]
+
+
 def _switch_transformers(
     site: AttentionSite,
     backend: ResolvedBackend,
     requested: str,
     pretrained: type,
     say: Callable[[str], object],
+    engine: FlashEngine | None = None,
 ) -> tuple[ResolvedBackend, str] | None:
     """Switch a transformers model's attention implementation; return (backend used, detail) or None if skipped."""
     model = site.module
@@ -485,7 +647,7 @@ def _switch_transformers(
         warnings.warn(
             f"{name} chose its attention classes when it was built (transformers before the AttentionInterface), so "
             f"its attention implementation cannot be switched now; it stays {_hf_current(model)!r}. Load it with "
-            f"`attn_implementation={_HF_IMPLEMENTATION[backend]!r}` instead.",
+            f"`attn_implementation={_hf_name(backend, engine)!r}` instead.",
             UserWarning,
             stacklevel=3,
         )
@@ -498,7 +660,7 @@ def _switch_transformers(
     fallbacks: list[ResolvedBackend] = ["sdpa", "eager"] if requested == "auto" else []
     candidates = list(dict.fromkeys([backend, *fallbacks]))  # "auto" walks down to what the model supports
     for candidate in candidates:
-        target = _HF_IMPLEMENTATION[candidate]
+        target = _hf_name(candidate, engine)
         try:
             _hf_set(model, target)
         except (ValueError, ImportError) as err:
@@ -517,7 +679,7 @@ def _switch_transformers(
     _hf_apply_snapshot(original)
     del _HF_ORIGINALS[model]
     warnings.warn(
-        f"{name} did not take attn_implementation={_HF_IMPLEMENTATION[backend]!r} (it stays "
+        f"{name} did not take attn_implementation={_hf_name(backend, engine)!r} (it stays "
         f"{_hf_current(model)!r}); see transformers' log for why.",
         UserWarning,
         stacklevel=3,
@@ -669,6 +831,7 @@ def swap_attention(
         backend, device=run_device, dtype=run_dtype, head_dim=max(head_dims, default=None), notify=say
     )
     result = AttentionSwapResult(requested=backend, backend=resolved)
+    engine = _choose_flash(run_device, run_dtype, max(head_dims, default=None))[0] if resolved == "flash" else None
     pretrained = _pretrained_model_class()
     modules = dict(module.named_modules())
     try:
@@ -677,7 +840,7 @@ def swap_attention(
             entry_backend = resolved
             if site.kind == "transformers":
                 assert pretrained is not None
-                switched = _switch_transformers(site, resolved, backend, pretrained, say)
+                switched = _switch_transformers(site, resolved, backend, pretrained, say, engine)
                 if switched is None:
                     continue
                 entry_backend, detail = switched
@@ -686,11 +849,15 @@ def swap_attention(
                     result._undo.append(_wrap_forward(target, "sdpa", run_device))
                     detail += f" under {_kernel_text('sdpa', run_device)}"
             else:
-                result._undo.append(_wrap_forward(target, resolved, run_device))
+                result._undo.append(_wrap_forward(target, resolved, run_device, engine))
                 parent = modules.get(site.path.rpartition(".")[0]) if site.path else None
                 if isinstance(parent, nn.TransformerEncoderLayer) and parent.self_attn is target:
-                    result._undo.append(_wrap_forward(parent, resolved, run_device))  # its fast path skips MHA.forward
+                    # its fast path skips MHA.forward
+                    result._undo.append(_wrap_forward(parent, resolved, run_device, engine))
                 detail = _kernel_text(resolved, run_device)
+                if engine == "flash-attn-4":
+                    detail = f"flash-attn-4 where a call suits it, else {detail}"
+
             result.entries.append(SwapEntry(site.path, site.kind, type(target).__name__, entry_backend, detail))
     except BaseException:
         result.restore()

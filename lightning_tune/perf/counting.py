@@ -1,0 +1,386 @@
+"""Count a training step's FLOPs on a meta-device copy of the model, never on the model that is timed.
+
+:func:`count_step_flops` copies the LightningModule's module tree with every parameter and buffer on the ``meta``
+device (no memory, no compute), runs the class's ``training_step`` and the loss's ``backward`` on a meta copy of the
+batch under ``torch.utils.flop_counter.FlopCounterMode``, and returns a :class:`FlopModel`: the step's FLOPs as a
+function of the batch's samples and sequence length. The real model is never called, so a compiled model is
+compiled as usual (Dynamo does not compile a frame it first meets under a dispatch mode).
+
+Conventions (``docs/peak_flops.md``):
+
+- matmuls and convolutions as ``FlopCounterMode`` counts them (``2 * m * n * k`` per matmul), forward and backward;
+  elementwise work is not counted;
+- every ``F.scaled_dot_product_attention`` call is counted here, not by ``FlopCounterMode`` (which counts nothing for
+  some CPU kernels and the full square for causal calls): ``2 * pairs * (d_qk + d_v)`` per batch and head forward,
+  twice that backward, where ``pairs`` is the number of (query, key) pairs attended. A causal call attends
+  ``L * (L + 1) / 2`` pairs, about half the square; a call with an explicit mask counts the full square;
+- recomputation is not model work: with this package's activation checkpointing (or Hugging Face's own switch) the
+  copy runs without it, and the forward FLOPs of each checkpointed block, which its backward would run again, give
+  the hardware FLOPs (HFU);
+- the dense part scales with the batch's positions (samples times sequence length, padding included: the model
+  computes it), the attention part with the pairs of that length.
+"""
+
+from __future__ import annotations
+
+import copy
+import math
+import types
+import warnings
+from collections.abc import Callable, Mapping
+from contextlib import nullcontext
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+from torch.overrides import TorchFunctionMode
+from torch.utils.flop_counter import FlopCounterMode
+
+from lightning_tune._surgery import InstanceForward
+from lightning_tune.perf.batch import sequence_length
+
+__all__ = ["FlopModel", "attention_pairs", "count_step_flops", "meta_copy"]
+
+
+def attention_pairs(q_len: int, k_len: int, *, causal: bool) -> int:
+    """Number of (query, key) pairs an attention call attends.
+
+    Causal attention (``is_causal=True``, the mask aligned to the top left as in PyTorch) lets query ``i`` see keys
+    ``0..i``.
+
+    Args:
+        q_len: Query length.
+        k_len: Key length.
+        causal: Whether the call is causal.
+
+    Returns:
+        ``q_len * k_len``, or the causal count (``L * (L + 1) / 2`` when both lengths are ``L``).
+
+    Example:
+        >>> attention_pairs(4, 4, causal=False), attention_pairs(4, 4, causal=True)
+        (16, 10)
+    """
+    if not causal:
+        return q_len * k_len
+    seen = min(q_len, k_len)  # queries 0..seen-1 see i + 1 keys; the rest see all k_len keys
+    return seen * (seen + 1) // 2 + (q_len - seen) * k_len
+
+
+@dataclass(frozen=True)
+class FlopModel:
+    """FLOPs of one training micro-batch as a function of its shape, from one count at a known shape.
+
+    Args:
+        samples: Samples of the counted batch.
+        seq_len: Sequence length of the counted batch, ``None`` when it held no ``(batch, seq)`` token ids.
+        dense: FLOPs of everything but attention in the counted batch (grows with samples x positions).
+        causal_attention: Causal attention FLOPs in the counted batch (grows with ``L * (L + 1) / 2``).
+        full_attention: Other attention FLOPs in the counted batch (grows with ``L ** 2``).
+
+    Example:
+        >>> model = FlopModel(samples=2, seq_len=4, dense=800.0, causal_attention=200.0, full_attention=0.0)
+        >>> model.total  # the counted batch
+        1000.0
+        >>> model.flops(samples=1, seq_len=8)  # half the sequences, twice as long: 800 dense, 36/10 x 100 causal
+        1160.0
+    """
+
+    samples: int
+    seq_len: int | None
+    dense: float
+    causal_attention: float
+    full_attention: float
+
+    @property
+    def total(self) -> float:
+        """FLOPs of the counted batch."""
+        return self.dense + self.causal_attention + self.full_attention
+
+    def flops(self, samples: int, seq_len: int | None = None) -> float:
+        """FLOPs of a micro-batch of ``samples`` sequences of ``seq_len`` positions.
+
+        Args:
+            samples: Samples in the micro-batch.
+            seq_len: Its sequence length; ``None`` (or a model counted without one) scales by samples alone.
+
+        Returns:
+            The FLOPs.
+        """
+        per_sample = samples / self.samples
+        base = self.seq_len
+        if base is None or seq_len is None or seq_len == base:
+            return per_sample * self.total
+        causal = attention_pairs(seq_len, seq_len, causal=True) / attention_pairs(base, base, causal=True)
+        return per_sample * (
+            self.dense * seq_len / base + self.causal_attention * causal + self.full_attention * (seq_len / base) ** 2
+        )
+
+
+# ------------------------------------------------------------------------------------------------------- attention
+
+
+def _sdpa_arguments(args: tuple[Any, ...], kwargs: Mapping[str, Any]) -> tuple[Tensor, Tensor, Tensor, bool, bool]:
+    names = ("query", "key", "value", "attn_mask", "dropout_p", "is_causal")
+    bound = dict(zip(names, args, strict=False)) | dict(kwargs)
+    causal = bool(bound.get("is_causal", False))
+    return bound["query"], bound["key"], bound["value"], bound.get("attn_mask") is not None, causal
+
+
+class _AttentionCounter(TorchFunctionMode):
+    """Counts ``F.scaled_dot_product_attention`` calls by formula and runs an uncounted stand-in of the same shape."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.causal = 0.0
+        self.full = 0.0
+        self.forward = {True: 0.0, False: 0.0}  # forward FLOPs alone, by causality
+
+    def __torch_function__(self, func: Any, types: Any, args: tuple[Any, ...] = (), kwargs: Any = None) -> Any:
+        kwargs = kwargs or {}
+        if func is not F.scaled_dot_product_attention:
+            return func(*args, **kwargs)
+        q, k, v, masked, causal = _sdpa_arguments(args, kwargs)
+        causal = causal and not masked
+        heads = math.prod(q.shape[:-2])
+        forward = 2 * heads * attention_pairs(q.shape[-2], k.shape[-2], causal=causal) * (q.shape[-1] + v.shape[-1])
+        needs_grad = torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v))
+        flops = forward * (3 if needs_grad else 1)  # backward: dS, dQ, dK, dV = twice the forward's two matmuls
+        self.forward[causal] += forward
+        if causal:
+            self.causal += flops
+        else:
+            self.full += flops
+        # same shape and gradient paths as the real output; sums and broadcasts are not counted as FLOPs
+        lead = q.shape[:-1]
+        return q.sum(-1, keepdim=True).expand(*lead, v.shape[-1]) + (k.sum() + v.sum())
+
+
+# ------------------------------------------------------------------------------------------------------- meta copy
+
+
+def _meta_tensor(tensor: Tensor, memo: dict[int, Any]) -> Tensor:
+    found = memo.get(id(tensor))
+    if found is None:
+        meta = torch.empty_like(tensor, device="meta")
+        found = nn.Parameter(meta, requires_grad=tensor.requires_grad) if isinstance(tensor, nn.Parameter) else meta
+        memo[id(tensor)] = found
+    return found
+
+
+def _rebind(value: Any, original: nn.Module, clone: nn.Module) -> Any:
+    if isinstance(value, types.MethodType) and value.__self__ is original:
+        return types.MethodType(value.__func__, clone)
+    return value
+
+
+def _recomputes(wrapper: InstanceForward) -> bool:
+    from lightning_tune.presets.checkpointing import _CheckpointedForward  # the package's own checkpointing
+
+    return isinstance(wrapper, _CheckpointedForward)
+
+
+class _Tally:
+    """The counters of one count, and the forward FLOPs of the checkpointed blocks (what their backward recomputes)."""
+
+    def __init__(self) -> None:
+        self.counter = FlopCounterMode(display=False)
+        self.attention = _AttentionCounter()
+        self.recomputed = [0.0, 0.0, 0.0]  # dense, causal attention, full attention
+
+    def forward_flops(self) -> list[float]:
+        forward = self.attention.forward
+        return [float(self.counter.get_total_flops()), forward[True], forward[False]]
+
+
+class _RecomputeProbe:
+    """Stands in the copy for a checkpointing wrapper: runs the block once and notes its forward FLOPs."""
+
+    def __init__(self, run: Callable[..., Any], tally: _Tally) -> None:
+        self.run, self.tally = run, tally
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        if not torch.is_grad_enabled():  # nothing saved, nothing recomputed (as in the real wrapper)
+            return self.run(*args, **kwargs)
+        before = self.tally.forward_flops()
+        out = self.run(*args, **kwargs)
+        after = self.tally.forward_flops()
+        self.tally.recomputed = [r + b - a for r, a, b in zip(self.tally.recomputed, before, after, strict=True)]
+        return out
+
+
+def _copy_module(module: nn.Module, tally: _Tally | None, memo: dict[int, Any]) -> nn.Module:
+    if id(module) in memo:
+        return memo[id(module)]
+    inner = getattr(module, "_orig_mod", None)
+    if isinstance(inner, nn.Module) and type(module).__name__ == "OptimizedModule":  # torch.compile(module)
+        memo[id(module)] = clone = _copy_module(inner, tally, memo)
+        return clone
+    clone = copy.copy(module)  # shallow: the copy shares every attribute but those replaced below
+    memo[id(module)] = clone
+    clone._parameters = {
+        name: None if p is None else _meta_tensor(p, memo)  # type: ignore[misc]
+        for name, p in module._parameters.items()
+    }
+    clone._buffers = {name: None if b is None else _meta_tensor(b, memo) for name, b in module._buffers.items()}
+    clone._modules = {
+        name: None if child is None else _copy_module(child, tally, memo) for name, child in module._modules.items()
+    }
+    state = vars(clone)
+    if state.get("_compiled_call_impl") is not None:  # module.compile(): run the copy eagerly
+        state["_compiled_call_impl"] = None
+    if "_trainer" in state:  # a LightningModule: the copy logs nothing and touches no Trainer
+        state["_trainer"] = None
+    if isinstance(state.get("_device"), torch.device):  # `self.device` of a LightningModule: tensors made on it
+        state["_device"] = torch.device("meta")
+    hf_checkpointed = state.get("gradient_checkpointing") is True  # Hugging Face's switch: off in the copy
+    if hf_checkpointed:
+        state["gradient_checkpointing"] = False
+    _copy_config(state, memo)
+    wrapper = state.get("forward")
+    if isinstance(wrapper, InstanceForward):  # swaps and presets run as the module's own forward on the copy
+        if wrapper.original is None:
+            del state["forward"]
+        else:
+            state["forward"] = _rebind(wrapper.original, module, clone)
+        if _recomputes(wrapper) and tally is not None:
+            state["forward"] = _RecomputeProbe(clone.forward, tally)
+    # the layers Hugging Face checkpoints (its own switch, which ActivationCheckpointing uses for these models)
+    if (
+        hf_checkpointed
+        and tally is not None
+        and any(k.__name__ == "GradientCheckpointingLayer" for k in type(module).__mro__)
+    ):
+        state["forward"] = _RecomputeProbe(clone.forward, tally)
+    return clone
+
+
+def _copy_config(state: dict[str, Any], memo: dict[int, Any]) -> None:
+    """A Hugging Face model on flash-attn is counted through its SDPA path: meta tensors reach no CUDA kernel."""
+    config = state.get("config")
+    implementation = getattr(config, "_attn_implementation", None)
+    if not (isinstance(implementation, str) and "flash" in implementation):
+        return
+    if id(config) not in memo:
+        replaced = copy.copy(config)
+        vars(replaced)["_attn_implementation_internal"] = "sdpa"
+        memo[id(config)] = replaced
+    state["config"] = memo[id(config)]
+
+
+def meta_copy(module: nn.Module) -> nn.Module:
+    """A copy of ``module`` whose parameters and buffers live on the meta device, for counting without computing.
+
+    Submodules are copied shallowly: the copy shares every other attribute with the original (datasets, configs)
+    but holds its own parameter, buffer and child dicts. ``torch.compile`` wrappers are unwrapped, a LightningModule's
+    Trainer reference is dropped, instance-level ``forward`` wrappers of this package's swaps and presets are removed,
+    and activation checkpointing is off (a Hugging Face model on flash-attn runs its SDPA path).
+
+    Args:
+        module: The model.
+
+    Returns:
+        The copy; the original is untouched.
+
+    Raises:
+        TypeError: If ``module`` is not a ``torch.nn.Module``.
+
+    Example:
+        >>> layer = nn.Linear(3, 4)
+        >>> copied = meta_copy(layer)
+        >>> copied.weight.device, layer.weight.device
+        (device(type='meta'), device(type='cpu'))
+    """
+    if not isinstance(module, nn.Module):
+        raise TypeError(f"`module` must be a torch.nn.Module, got {module!r} ({type(module).__name__})")
+    return _copy_module(module, None, {})
+
+
+def _meta_batch(batch: Any) -> Any:
+    if isinstance(batch, Tensor):
+        return torch.empty_like(batch, device="meta")
+    if isinstance(batch, Mapping):
+        return type(batch)({key: _meta_batch(value) for key, value in batch.items()})  # type: ignore[call-arg]
+    if isinstance(batch, tuple) and hasattr(batch, "_fields"):  # a namedtuple
+        return type(batch)(*(_meta_batch(value) for value in batch))
+    if isinstance(batch, (list, tuple)):
+        return type(batch)(_meta_batch(value) for value in batch)
+    return batch
+
+
+def _loss(output: Any) -> Tensor | None:
+    if isinstance(output, Mapping):
+        output = output.get("loss")
+    return output if isinstance(output, Tensor) and output.requires_grad else None
+
+
+def count_step_flops(
+    module: nn.Module, batch: Any, step: Callable[[nn.Module, Any], Any], *, samples: int
+) -> tuple[FlopModel, FlopModel | None]:
+    """Count the FLOPs of one training step (forward and backward) on a meta copy of ``module``.
+
+    Args:
+        module: The model.
+        batch: A real batch; only its shapes and dtypes are used.
+        step: ``step(copy, meta_batch)`` runs the forward and returns the loss (a tensor, or a mapping with
+            ``"loss"``); its ``backward`` is counted too.
+        samples: Samples in ``batch``.
+
+    A mapping batch whose step cannot run on meta tensors is counted once more without its ``attention_mask``: a
+    padding mask makes Hugging Face models read values (``.item()``) that meta tensors do not have, and without it
+    they attend causally, which is how the count treats causal models (the pairs attended).
+
+    Returns:
+        The model FLOPs, and the hardware FLOPs when this package's activation checkpointing recomputes blocks
+        (``None`` otherwise).
+
+    Raises:
+        Exception: Whatever the step raises on meta tensors (data-dependent Python control flow, ``.item()``, a
+            device given by hand): the caller decides what to do without a count.
+
+    Example:
+        >>> model = nn.Linear(8, 4)
+        >>> flops, hardware = count_step_flops(model, torch.ones(2, 8), lambda m, x: m(x).sum(), samples=2)
+        >>> flops.total, hardware  # forward 2*2*8*4, and the weight gradient (the input needs none)
+        (256.0, None)
+    """
+    try:
+        return _count_step(module, batch, step, samples)
+    except Exception:
+        if not (isinstance(batch, Mapping) and "attention_mask" in batch):
+            raise
+        unmasked = {key: value for key, value in batch.items() if key != "attention_mask"}
+        try:
+            return _count_step(module, unmasked, step, samples)
+        except Exception:  # noqa: BLE001 - the first error is the one to report
+            pass
+        raise
+
+
+def _count_step(
+    module: nn.Module, batch: Any, step: Callable[[nn.Module, Any], Any], samples: int
+) -> tuple[FlopModel, FlopModel | None]:
+    tally = _Tally()
+    copied = _copy_module(module, tally, {})
+    stance = getattr(torch.compiler, "set_stance", None)  # torch >= 2.6: compiled functions run eagerly, uncompiled
+    with (
+        stance("force_eager") if stance is not None else nullcontext(),
+        torch.device("meta"),  # tensors the step makes without a device
+        tally.counter,
+        tally.attention,
+        warnings.catch_warnings(),
+    ):
+        warnings.simplefilter("ignore")  # e.g. `self.log` without a Trainer
+        loss = _loss(step(copied, _meta_batch(batch)))
+        if loss is not None:
+            loss.backward()
+    attention = tally.attention
+    dense = float(tally.counter.get_total_flops())
+    counted, length = max(samples, 1), sequence_length(batch)
+    flops = FlopModel(counted, length, dense, attention.causal, attention.full)
+    extra = tally.recomputed
+    if not any(extra):
+        return flops, None
+    hardware = FlopModel(counted, length, dense + extra[0], attention.causal + extra[1], attention.full + extra[2])
+    return flops, hardware
