@@ -6,30 +6,94 @@ Each check names the argument, repeats the value it got and says what is allowed
 from __future__ import annotations
 
 import math
-from collections.abc import Collection
+from collections.abc import Collection, Mapping, Sequence
 from typing import Any
 
 
-def check_int(name: str, value: Any, *, minimum: int | None = None, allow_none: bool = False) -> None:
-    """Check that ``value`` is an integer (not a bool), optionally at least ``minimum``.
+def check_int(
+    name: str, value: Any, *, minimum: int | None = None, maximum: int | None = None, allow_none: bool = False
+) -> None:
+    """Check that ``value`` is an integer (not a bool), optionally at least ``minimum`` and at most ``maximum``.
 
     Args:
         name: Argument name for the message.
         value: The value given.
         minimum: Smallest allowed value, if any.
+        maximum: Largest allowed value, if any.
         allow_none: Whether ``None`` is accepted.
 
     Raises:
         TypeError: If ``value`` is not an integer.
-        ValueError: If ``value`` is below ``minimum``.
+        ValueError: If ``value`` is below ``minimum`` or above ``maximum``.
     """
     if value is None and allow_none:
         return
     if isinstance(value, bool) or not isinstance(value, int):
         kind = "an integer or None" if allow_none else "an integer"
         raise TypeError(f"`{name}` must be {kind}, got {value!r} ({type(value).__name__})")
+    if maximum is not None and (value > maximum or (minimum is not None and value < minimum)):
+        rule = f"from {minimum} to {maximum}" if minimum is not None else f"<= {maximum}"
+        raise ValueError(f"`{name}` must be an integer {rule}, got {value!r}")
     if minimum is not None and value < minimum:
         raise ValueError(f"`{name}` must be an integer >= {minimum}, got {value!r}")
+
+
+def check_str(name: str, value: Any, *, allow_none: bool = False) -> None:
+    """Check that ``value`` is a non-empty string.
+
+    Args:
+        name: Argument name for the message.
+        value: The value given.
+        allow_none: Whether ``None`` is accepted.
+
+    Raises:
+        TypeError: If ``value`` is not a string.
+        ValueError: If it is empty.
+    """
+    if value is None and allow_none:
+        return
+    if not isinstance(value, str):
+        kind = "a string or None" if allow_none else "a string"
+        raise TypeError(f"`{name}` must be {kind}, got {value!r} ({type(value).__name__})")
+    if not value.strip():
+        raise ValueError(f"`{name}` must be a non-empty string, got {value!r}")
+
+
+def check_strings(name: str, value: Any, *, what: str = "strings", allow_none: bool = False) -> None:
+    """Check that ``value`` is a sequence (not a single string) of strings.
+
+    Args:
+        name: Argument name for the message.
+        value: The value given.
+        what: What the strings are, for the message (``"submodule names"``).
+        allow_none: Whether ``None`` is accepted.
+
+    Raises:
+        TypeError: If ``value`` is not such a sequence.
+    """
+    if value is None and allow_none:
+        return
+    if isinstance(value, str) or not isinstance(value, Sequence) or not all(isinstance(v, str) for v in value):
+        kind = f"a sequence of {what}" + (" or None" if allow_none else "")
+        raise TypeError(f"`{name}` must be {kind}, got {value!r} ({type(value).__name__})")
+
+
+def check_mapping(name: str, value: Any, *, allow_none: bool = False) -> None:
+    """Check that ``value`` is a mapping with string keys.
+
+    Args:
+        name: Argument name for the message.
+        value: The value given.
+        allow_none: Whether ``None`` is accepted.
+
+    Raises:
+        TypeError: If ``value`` is not a mapping, or a key is not a string.
+    """
+    if value is None and allow_none:
+        return
+    if not isinstance(value, Mapping) or not all(isinstance(key, str) for key in value):
+        kind = "a mapping of argument names to values" + (" or None" if allow_none else "")
+        raise TypeError(f"`{name}` must be {kind}, got {value!r} ({type(value).__name__})")
 
 
 def check_float(

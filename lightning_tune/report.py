@@ -31,7 +31,18 @@ if TYPE_CHECKING:
     from matplotlib.axes import Axes
     from matplotlib.figure import Figure
 
-__all__ = ["DEFAULT_DPI", "PANEL_TITLES", "ReportError", "Runs", "Series", "read_scalars", "render_report", "summarise"]
+__all__ = [
+    "DEFAULT_DPI",
+    "MAX_DPI",
+    "MIN_DPI",
+    "PANEL_TITLES",
+    "ReportError",
+    "Runs",
+    "Series",
+    "read_scalars",
+    "render_report",
+    "summarise",
+]
 
 #: Points of one scalar, ``(step, value)`` sorted by step.
 Series: TypeAlias = list[tuple[int, float]]
@@ -40,6 +51,9 @@ Runs: TypeAlias = dict[str, dict[str, Series]]
 
 #: Resolution of the PNG; the figure is 16 inches wide, so 100 dpi gives a 1600-pixel-wide image.
 DEFAULT_DPI = 100
+#: Resolutions :func:`render_report` accepts: 400 dpi is a 6400-pixel-wide image already, and far higher ones
+#: need gigabytes of memory to draw.
+MIN_DPI, MAX_DPI = 10, 400
 
 _EVENT_FILE_PREFIX = "events.out.tfevents."
 _PREFIXES = ("perf/", "tune/")
@@ -94,7 +108,7 @@ def read_scalars(logdir: str | os.PathLike[str]) -> Runs:
 
     Raises:
         TypeError: If ``logdir`` is not a path.
-        ReportError: If ``logdir`` is missing or not a directory, holds no event files, an event file cannot be
+        ReportError: If ``logdir`` is empty, missing or not a directory, holds no event files, an event file cannot be
             read, or no run has a ``perf/`` or ``tune/`` scalar.
     """
     root = _as_path("logdir", logdir)
@@ -126,6 +140,9 @@ def read_scalars(logdir: str | os.PathLike[str]) -> Runs:
 def _as_path(name: str, value: Any) -> Path:
     if isinstance(value, bool) or not isinstance(value, (str, os.PathLike)):
         raise TypeError(f"`{name}` must be a path (str or os.PathLike), got {value!r} ({type(value).__name__})")
+    text = os.fspath(value)
+    if not isinstance(text, str) or not text.strip():  # Path("") would silently be the current directory
+        raise ReportError(f"`{name}` must be a non-empty path (use '.' for the current directory), got {text!r}")
     return Path(value)
 
 
@@ -346,7 +363,7 @@ def render_report(
 
     Raises:
         TypeError: If an argument has the wrong type.
-        ValueError: If ``dpi`` is below 10.
+        ValueError: If ``dpi`` is outside [``MIN_DPI``, ``MAX_DPI``] (10 to 400).
         ReportError: If ``output`` does not end in ``.png`` or is a directory, no run has anything to plot, or the
             file cannot be written.
     """
@@ -354,7 +371,9 @@ def render_report(
     path = _check_output(output)
     if title is not None and not isinstance(title, str):
         raise TypeError(f"`title` must be a string or None, got {title!r} ({type(title).__name__})")
-    check_int("dpi", dpi, minimum=10)
+    check_int("dpi", dpi, minimum=MIN_DPI)
+    if dpi > MAX_DPI:
+        raise ValueError(f"`dpi` must be an integer from {MIN_DPI} to {MAX_DPI}, got {dpi!r}")
 
     canvas = _Canvas(data)
     panels = [(name, draw) for name, keys, draw in _PANELS if keys(canvas)]
@@ -523,10 +542,16 @@ def _draw_lr(ax: Axes, canvas: _Canvas) -> None:
             entries.append((style, f"param group {i}"))
             for run in canvas.runs:
                 canvas.line(ax, run, key, style=style)
-    values = [v for scalars in canvas.runs.values() for k in keys for v in _finite(scalars.get(k, ())) if v > 0]
+    lrs = [v for scalars in canvas.runs.values() for k in keys for v in _finite(scalars.get(k, ()))]
+    values = [v for v in lrs if v > 0]
     if values and max(values) > 10 * min(values):
+        for line in ax.get_lines():  # LR 0 (a warm-up's first step) has no place on a log axis: leave it out
+            ys = [float(v) for v in line.get_ydata()]  # type: ignore[union-attr, arg-type]
+            line.set_ydata([v if v > 0 else math.nan for v in ys])
         ax.set_yscale("log")
-        ax.set_ylabel("learning rate (log scale)")
+        ax.set_ylabel(
+            "learning rate (log scale, 0 left out)" if len(values) < len(lrs) else "learning rate (log scale)"
+        )
     else:
         ax.set_ylabel("learning rate")
         ax.ticklabel_format(axis="y", style="sci", scilimits=(-3, 4))

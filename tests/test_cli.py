@@ -39,6 +39,19 @@ def test_demo_command_trains_and_prints_a_summary(tmp_path: Path, capsys: pytest
         pytest.param(["demo", "--no-such-flag"], "unrecognized arguments: --no-such-flag", id="unknown-flag"),
         pytest.param(["frobnicate"], "invalid choice: 'frobnicate'", id="unknown-command"),
         pytest.param(
+            ["demo", "--batch-size", "100000000"],
+            "`batch_size` must be at most 4096 (the sequences of the demo's training split), got 100000000",
+            id="huge-batch",
+        ),
+        pytest.param(
+            ["demo", "--root-dir", ""],
+            "--root-dir: must be a non-empty path (use '.' for the current directory), got ''",
+            id="empty-root-dir",
+        ),
+        pytest.param(
+            ["demo", "--no-progress-bar=yes"], "--no-progress-bar: ignored explicit argument 'yes'", id="flag-value"
+        ),
+        pytest.param(
             ["demo", "--accelerator", "cpu", "--devices", "0,1"], "`devices` selected with", id="lightning-rejects"
         ),
     ],
@@ -53,6 +66,17 @@ def test_bad_arguments_exit_2_with_one_line_message(
     assert len(lines) == 1, captured.err
     assert "error:" in lines[0] and expected in lines[0]
     assert "Traceback" not in captured.err
+
+
+def test_demo_root_dir_through_a_file_exits_2_with_one_line(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    (tmp_path / "a-file").write_text("")
+    assert main(["demo", "--root-dir", str(tmp_path / "a-file" / "logs"), "--max-steps", "1"]) == 2
+    lines = capsys.readouterr().err.strip().splitlines()
+    assert lines == [
+        f"lightning-tune demo: error: `default_root_dir` '{tmp_path}/a-file/logs' cannot be a directory: "
+        f"'{tmp_path}/a-file' is a file"
+    ]
+    assert (tmp_path / "a-file").read_text() == ""
 
 
 def test_no_command_prints_help_and_returns_2(capsys: pytest.CaptureFixture[str]) -> None:

@@ -108,6 +108,26 @@ def test_reads_a_hugging_face_config(tmp_path: Path, capsys: pytest.CaptureFixtu
             id="rank",
         ),
         pytest.param(
+            ["--model", "gpt2", "--gpu-memory", "1", "--sequence-length", "8", "--lora-rank", "100000"],
+            "`lora_rank` must be an integer from 1 to 768 for gpt2",
+            id="rank-above-hidden-size",
+        ),
+        pytest.param(
+            ["--model", "gpt2", "--gpu-memory", "1", "--sequence-length", "8", "--attention", "flash3"],
+            "argument --attention: invalid choice: 'flash3'",
+            id="attention",
+        ),
+        pytest.param(
+            ["--model", "gpt2", "--gpu-memory", "1", "--sequence-length", "8", "--grad-checkpointing=yes"],
+            "--grad-checkpointing: ignored explicit argument 'yes'",
+            id="flag-value",
+        ),
+        pytest.param(
+            ["--model", "gpt2", "--gpu-memory", "1", "--sequence-length", "8", "--no-master-weights=no"],
+            "--no-master-weights: ignored explicit argument 'no'",
+            id="no-master-flag-value",
+        ),
+        pytest.param(
             ["--gpu-memory", "1", "--sequence-length", "8"],
             "the following arguments are required: --model",
             id="no-model",

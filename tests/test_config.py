@@ -576,7 +576,7 @@ BAD = [
     pytest.param(
         {"dynamic_batch_size": {"target_vram_utilization": 90}},
         ValueError,
-        "`training.dynamic_batch_size.target_vram_utilization` must be in (0, 1], got 90",
+        "`training.dynamic_batch_size.target_vram_utilization` must be in (0, 0.98], got 90",
         id="dyn-target-percent",
     ),
     pytest.param(
@@ -783,6 +783,14 @@ def test_file_errors(tmp_path: Path) -> None:
         from_config(listed)
     with pytest.raises(TypeError, match="`path_or_dict` must be a path to a YAML file or a mapping, got 3 "):
         from_config(3)  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match=r"configuration file '.*' is a directory; give the path of a YAML file"):
+        from_config(tmp_path)
+    with pytest.raises(ValueError, match=r"`path_or_dict` must be the path of a YAML file, got the empty path ''$"):
+        from_config("")
+    binary = tmp_path / "weights.yaml"
+    binary.write_bytes(b"\x89PNG\r\n\x1a\n\x00\xff\xfe")
+    with pytest.raises(ValueError, match=r"'.*weights.yaml' is not a YAML text file \(byte 0 is not UTF-8 text\)$"):
+        from_config(binary)
 
 
 def test_initial_lr_must_come_before_the_schedule(tmp_path: Path) -> None:

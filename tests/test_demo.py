@@ -241,9 +241,39 @@ def test_run_demo_trains_and_writes_tensorboard_logs(tmp_path: Path) -> None:
         pytest.param({"batch_size": 2.5}, TypeError, r"`batch_size` must be an integer", id="float-batch"),
         pytest.param({"seed": 2**32}, ValueError, r"`seed` must be an integer <= 4294967295", id="huge-seed"),
         pytest.param({"extra_callbacks": [object()]}, TypeError, r"`extra_callbacks` must hold", id="not-callback"),
+        pytest.param(
+            {"batch_size": 100_000_000},
+            ValueError,
+            r"`batch_size` must be at most 4096 \(the sequences of the demo's training split\), got 100000000",
+            id="huge-batch",
+        ),
+        pytest.param({"accelerator": 1}, TypeError, r"`accelerator` must be a string", id="accelerator-type"),
+        pytest.param({"devices": 1.5}, TypeError, r"`devices` must be an integer or a string", id="devices-type"),
+        pytest.param({"precision": 16}, TypeError, r"`precision` must be a string such as '32-true'", id="precision"),
+        pytest.param(
+            {"enable_progress_bar": "no"}, TypeError, r"`enable_progress_bar` must be True or False", id="bar"
+        ),
+        pytest.param({"default_root_dir": 3}, TypeError, r"`default_root_dir` must be a path, got 3 \(int\)", id="dir"),
+        pytest.param(
+            {"default_root_dir": ""},
+            ValueError,
+            r"`default_root_dir` must be a directory path \(use '\.' for the current one\), got ''",
+            id="empty-dir",
+        ),
+        pytest.param(
+            {"default_root_dir": "{file}/logs/run"},
+            ValueError,
+            r"`default_root_dir` '.*a-file/logs/run' cannot be a directory: '.*a-file' is a file",
+            id="dir-through-a-file",
+        ),
     ],
 )
-def test_run_demo_rejects_bad_arguments(kwargs: dict[str, Any], error: type[Exception], match: str) -> None:
+def test_run_demo_rejects_bad_arguments(
+    kwargs: dict[str, Any], error: type[Exception], match: str, tmp_path: Path
+) -> None:
+    (tmp_path / "a-file").write_text("")
+    if isinstance(kwargs.get("default_root_dir"), str):
+        kwargs = {**kwargs, "default_root_dir": kwargs["default_root_dir"].replace("{file}", str(tmp_path / "a-file"))}
     with pytest.raises(error, match=match):
         run_demo(**kwargs)
 

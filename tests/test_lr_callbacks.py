@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import warnings
 from pathlib import Path
 
 import pytest
@@ -204,3 +205,28 @@ def test_schedule_under_bf16_mixed_precision_and_accumulation(tmp_path: Path) ->
     assert trainer.global_step == 4
     expected = [warmup_cosine_lr(s, base_lr=0.05, warmup_steps=2, total_steps=4, min_lr=0.001) for s in range(4)]
     assert [r[0] for r in rec.lrs] == pytest.approx(expected)
+
+
+@pytest.mark.parametrize(
+    ("callback", "final"),
+    [
+        pytest.param(lambda: lt.WarmupCosine(warmup_steps=1, total_steps=5), "0", id="warmup-cosine"),
+        pytest.param(lambda: lt.OneCycle(max_lr=0.1, total_steps=3), "4e-07", id="one-cycle"),
+    ],
+)
+def test_explicit_total_steps_shorter_than_the_run_warns_at_fit_start(tmp_path: Path, callback, final: str) -> None:  # type: ignore[no-untyped-def]
+    made = callback()
+    with pytest.warns(UserWarning, match=r"the Trainer will run 10") as caught:
+        make_trainer(tmp_path, [made], max_steps=10).fit(Regressor())
+    messages = [str(w.message) for w in caught if "the Trainer will run" in str(w.message)]
+    assert len(messages) == 1
+    steps = made.total_steps
+    assert f"total_steps={steps}) ends after {steps} optimizer steps" in messages[0]
+    assert f"the last {10 - steps} steps stay at the schedule's final LR ({final})" in messages[0]
+
+
+def test_explicit_total_steps_covering_the_run_is_quiet(tmp_path: Path) -> None:
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        make_trainer(tmp_path, [lt.WarmupCosine(warmup_steps=1, total_steps=10)], max_steps=10).fit(Regressor())
+    assert not [w for w in caught if "the Trainer will run" in str(w.message)]

@@ -5,6 +5,7 @@ from __future__ import annotations
 import copy
 import importlib
 import re
+import sys
 import time
 import warnings
 from collections.abc import Callable
@@ -570,6 +571,7 @@ def test_missing_bitsandbytes_names_the_extra(monkeypatch: pytest.MonkeyPatch) -
 
     monkeypatch.setattr(_imports.importlib.util, "find_spec", find_spec)
     monkeypatch.setattr(_imports.importlib, "import_module", import_module)
+    monkeypatch.setitem(sys.modules, "bitsandbytes", None)  # imported above; None marks it missing, as Python does
     extra = re.escape("OptimizerSwap needs the optional package `bitsandbytes`, which is not installed. ")
     extra += re.escape("Install it with: pip install 'lightning-tune[bnb]'")
     with pytest.raises(ModuleNotFoundError, match=extra):
@@ -654,3 +656,93 @@ def test_bad_inputs_fail_with_a_message_naming_argument_value_and_rule(
     with pytest.raises(error) as info:
         build()
     assert str(info.value) == message
+
+
+def _tiny_llama_with_lora() -> nn.Module:
+    peft = pytest.importorskip("peft", reason="needs peft (in the dev extra)")
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(0)
+    config = LlamaConfig(
+        vocab_size=128,
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=4,
+        max_position_embeddings=32,
+    )
+    lora = peft.LoraConfig(r=8, lora_alpha=16, target_modules=["q_proj", "v_proj"], init_lora_weights="gaussian")
+    return peft.get_peft_model(LlamaForCausalLM(config), lora)
+
+
+def _train_one_step(model: nn.Module, optimizer: torch.optim.Optimizer) -> None:
+    ids = torch.randint(0, 128, (2, 16), generator=torch.Generator().manual_seed(0))
+    labels = ids.clone()
+    labels[:, :4] = -100
+    model(input_ids=ids, attention_mask=torch.ones_like(ids), labels=labels).loss.backward()
+    optimizer.step()
+
+
+@needs_bnb
+def test_lora_adapters_under_min_8bit_size_are_reported_as_saving_nothing_and_frozen_params_counted_apart() -> None:
+    model = _tiny_llama_with_lora()
+    adapters = [p for p in model.parameters() if p.requires_grad]
+    frozen = [p for p in model.parameters() if not p.requires_grad]
+    assert adapters and max(p.numel() for p in adapters) == 512 and frozen
+    old = torch.optim.AdamW(model.parameters(), lr=1e-3)  # the module passes its frozen weights too, as many do
+    with pytest.warns(UserWarning, match="stores no optimizer state in 8 bits") as rec:
+        result = swap_optimizer(old, optimizer_name="adamw8bit", module=model)
+    message = str(rec[0].message)
+    assert f"of the {len(adapters)} trainable tensor(s), {len(adapters)} are under min_8bit_size=4,096" in message
+    assert f"({len(frozen)} frozen tensor(s) get no state at all)" in message
+    assert "pass min_8bit_size=512 (or lower)" in message
+    buckets = result.state_buckets()
+    assert buckets["8-bit"] == [] and len(buckets["no state (frozen)"]) == len(frozen)
+    rows = {line.split("  ")[0]: line.split() for line in result.describe().splitlines()}
+    assert rows["8-bit"][1] == "0"
+    assert rows["no state (frozen)"][3] == str(len(frozen))
+    _train_one_step(model, result.new)  # bitsandbytes' own state says the same: nothing uint8, no frozen state
+    assert {id(p) for p in result.new.state} == {id(p) for p in adapters}
+    assert all(state["state1"].dtype == torch.float32 for state in result.new.state.values())
+
+    # The advice holds: at the suggested min_8bit_size the adapters get 8-bit state.
+    model = _tiny_llama_with_lora()
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        lowered = swap_optimizer(
+            torch.optim.AdamW([p for p in model.parameters() if p.requires_grad]),
+            optimizer_name="adamw8bit",
+            module=model,
+            min_8bit_size=512,
+        )
+    _train_one_step(model, lowered.new)
+    assert lowered.state_buckets()["no state (frozen)"] == []
+    assert all(state["state1"].dtype == torch.uint8 for state in lowered.new.state.values())
+
+
+@needs_bnb
+def test_nothing_in_8bit_is_said_in_the_callback_summary() -> None:
+    net = nn.Linear(8, 8)
+    with pytest.warns(UserWarning, match="stores no optimizer state in 8 bits"):
+        result = swap_optimizer(torch.optim.AdamW(net.parameters()), optimizer_name="adamw8bit", module=net)
+    swap = OptimizerSwap()
+    swap.results, swap.state_bytes_before, swap.state_bytes_after = [result], 1000, 999
+    assert swap.summary().endswith(
+        "(AdamW: 0.00 MiB, 99.9%; nothing is stored in 8 bits: every trainable tensor is under `min_8bit_size` or "
+        "kept 32-bit)"
+    )
+
+
+@needs_bnb
+def test_an_sgd_learning_rate_carried_into_adamw8bit_gets_advice() -> None:
+    net, _ = _two_group_model()
+    with pytest.warns(UserWarning, match="changes the algorithm") as rec:
+        swap_optimizer(torch.optim.SGD(net.parameters(), lr=0.1, momentum=0.9), optimizer_name="adamw8bit", module=net)
+    assert (
+        "group 0: lr=0.1 was chosen for SGD; AdamW8bit usually trains with a much smaller one (its default is 0.001)"
+    ) in str(rec[0].message)
+    with warnings.catch_warnings(record=True) as quiet:  # an LR already in Adam's range gets no advice
+        warnings.simplefilter("always")
+        swap_optimizer(torch.optim.SGD(net.parameters(), lr=1e-3, momentum=0.9), optimizer_name="adamw8bit", module=net)
+    assert not any("was chosen for SGD" in str(w.message) for w in quiet)

@@ -281,6 +281,8 @@ def test_render_report_with_nothing_to_plot(tmp_path: Path) -> None:
     ("kwargs", "error", "message"),
     [
         pytest.param({"dpi": 5}, ValueError, r"`dpi` must be an integer >= 10, got 5", id="dpi-low"),
+        pytest.param({"dpi": 401}, ValueError, r"`dpi` must be an integer from 10 to 400, got 401", id="dpi-high"),
+        pytest.param({"output": ""}, ReportError, r"`output` must be a non-empty path", id="output-empty"),
         pytest.param({"dpi": 72.0}, TypeError, r"`dpi` must be an integer, got 72.0 \(float\)", id="dpi-float"),
         pytest.param({"title": 3}, TypeError, r"`title` must be a string or None, got 3 \(int\)", id="title"),
         pytest.param({"output": None}, TypeError, r"`output` must be a path .*, got None \(NoneType\)", id="output"),
@@ -381,7 +383,17 @@ def test_report_command_writes_the_png_and_prints_the_summary(
         pytest.param(["report", "{tmp}/missing"], "`logdir` '{tmp}/missing' does not exist", id="missing"),
         pytest.param(["report", "{tmp}"], "no TensorBoard event files", id="empty"),
         pytest.param(["report", "{tmp}", "-o", "{tmp}/r.svg"], "`output` must be a path ending in .png", id="svg"),
-        pytest.param(["report", "{tmp}", "--dpi", "0"], "--dpi: must be an integer >= 10, got '0'", id="dpi"),
+        pytest.param(["report", "{tmp}", "--dpi", "0"], "--dpi: must be an integer from 10 to 400, got '0'", id="dpi"),
+        pytest.param(
+            ["report", "{tmp}", "--dpi", "100000"],
+            "--dpi: must be an integer from 10 to 400, got '100000'",
+            id="dpi-huge",
+        ),
+        pytest.param(
+            ["report", ""], "LOGDIR: must be a non-empty path (use '.' for the current directory)", id="empty-logdir"
+        ),
+        pytest.param(["report", "{tmp}", "-o", ""], "--output: must be a non-empty path", id="empty-output"),
+        pytest.param(["report", "{tmp}", "--title", ""], "--title: must be a non-empty text, got ''", id="empty-title"),
     ],
 )
 def test_report_command_errors_exit_2_with_one_line(
@@ -428,7 +440,7 @@ def test_report_renders_a_real_lightning_run(tmp_path: Path, capsys: pytest.Capt
     runs = read_scalars(tmp_path)
     assert list(runs) == ["lightning_logs/version_0"]
     run = runs["lightning_logs/version_0"]
-    assert [s for s, _ in run["perf/train/samples_per_sec"]] == [5, 10, 15, 20, 25, 30]
+    assert [s for s, _ in run["perf/train/samples_per_sec"]] == [4, 9, 14, 19, 24, 29]  # Lightning's step numbering
     assert len(run["tune/lr"]) == 6  # self.log keys reach the logger every log_every_n_steps
     out = tmp_path / "report.png"
     assert main(["report", str(tmp_path), "-o", str(out)]) == 0
@@ -438,3 +450,27 @@ def test_report_renders_a_real_lightning_run(tmp_path: Path, capsys: pytest.Capt
     for panel in ("Throughput", "Step time", "Learning rate", "Utilisation", "Validation latency"):
         assert panel in drawn
     assert_png(out)
+
+
+def test_read_scalars_refuses_an_empty_path_instead_of_reading_the_current_directory() -> None:
+    with pytest.raises(ReportError, match=r"`logdir` must be a non-empty path \(use '\.' for the current directory\)"):
+        read_scalars("")
+
+
+def test_lr_panel_on_a_log_scale_leaves_a_warm_up_from_zero_out() -> None:
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+
+    from lightning_tune.report import _Canvas, _draw_lr, _normalise_runs
+
+    lrs = [0.0, 1e-4, 1e-3, 1e-2, 5e-3, 1e-3]  # a warm-up from 0, then a decay over two decades
+    canvas = _Canvas(_normalise_runs({"v": {"tune/lr": list(enumerate(lrs))}}), colours={"v": "C0"})
+    fig = Figure()
+    ax = fig.add_subplot()
+    _draw_lr(ax, canvas)
+    FigureCanvasAgg(fig).draw()
+    assert ax.get_yscale() == "log" and ax.get_ylabel() == "learning rate (log scale, 0 left out)"
+    (line,) = ax.get_lines()
+    drawn = [float(v) for v in line.get_ydata()]
+    assert math.isnan(drawn[0]) and drawn[1:] == lrs[1:]  # nothing is drawn below the axis
+    assert 1e-5 < ax.get_ylim()[0] <= 1e-4

@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import warnings
 from pathlib import Path
 
 import pytest
+import torch
 from lightning.pytorch.callbacks import ModelCheckpoint
 
 import lightning_tune as lt
+from lightning_tune.lr import warmup_cosine_lr
 from tests.helpers import LRRecorder, Regressor, make_trainer
 
 VAL = [1.0, 0.9, 0.9, 0.9, 0.95, 0.9, 0.9, 0.9]
@@ -49,3 +52,69 @@ def test_resume_mid_epoch_gives_the_same_lr_at_every_step(tmp_path: Path, schedu
     assert len(resumed.lrs) == 40 - 13
     assert resumed.lrs == full.lrs[13:]
     assert len({lr[0] for lr in full.lrs}) > 10  # the schedule and the plateau both moved the LR
+
+
+def _fit(tmp_path: Path, schedule: lt.callbacks.lr_schedule.ScheduleCallback, max_steps: int, **kwargs):  # type: ignore[no-untyped-def]
+    rec = LRRecorder()
+    callbacks = kwargs.pop("callbacks", [])
+    ckpt_path = kwargs.pop("ckpt_path", None)
+    trainer = make_trainer(tmp_path, [schedule, rec, *callbacks], max_steps=max_steps, **kwargs)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        trainer.fit(Regressor(lr=0.05), ckpt_path=ckpt_path)
+    mine = [str(w.message) for w in caught if "resumes at optimizer step" in str(w.message)]
+    return [lr[0] for lr in rec.lrs], mine
+
+
+def _torch_one_cycle(max_lr: float, total: int) -> list[float]:
+    opt = torch.optim.SGD([torch.zeros(1, requires_grad=True)], lr=0.05, momentum=0.9)
+    sched = torch.optim.lr_scheduler.OneCycleLR(opt, max_lr=max_lr, total_steps=total)
+    out = []
+    for _ in range(total):
+        out.append(opt.param_groups[0]["lr"])
+        opt.step()
+        sched.step()
+    return out
+
+
+@pytest.fixture(scope="module")
+def saved_at_step_6(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, list[float]]:
+    """A WarmupCosine(warmup_steps=5) run of 10 steps (length left to the Trainer), checkpointed at step 6."""
+    tmp = tmp_path_factory.mktemp("resume_args")
+    checkpoint = ModelCheckpoint(dirpath=tmp / "ckpt", every_n_train_steps=6, save_top_k=-1)
+    lrs, _ = _fit(tmp, lt.WarmupCosine(warmup_steps=5), 10, callbacks=[checkpoint], enable_checkpointing=True)
+    return next((tmp / "ckpt").glob("*step=6.ckpt")), lrs
+
+
+@pytest.mark.filterwarnings("ignore:.*callbacks used to create the checkpoint.*", "ignore:.*not resumable.*")
+@pytest.mark.parametrize(
+    ("schedule", "max_steps", "expected", "warned"),
+    [
+        pytest.param(lambda: lt.WarmupCosine(warmup_steps=5), 10, None, False, id="same-arguments-continue"),
+        pytest.param(lambda: lt.LinearWarmup(5), 10, [0.05] * 4, True, id="linear-warmup-followed"),
+        pytest.param(
+            lambda: lt.OneCycle(max_lr=0.5, cycle_momentum=False),
+            10,
+            _torch_one_cycle(0.5, 10)[6:],
+            True,
+            id="one-cycle-followed",
+        ),
+        pytest.param(
+            lambda: lt.WarmupCosine(warmup_steps=5),
+            20,
+            [warmup_cosine_lr(s, base_lr=0.05, warmup_steps=5, total_steps=20) for s in range(6, 20)],
+            False,
+            id="longer-run-stretches-the-schedule",
+        ),
+    ],
+)
+def test_resume_follows_the_arguments_it_is_resumed_with(  # type: ignore[no-untyped-def]
+    tmp_path: Path, saved_at_step_6, schedule, max_steps: int, expected: list[float] | None, warned: bool
+) -> None:
+    ckpt, full = saved_at_step_6
+    lrs, messages = _fit(tmp_path, schedule(), max_steps, ckpt_path=str(ckpt))
+    assert lrs == pytest.approx(full[6:] if expected is None else expected, rel=1e-12, abs=1e-15)
+    assert len(messages) == (1 if warned else 0), messages
+    if warned:  # names both schedules and the LR before and after
+        assert "Checkpoint: WarmupCosineSchedule(" in messages[0]
+        assert f"LR of group 0 goes from {full[6]:.4g} to {lrs[0]:.4g}" in messages[0]

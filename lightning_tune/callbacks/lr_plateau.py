@@ -87,6 +87,8 @@ class AdaptiveLROnPlateau(Callback):
             raise TypeError(f"`monitor` must be a non-empty metric name, got {monitor!r}")
         check_float("factor", factor, low=0.0, high=1.0, low_inclusive=False, high_inclusive=False)
         if isinstance(min_lr, Sequence) and not isinstance(min_lr, str):
+            if len(min_lr) == 0:
+                raise ValueError("`min_lr` must be a number >= 0 or a non-empty sequence of them, got []")
             for index, value in enumerate(min_lr):
                 check_float(f"min_lr[{index}]", value, low=0.0)
             self.min_lr: float | tuple[float, ...] = tuple(float(v) for v in min_lr)

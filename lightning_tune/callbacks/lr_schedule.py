@@ -23,9 +23,10 @@ import dataclasses
 import math
 from abc import ABC, abstractmethod
 from collections.abc import Sequence
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from lightning.pytorch.callbacks import Callback
+from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
 from lightning.pytorch.utilities.exceptions import MisconfigurationException
 from lightning.pytorch.utilities.types import LRSchedulerConfig
 from torch.optim import Optimizer
@@ -65,6 +66,14 @@ def base_lrs(optimizer: Optimizer) -> list[float]:
 class ScheduleCallback(Callback, ABC):
     """Base of the schedule callbacks: installs one :class:`ScheduleLR` per optimizer at fit start.
 
+    A run resumed from a checkpoint follows the arguments it is resumed with: the same arguments continue the saved
+    schedule exactly; other arguments (another schedule class, another warm-up, peak or length) replace it from the
+    restored step on, with one warning naming both schedules and the LR before and after; and with
+    ``total_steps=None`` a Trainer that will now run longer or shorter (a new ``max_steps``) stretches the saved
+    schedule to the new length, the warm-up unchanged, with one info line naming both lengths. An explicit
+    ``total_steps`` below what the Trainer will run gets one warning at fit start: the LR would sit at the schedule's
+    final value for the rest of the run.
+
     Args:
         total_steps: Optimizer steps the schedule spans; ``None`` means what the Trainer will actually run
             (``trainer.estimated_stepping_batches``: max_steps / max_epochs, dataset length, accumulation, devices).
@@ -81,6 +90,9 @@ class ScheduleCallback(Callback, ABC):
         self.replace = replace
         self.log_lr = log_lr
         self.schedulers: list[ScheduleLR] = []
+        self._planned: int | None = None  # the Trainer's run length the schedules were resolved for, if it decided
+        self._saved_planned: int | None = None  # the same, read from a checkpoint
+        self._warned_restore = False
 
     @abstractmethod
     def build_schedule(self, optimizer: Optimizer, total_steps: int) -> Schedule:
@@ -142,13 +154,70 @@ class ScheduleCallback(Callback, ABC):
                     f"`replace=True` to {name} to use {name}'s schedule instead."
                 )
         total_steps = self.resolve_total_steps(trainer)
+        self._planned = total_steps if self.total_steps is None else None
+        self._warned_restore = False
         self.schedulers = [
-            ScheduleLR(optimizer, self.build_schedule(optimizer, total_steps)) for optimizer in optimizers
+            ScheduleLR(optimizer, self.build_schedule(optimizer, total_steps), on_restore=self._on_restore)
+            for optimizer in optimizers
         ]
+        if self.total_steps is not None:
+            self._warn_if_shorter_than_run(trainer)
         # Lightning's own LearningRateFinder installs schedulers this way; configs are saved and restored by position.
         trainer.strategy.lr_scheduler_configs = kept + [
             LRSchedulerConfig(scheduler, interval="step", frequency=1) for scheduler in self.schedulers
         ]
+
+    def _warn_if_shorter_than_run(self, trainer: pl.Trainer) -> None:
+        """One warning when an explicit ``total_steps`` ends before the Trainer's run does."""
+        assert self.total_steps is not None
+        run = trainer.estimated_stepping_batches
+        if not math.isfinite(run) or self.total_steps >= run:
+            return
+        final = self.schedulers[0].schedule.lr_at(self.total_steps, 0)
+        rank_zero_warn(
+            f"{type(self).__name__}(total_steps={self.total_steps}) ends after {self.total_steps} optimizer steps, but "
+            f"the Trainer will run {int(run)}: the last {int(run) - self.total_steps} steps stay at the schedule's "
+            f"final LR ({final:.3g}). Leave `total_steps=None` to span the whole run, or shorten the run.",
+            category=UserWarning,
+        )
+
+    def _on_restore(self, saved: Schedule, configured: Schedule, step: int) -> Schedule:
+        """Choose the schedule a resumed run follows (the ``on_restore`` hook of the installed schedulers)."""
+        if saved == configured:
+            return saved
+        name = type(self).__name__
+        if self._planned is not None and type(saved) is type(configured):
+            ignored = {"total_steps"} | ({"warmup_steps"} if getattr(self, "warmup_ratio", None) is not None else set())
+            if _fields(saved, ignored) == _fields(configured, ignored):  # the same arguments: only the length differs
+                if self._saved_planned == self._planned:
+                    return saved  # the Trainer's length is unchanged; the saved one may have been retargeted since
+                resized = _with_length(saved, self._planned, step)
+                rank_zero_info(
+                    f"{name}: the run now takes {self._planned} optimizer steps, and the checkpoint's schedule "
+                    f"ended at step {saved.total_steps}; it follows the new length from step {step} on (warm-up "  # type: ignore[attr-defined]
+                    "unchanged)."
+                )
+                return resized
+        if not self._warned_restore:
+            self._warned_restore = True
+            before, after = saved.lr_at(step, 0), configured.lr_at(step, 0)
+            rank_zero_warn(
+                f"{name} resumes at optimizer step {step} with other arguments than the checkpoint was saved with; "
+                f"following the new schedule, so the LR of group 0 goes from {before:.4g} to {after:.4g}. "
+                f"Checkpoint: {saved!r}. Now: {configured!r}. Resume with the checkpoint's arguments to continue its "
+                "schedule unchanged.",
+                category=UserWarning,
+            )
+        return configured
+
+    @override
+    def state_dict(self) -> dict[str, Any]:
+        return {"planned_steps": self._planned}
+
+    @override
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        planned = state_dict.get("planned_steps")
+        self._saved_planned = planned if isinstance(planned, int) else None
 
     def retarget(self, total_steps: int) -> None:
         """Make the installed schedules end at ``total_steps`` (the run's length changed under them).
@@ -163,12 +232,9 @@ class ScheduleCallback(Callback, ABC):
         if self.total_steps is not None:
             return
         for scheduler in self.schedulers:
-            schedule = scheduler.schedule
-            current = getattr(schedule, "total_steps", None)
-            if current is None or current == total_steps:
-                continue
-            floor = max(getattr(schedule, "warmup_steps", 0) + 1, scheduler.last_epoch + 1)
-            scheduler.schedule = dataclasses.replace(schedule, total_steps=max(total_steps, floor))  # type: ignore[type-var]
+            current = getattr(scheduler.schedule, "total_steps", None)
+            if current is not None and current != total_steps:
+                scheduler.schedule = _with_length(scheduler.schedule, total_steps, scheduler.last_epoch)
 
     @override
     def on_before_optimizer_step(
@@ -180,6 +246,16 @@ class ScheduleCallback(Callback, ABC):
     @override
     def on_fit_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         self.schedulers = []
+
+
+def _with_length(schedule: Schedule, total_steps: int, step: int) -> Schedule:
+    """``schedule`` ending at ``total_steps``, but never before its warm-up is over or before ``step``."""
+    floor = max(getattr(schedule, "warmup_steps", 0) + 1, step + 1)
+    return dataclasses.replace(schedule, total_steps=max(total_steps, floor))  # type: ignore[type-var]
+
+
+def _fields(schedule: Schedule, ignored: set[str]) -> dict[str, Any]:
+    return {f.name: getattr(schedule, f.name) for f in dataclasses.fields(schedule) if f.name not in ignored}  # type: ignore[arg-type]
 
 
 def _check_min_lr(min_lr: float, lrs: Sequence[float], owner: str) -> None:

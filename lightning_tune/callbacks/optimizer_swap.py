@@ -172,6 +172,8 @@ class OptimizerSwap(Callback):
             before = f"{old}: {_mib(self.state_bytes_before)}"
             if self.state_bytes_after is not None and self.state_bytes_before:
                 before += f", {self.state_bytes_after / self.state_bytes_before:.1%}"
+        if any(result.saves_nothing for result in self.results):
+            before += "; nothing is stored in 8 bits: every trainable tensor is under `min_8bit_size` or kept 32-bit"
         return f"OptimizerSwap: optimizer state {after} after the first step ({before})"
 
 

@@ -15,7 +15,7 @@ from lightning_tune import _imports
 from lightning_tune._validation import check_int
 from lightning_tune.config._section import Section, reject
 from lightning_tune.config.precision import lightning_precision
-from lightning_tune.config.training import TrainingConfig
+from lightning_tune.config.training import SCHEDULES, TrainingConfig
 from lightning_tune.presets.deepspeed import DeepSpeedSettings
 
 __all__ = ["from_config", "load_config"]
@@ -48,7 +48,7 @@ _INFERENCE = (
     "lightning_tune configures training runs; serving settings (continuous batching, KV cache, speculative "
     "decoding) belong to an inference server. Keep only the `training:` section"
 )
-_SCHEDULES: Final = ("cosine_with_warmup", "linear_warmup", "onecycle")
+_SCHEDULES: Final = SCHEDULES
 #: Keys of `learning_rate` that belong to one schedule -> the schedules they apply to.
 _SCHEDULE_KEYS: Final[dict[str, tuple[str, ...]]] = {
     "warmup_steps": ("cosine_with_warmup", "linear_warmup"),
@@ -88,7 +88,7 @@ def load_config(source: str | os.PathLike[str] | Mapping[str, Any]) -> dict[str,
     Raises:
         TypeError: If ``source`` is neither a path nor a mapping, or the file does not hold a mapping.
         FileNotFoundError: If the file does not exist.
-        ValueError: If the file is not valid YAML.
+        ValueError: If the path is empty or a directory, or the file is not UTF-8 text or not valid YAML.
     """
     if isinstance(source, Mapping):
         return dict(source)
@@ -98,11 +98,19 @@ def load_config(source: str | os.PathLike[str] | Mapping[str, Any]) -> dict[str,
         )
     import yaml
 
+    if not os.fspath(source).strip():  # Path("") would be the current directory
+        raise ValueError(f"`path_or_dict` must be the path of a YAML file, got the empty path {os.fspath(source)!r}")
     path = Path(source)
+    if path.is_dir():
+        raise ValueError(f"configuration file {str(path)!r} is a directory; give the path of a YAML file")
     try:
-        text = path.read_text()
+        text = path.read_text(encoding="utf-8")
     except FileNotFoundError:
         raise FileNotFoundError(f"configuration file {str(path)!r} does not exist") from None
+    except UnicodeDecodeError as err:
+        raise ValueError(
+            f"configuration file {str(path)!r} is not a YAML text file (byte {err.start} is not UTF-8 text)"
+        ) from None
     try:
         data = yaml.safe_load(text)
     except yaml.YAMLError as err:
@@ -271,7 +279,7 @@ def _dynamic_batch(section: Section, micro: int | None) -> dict[str, Any] | None
         return None
     dyn = section.section("dynamic_batch_size", keys)
     kwargs: dict[str, Any] = {}
-    if (target := dyn.number("target_vram_utilization", low=0.0, high=1.0, low_inclusive=False)) is not None:
+    if (target := dyn.number("target_vram_utilization", low=0.0, high=0.98, low_inclusive=False)) is not None:
         kwargs["target_vram"] = target
     lowest = dyn.integer("min_batch_size", minimum=1)
     highest = dyn.integer("max_batch_size", minimum=1)

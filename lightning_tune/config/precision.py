@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Final
 
+from lightning_tune._validation import check_str
 from lightning_tune.plugins.tune import PRECISIONS
 
 __all__ = ["PRECISION_NAMES", "lightning_precision"]
@@ -48,13 +49,17 @@ def lightning_precision(
         A Lightning precision string, or ``None`` when neither is given.
 
     Raises:
-        TypeError: If ``name`` is not a string.
-        ValueError: If ``name`` is unknown or contradicts ``mixed``.
+        TypeError: If ``name`` is not a string, ``mixed`` not a bool or None, or a key name not a string.
+        ValueError: If ``name`` is unknown or contradicts ``mixed``, or a key name is empty.
 
     Example:
         >>> lightning_precision("fp16", None), lightning_precision("bf16", False), lightning_precision(None, True)
         ('16-mixed', 'bf16-true', 'auto')
     """
+    check_str("key", key)
+    check_str("mixed_key", mixed_key)
+    if mixed is not None and not isinstance(mixed, bool):
+        raise TypeError(f"`{mixed_key}` must be true, false or absent, got {mixed!r} ({type(mixed).__name__})")
     if name is None:
         return "auto" if mixed else None
     if not isinstance(name, str):

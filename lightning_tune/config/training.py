@@ -9,10 +9,11 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Any, Final, Literal, get_args
 
 from lightning.pytorch.callbacks import Callback
 
+from lightning_tune._validation import check_bool, check_choice, check_float, check_int, check_mapping
 from lightning_tune.presets.checkpointing import BlockTypes
 from lightning_tune.presets.deepspeed import DeepSpeedSettings
 
@@ -24,6 +25,12 @@ __all__ = ["Schedule", "TrainingConfig"]
 
 #: Learning-rate schedules a configuration can name.
 Schedule = Literal["cosine_with_warmup", "linear_warmup", "onecycle"]
+SCHEDULES: Final[tuple[str, ...]] = get_args(Schedule)
+
+
+def _check_optional_choice(name: str, value: Any, choices: tuple[str, ...]) -> None:
+    if value is not None:
+        check_choice(name, value, choices)
 
 
 def _frozen(mapping: Mapping[str, Any] | None) -> Mapping[str, Any] | None:
@@ -86,10 +93,65 @@ class TrainingConfig:
     source: Mapping[str, Any] = field(default_factory=dict, compare=False, repr=False)
 
     def __post_init__(self) -> None:
+        from lightning_tune.plugins.tune import PRECISIONS
+        from lightning_tune.swaps.attention import BACKENDS
+        from lightning_tune.swaps.optimizer import OPTIMIZERS
+
+        _check_optional_choice("precision", self.precision, PRECISIONS)
+        for name in ("micro_batch_size", "sequence_length", "accumulate_grad_batches", "checkpoint_every_n_steps"):
+            check_int(name, getattr(self, name), minimum=1, allow_none=True)
+        check_float("initial_lr", self.initial_lr, low=0.0, low_inclusive=False, allow_none=True)
+        _check_optional_choice("schedule", self.schedule, SCHEDULES)
+        _check_optional_choice("optimizer", self.optimizer, OPTIMIZERS)
+        _check_optional_choice("attention", self.attention, BACKENDS)
+        _check_optional_choice("process_group_backend", self.process_group_backend, ("nccl", "gloo"))
         for name in ("dataloader_kwargs", "schedule_kwargs", "source"):
+            check_mapping(name, getattr(self, name))
             object.__setattr__(self, name, _frozen(getattr(self, name)))
         for name in ("plateau_kwargs", "dynamic_batch_kwargs", "compile_kwargs"):
+            check_mapping(name, getattr(self, name), allow_none=True)
             object.__setattr__(self, name, _frozen(getattr(self, name)))
+        if self.schedule is None and self.schedule_kwargs:
+            raise ValueError(f"`schedule_kwargs` needs a `schedule`, got {dict(self.schedule_kwargs)!r} without one")
+        if self.checkpointing_blocks is not None and self.checkpointing_blocks != "auto":
+            from lightning_tune.presets.checkpointing import _type_matcher
+
+            try:
+                _type_matcher(self.checkpointing_blocks)
+            except (TypeError, ValueError) as err:
+                raise type(err)(f"`checkpointing_blocks` must be None, 'auto' or block types: {err}") from None
+        if self.deepspeed is not None and not isinstance(self.deepspeed, DeepSpeedSettings):
+            raise TypeError(
+                f"`deepspeed` must be a DeepSpeedSettings or None, got {self.deepspeed!r} "
+                f"({type(self.deepspeed).__name__})"
+            )
+        if isinstance(self.devices, (tuple, list)):
+            for index, device in enumerate(self.devices):
+                check_int(f"devices[{index}]", device, minimum=0)
+            if not self.devices or len(set(self.devices)) != len(self.devices):
+                raise ValueError(f"`devices` must list distinct device indices, got {self.devices!r}")
+            object.__setattr__(self, "devices", tuple(self.devices))
+        else:
+            check_int("devices", self.devices, minimum=1, allow_none=True)
+        check_bool("data_parallel", self.data_parallel)
+        check_bool("async_checkpoint", self.async_checkpoint)
+        if self.process_group_backend is not None and not self.data_parallel:
+            raise ValueError(
+                f"`process_group_backend` ({self.process_group_backend!r}) sets the backend of data parallelism: it "
+                "needs `data_parallel=True`"
+            )
+        import inspect
+
+        from torch.utils.data import DataLoader
+
+        allowed = set(inspect.signature(DataLoader).parameters) - {"self", "dataset", "batch_size"}
+        unknown = sorted(set(self.dataloader_kwargs) - allowed)
+        if unknown:
+            raise ValueError(
+                f"`dataloader_kwargs` has keys DataLoader does not take: {', '.join(unknown)} (allowed: "
+                f"{', '.join(sorted(allowed))}; the batch size is `micro_batch_size`)"
+            )
+        self.callbacks()  # the callbacks' own constructors check their arguments now, not when the Trainer is built
 
     @property
     def uses_plugin(self) -> bool:

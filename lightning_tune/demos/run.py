@@ -28,6 +28,8 @@ __all__ = ["DemoSummary", "run_demo"]
 #: Learning rate of the demo model; the warmup-cosine schedule decays it to a tenth.
 DEMO_LR = 3e-3
 _MAX_SEED = 2**32 - 1  # the largest seed seed_everything accepts
+#: Sequences in the demo's training split: also the largest batch it can make.
+TRAIN_SEQUENCES = 4096
 
 
 @dataclass(frozen=True)
@@ -136,17 +138,19 @@ def run_demo(
     adds :class:`lightning_tune.WarmupCosine` (10 % warmup, then cosine decay to a tenth of the peak LR, logged as
     ``tune/lr``) and :class:`lightning_tune.AdaptiveLROnPlateau` on ``val_loss``. Validation runs about five times
     during training. TensorBoard logs go to ``<default_root_dir>/lightning_logs/version_N``; no checkpoints are
-    written. With the defaults it takes well under a minute on a laptop CPU.
+    written. With the defaults it took 20 s on two otherwise idle CPU cores (14 s of it in ``Trainer.fit``), and
+    several minutes when other work shared those cores.
 
     Args:
         max_steps: Optimizer steps to train, >= 1.
-        batch_size: Sequences (of 64 tokens) per batch, >= 1.
+        batch_size: Sequences (of 64 tokens) per batch, in ``[1, TRAIN_SEQUENCES]`` (4096, the training split).
         accelerator: Lightning accelerator name (``"auto"``, ``"cpu"``, ``"gpu"``, ``"cuda"``, ``"mps"``).
         devices: Lightning ``devices`` (a count, ``"auto"`` or a device list such as ``"0,1"``).
         precision: Lightning precision; ``None`` picks ``"bf16-mixed"`` on a CUDA GPU that supports it,
             ``"16-mixed"`` on other CUDA GPUs and ``"32-true"`` elsewhere.
         seed: Global seed (model init, data, shuffling), in ``[0, 2**32 - 1]``.
-        default_root_dir: Directory under which ``lightning_logs`` is created.
+        default_root_dir: Directory under which ``lightning_logs`` is created (missing directories are made); not
+            empty, and no part of it may be an existing file.
         enable_progress_bar: Show Lightning's progress bar and model summary.
         extra_callbacks: More callbacks to add to the Trainer (e.g. other callbacks of the pack).
 
@@ -202,6 +206,11 @@ def _prepare_demo(
     """Validate the arguments of :func:`run_demo` and build its Trainer, model and data (nothing is trained)."""
     check_int("max_steps", max_steps, minimum=1)
     check_int("batch_size", batch_size, minimum=1)
+    if batch_size > TRAIN_SEQUENCES:
+        raise ValueError(
+            f"`batch_size` must be at most {TRAIN_SEQUENCES} (the sequences of the demo's training split), "
+            f"got {batch_size!r}"
+        )
     check_int("seed", seed, minimum=0)
     if seed > _MAX_SEED:
         raise ValueError(f"`seed` must be an integer <= {_MAX_SEED}, got {seed!r}")
@@ -212,8 +221,7 @@ def _prepare_demo(
         raise TypeError(f"`devices` must be an integer or a string such as 'auto', got {devices!r}")
     if precision is not None and not isinstance(precision, str):
         raise TypeError(f"`precision` must be a string such as '32-true' or None, got {precision!r}")
-    if not isinstance(default_root_dir, (str, os.PathLike)):
-        raise TypeError(f"`default_root_dir` must be a path, got {default_root_dir!r}")
+    _check_root_dir(default_root_dir)
     callbacks = list(extra_callbacks)
     for callback in callbacks:
         if not isinstance(callback, Callback):
@@ -222,7 +230,12 @@ def _prepare_demo(
     pl.seed_everything(seed, workers=True, verbose=False)
     config = GPTConfig()
     datamodule = SyntheticTokenDataModule(
-        batch_size, seq_len=config.seq_len, vocab_size=config.vocab_size, val_sequences=128, seed=seed
+        batch_size,
+        seq_len=config.seq_len,
+        vocab_size=config.vocab_size,
+        train_sequences=TRAIN_SEQUENCES,
+        val_sequences=128,
+        seed=seed,
     )
     model = DemoGPT(config, lr=DEMO_LR)
     tracker = _LossTracker(window=max(1, min(10, max_steps // 5)))
@@ -264,6 +277,21 @@ def _prepare_demo(
         logger=logger,
         dynamic=dynamic,
     )
+
+
+def _check_root_dir(root: Any) -> None:
+    """Refuse a log directory that is not a path, is empty, or runs through an existing file."""
+    if isinstance(root, bool) or not isinstance(root, (str, os.PathLike)):
+        raise TypeError(f"`default_root_dir` must be a path, got {root!r} ({type(root).__name__})")
+    text = os.fspath(root)
+    if not isinstance(text, str) or not text.strip():
+        raise ValueError(f"`default_root_dir` must be a directory path (use '.' for the current one), got {text!r}")
+    path = Path(text)
+    for part in (path, *path.parents):
+        if part.exists():
+            if not part.is_dir():
+                raise ValueError(f"`default_root_dir` {text!r} cannot be a directory: {str(part)!r} is a file")
+            return
 
 
 #: The device the demo simulates when there is no GPU: 1 GiB, 600 MiB of it fixed.

@@ -11,12 +11,14 @@ reductions, multiply the scheduled value instead of being overwritten by it.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 from torch import Tensor
 from torch.optim import Optimizer
 from torch.optim.lr_scheduler import LRScheduler
 
+from lightning_tune._validation import check_int
 from lightning_tune.lr.schedules import Schedule, schedule_from_dict, schedule_to_dict
 
 
@@ -27,10 +29,16 @@ class ScheduleLR(LRScheduler):
         optimizer: The optimizer to drive.
         schedule: Per-group learning rates as functions of the optimizer step.
         last_epoch: As in torch's schedulers; ``-1`` starts at step 0.
+        on_restore: Decides which schedule a resumed run follows: called as ``on_restore(saved, configured, step)``
+            when :meth:`load_state_dict` loads a saved state (``saved`` is the checkpoint's schedule, ``configured``
+            the one this scheduler was built with, ``step`` the restored :attr:`last_epoch`) and returns the schedule
+            to follow. ``None`` follows the saved one, as torch's schedulers restore their own arguments. The
+            schedule callbacks use it to honour the arguments a run is resumed with.
 
     Raises:
-        ValueError: If the schedule was resolved for a different number of parameter groups, or it cycles momentum
-            and the optimizer has neither ``momentum`` nor ``betas``.
+        TypeError: If ``last_epoch`` is not an integer or ``on_restore`` is not callable.
+        ValueError: If ``last_epoch < -1``, the schedule was resolved for a different number of parameter groups, or
+            it cycles momentum and the optimizer has neither ``momentum`` nor ``betas``.
 
     Example:
         >>> import torch
@@ -41,7 +49,14 @@ class ScheduleLR(LRScheduler):
         [0.25, 0.5, 0.75]
     """
 
-    def __init__(self, optimizer: Optimizer, schedule: Schedule, last_epoch: int = -1) -> None:
+    def __init__(
+        self,
+        optimizer: Optimizer,
+        schedule: Schedule,
+        last_epoch: int = -1,
+        *,
+        on_restore: Callable[[Schedule, Schedule, int], Schedule] | None = None,
+    ) -> None:
         if schedule.num_groups != len(optimizer.param_groups):
             raise ValueError(
                 f"the schedule was resolved for {schedule.num_groups} parameter group(s) but the optimizer has "
@@ -54,8 +69,14 @@ class ScheduleLR(LRScheduler):
                 f"the schedule cycles momentum but {type(optimizer).__name__} has neither `momentum` nor `betas`; "
                 "pass `cycle_momentum=False`"
             )
+        check_int("last_epoch", last_epoch, minimum=-1)
+        if on_restore is not None and not callable(on_restore):
+            raise TypeError(
+                f"`on_restore` must be a callable or None, got {on_restore!r} ({type(on_restore).__name__})"
+            )
         self.schedule = schedule
         self.scales = [1.0] * len(optimizer.param_groups)
+        self.on_restore = on_restore
         super().__init__(optimizer, last_epoch)
 
     def get_lr(self) -> list[float | Tensor]:
@@ -99,15 +120,30 @@ class ScheduleLR(LRScheduler):
             The scheduler's state.
         """
         state = super().state_dict()
+        state.pop("on_restore", None)
         state["schedule"] = schedule_to_dict(self.schedule)
         return state
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         """Restore a state saved by :meth:`state_dict`.
 
+        With ``on_restore`` set, the schedule it returns is followed from the restored step on, and the optimizer's
+        learning rates are set to that schedule's values for that step.
+
         Args:
             state_dict: The saved state.
         """
         state = dict(state_dict)
-        self.schedule = schedule_from_dict(state.pop("schedule"))
+        saved = schedule_from_dict(state.pop("schedule"))
+        configured = self.schedule
         super().load_state_dict(state)
+        self.schedule = saved if self.on_restore is None else self.on_restore(saved, configured, self.last_epoch)
+        if self.schedule != saved:  # the optimizer's restored LRs are the saved schedule's: set this one's
+            for group, value in zip(self.optimizer.param_groups, self.get_lr(), strict=True):
+                if isinstance(group["lr"], Tensor):
+                    group["lr"].fill_(value)
+                else:
+                    group["lr"] = value
+            self._last_lr = [
+                g["lr"].clone() if isinstance(g["lr"], Tensor) else g["lr"] for g in self.optimizer.param_groups
+            ]

@@ -242,7 +242,8 @@ def estimate_memory(
         attention: ``"flash"`` (no ``s x s`` matrix kept) or ``"eager"``.
         gradient_checkpointing: Recompute each block in backward, keeping only block inputs.
         lora_rank: Train only rank-``r`` LoRA adapters on the attention's query, key, value and output projections;
-            the base weights are frozen (no gradients, no optimizer state). ``None`` trains every weight.
+            the base weights are frozen (no gradients, no optimizer state). ``None`` trains every weight. At most the
+            smallest side of those projections (``hidden_size``, or the key/value width with grouped-query attention).
 
     Returns:
         The estimate; ``fixed_bytes`` is weights + gradients + master weights + optimizer state + buffers and
@@ -273,6 +274,13 @@ def estimate_memory(
     check_choice("attention", attention, ATTENTIONS)
     check_bool("gradient_checkpointing", gradient_checkpointing)
     check_int("lora_rank", lora_rank, minimum=1, allow_none=True)
+    full_rank = min(shape.hidden_size, shape.q_size, shape.kv_size)
+    if lora_rank is not None and lora_rank > full_rank:
+        raise ValueError(
+            f"`lora_rank` must be an integer from 1 to {full_rank} for {shape.name or 'this model'} (the smallest "
+            "side of its q/k/v/o projections; a higher rank trains more than the full weight), got "
+            f"{lora_rank}"
+        )
     e = _ELEMENT_BYTES[precision]
     if master_weights and e == 4:
         raise ValueError("`master_weights` must be False or None with precision 'fp32' (the weights are float32)")

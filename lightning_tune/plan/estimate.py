@@ -118,6 +118,8 @@ class MemoryEstimate:
         check_int("largest_layer_parameters", self.largest_layer_parameters, minimum=0, allow_none=True)
         check_int("sequence_length", self.sequence_length, minimum=1, allow_none=True)
         check_choice("source", self.source, ("analytic", "measured"))
+        if not isinstance(self.notes, tuple) or not all(isinstance(note, str) for note in self.notes):
+            raise TypeError(f"`notes` must be a tuple of strings, got {self.notes!r} ({type(self.notes).__name__})")
         if self.trainable_parameters is None:
             object.__setattr__(self, "trainable_parameters", self.parameters)
         if self.largest_layer_parameters is None:

@@ -26,6 +26,7 @@ Example:
 
 from __future__ import annotations
 
+import reprlib
 import warnings
 import weakref
 from collections.abc import Callable, Iterator, Mapping
@@ -200,9 +201,31 @@ def _rebuild(template: Optimizer, fakes: Mapping[int, nn.Parameter]) -> Optimize
     return factory(groups)
 
 
+def _tensors_in(batch: Any) -> Iterator[Tensor]:
+    if isinstance(batch, Tensor):
+        yield batch
+    elif isinstance(batch, Mapping):
+        for value in batch.values():
+            yield from _tensors_in(value)
+    elif isinstance(batch, (tuple, list)):
+        for value in batch:
+            yield from _tensors_in(value)
+
+
+def _check_batch(batch: Any, what: str) -> None:
+    """Refuse a batch without a tensor, before torch fails on it somewhere inside the model."""
+    if next(_tensors_in(batch), None) is None:
+        raise TypeError(
+            f"{what} must be a tensor, or a tuple, list or dict holding tensors (first dimension: the batch), or a "
+            f"function batch_size -> batch; got {reprlib.repr(batch)} ({type(batch).__name__}), which holds no tensor"
+        )
+
+
 def _make_batch(batch: Any, size: int, device: torch.device) -> Any:
     if callable(batch):
-        return batch(size)
+        made = batch(size)
+        _check_batch(made, f"`batch({size})`")
+        return made
     if isinstance(batch, Tensor):
         if batch.ndim == 0:
             raise ValueError("`batch`: a tensor in the example batch has no batch dimension (it is 0-dimensional)")
@@ -323,8 +346,8 @@ def measure_memory(
         A ``"measured"`` estimate; weights, gradients, optimizer state and buffers are exact byte counts.
 
     Raises:
-        TypeError: If ``model`` is not an ``nn.Module``, ``optimizer``/``loss_fn`` are not callable or the step does
-            not give a tensor loss.
+        TypeError: If ``model`` is not an ``nn.Module``, ``optimizer``/``loss_fn`` are not callable, ``batch`` (or
+            what it makes) holds no tensor, or the step does not give a tensor loss.
         ValueError: If ``precision``, ``for_device`` or ``batch_sizes`` are not allowed, the LightningModule's
             optimizer cannot be built outside a Trainer, or the peak does not grow with the batch.
         RuntimeError: If the step fails on fake tensors (the message says why).
@@ -347,6 +370,8 @@ def measure_memory(
     small, large = sorted(batch_sizes)
     if small == large:
         raise ValueError(f"`batch_sizes` must hold two different sizes, got {batch_sizes!r}")
+    if not callable(batch):
+        _check_batch(batch, "`batch`")
 
     lightning = _is_lightning(model)
     template: OptimizerFactory | Optimizer | None = optimizer

@@ -37,7 +37,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from lightning_tune._validation import check_choice, check_int
+from lightning_tune._validation import check_bool, check_choice, check_int, check_str
 from lightning_tune.plan.estimate import MARGINS, Margin, MemoryEstimate, format_bytes
 
 __all__ = ["ZeroPlan", "plan_zero"]
@@ -70,6 +70,23 @@ class ZeroPlan:
     fits: bool = True
     num_gpus: int = 1
     batch_size: int = 1
+
+    def __post_init__(self) -> None:
+        check_int("stage", self.stage, minimum=0, maximum=3)
+        check_bool("offload_optimizer", self.offload_optimizer)
+        check_bool("offload_parameters", self.offload_parameters)
+        check_int("per_gpu_bytes", self.per_gpu_bytes, minimum=0)
+        check_str("reason", self.reason)
+        check_bool("fits", self.fits)
+        check_int("num_gpus", self.num_gpus, minimum=1)
+        check_int("batch_size", self.batch_size, minimum=1)
+        if self.offload_optimizer and self.stage == 0:
+            raise ValueError("`offload_optimizer=True` needs a ZeRO stage of 1 to 3, got stage=0")
+        if self.offload_parameters and (self.stage != 3 or not self.offload_optimizer):
+            raise ValueError(
+                "`offload_parameters=True` needs stage=3 and offload_optimizer=True, got "
+                f"stage={self.stage} and offload_optimizer={self.offload_optimizer}"
+            )
 
 
 _CONFIGS: tuple[tuple[int, bool, bool], ...] = (

@@ -23,7 +23,7 @@ from torch import nn
 from typing_extensions import override
 
 from lightning_tune._surgery import SurgeryResult
-from lightning_tune._validation import check_bool, check_choice
+from lightning_tune._validation import check_bool, check_choice, check_strings
 
 if TYPE_CHECKING:
     import lightning.pytorch as pl
@@ -169,8 +169,7 @@ def compile_modules(
         if not targets:
             raise ValueError(f"{type(module).__name__} has no child module with parameters to compile; name `modules`")
     else:
-        if isinstance(modules, str) or not all(isinstance(name, str) for name in modules):
-            raise TypeError(f"`modules` must be a sequence of submodule names, got {modules!r}")
+        check_strings("modules", modules, what="submodule names")
         targets = []
         for name in modules:
             try:
@@ -229,8 +228,7 @@ class TorchCompile(Callback):
         verbose: bool = True,
     ) -> None:
         check_compile_options(mode=mode, fullgraph=fullgraph, dynamic=dynamic, backend=backend, options=options)
-        if modules is not None and (isinstance(modules, str) or not all(isinstance(m, str) for m in modules)):
-            raise TypeError(f"`modules` must be a sequence of submodule names or None, got {modules!r}")
+        check_strings("modules", modules, what="submodule names", allow_none=True)
         check_bool("verbose", verbose)
         self.modules = None if modules is None else list(modules)
         self.mode = mode

@@ -72,6 +72,7 @@ KEEP_32BIT: Final[tuple[str, ...]] = get_args(Keep32bitName)
 Keep32bit = Keep32bitName | Callable[[str, nn.Parameter], bool]
 
 _FEATURE = "OptimizerSwap"
+_FROZEN = "no state (frozen)"
 _EMBEDDINGS = (nn.Embedding, nn.EmbeddingBag)
 #: Switches that choose a kernel, not the maths: never carried over (the target picks its own).
 _IMPLEMENTATION_KEYS = frozenset({"foreach", "fused", "capturable"})
@@ -158,24 +159,7 @@ class SwapResult:
                 [str(index), str(len(group["params"])), f"{_numel(group['params']):,}"]
                 + [_fmt(values.get(key)) for key in keys]
             )
-        kept = {id(p) for p in self.kept_params}
-        params = _unique_params(self.new)
-        if target.bnb:
-            buckets: dict[str, list[Tensor]] = {
-                "8-bit": [],
-                "32-bit (kept)": [],
-                f"32-bit (< {self.min_8bit_size:,})": [],
-            }
-            for p in params:
-                if id(p) in kept:
-                    buckets["32-bit (kept)"].append(p)
-                elif p.numel() < self.min_8bit_size:
-                    buckets[f"32-bit (< {self.min_8bit_size:,})"].append(p)
-                else:
-                    buckets["8-bit"].append(p)
-        else:
-            kind = "fused AdamW" if self.new.param_groups[0].get("fused") else "AdamW"
-            buckets = {f"32-bit ({kind})": params}
+        buckets = self.state_buckets()
         state = [["state", "tensors", "elements", ""]]
         for label, members in buckets.items():
             names = ", ".join(self.kept_32bit) if label == "32-bit (kept)" else ""
@@ -183,6 +167,41 @@ class SwapResult:
         lines = [title, _table(rows), _table(state)]
         lines.append("changes: none" if not self.changes else "changes:\n" + "\n".join(f"  {c}" for c in self.changes))
         return "\n".join(lines)
+
+    def state_buckets(self) -> dict[str, list[Tensor]]:
+        """The new optimizer's parameters by the state they get: the rows of :meth:`describe`'s state table.
+
+        Frozen parameters (``requires_grad=False``) that the module still passed to its optimizer get no state at
+        all and have a row of their own.
+
+        Returns:
+            Row label -> parameters: ``"8-bit"``, ``"32-bit (kept)"``, ``"32-bit (< min_8bit_size)"`` and
+            ``"no state (frozen)"`` for a bitsandbytes target; ``"32-bit (...AdamW)"`` and the frozen row otherwise.
+        """
+        kept = {id(p) for p in self.kept_params}
+        small = f"32-bit (< {self.min_8bit_size:,})"
+        if _TARGETS[self.optimizer_name].bnb:
+            buckets: dict[str, list[Tensor]] = {"8-bit": [], "32-bit (kept)": [], small: []}
+        else:
+            buckets = {f"32-bit ({'fused AdamW' if self.new.param_groups[0].get('fused') else 'AdamW'})": []}
+        buckets[_FROZEN] = []
+        for p in _unique_params(self.new):
+            if not p.requires_grad:
+                buckets[_FROZEN].append(p)
+            elif "8-bit" not in buckets:
+                buckets[next(iter(buckets))].append(p)
+            elif id(p) in kept:
+                buckets["32-bit (kept)"].append(p)
+            else:
+                buckets[small if p.numel() < self.min_8bit_size else "8-bit"].append(p)
+        return buckets
+
+    @property
+    def saves_nothing(self) -> bool:
+        """Whether a bitsandbytes swap put no trainable tensor in 8-bit state (all small or kept 32-bit)."""
+        buckets = self.state_buckets()
+        trainable = sum(len(v) for k, v in buckets.items() if k != _FROZEN)
+        return "8-bit" in buckets and not buckets["8-bit"] and trainable > 0
 
 
 def check_keep_32bit(value: Any) -> None:
@@ -294,6 +313,13 @@ def swap_optimizer(
             f"`module` must be given with keep_32bit={_rule_name(keep_32bit)}: it is where embeddings and parameter "
             "names are found; pass the model, or keep_32bit='none'"
         )
+    if target.bnb and any(_is_dtensor(p) for p in _unique_params(optimizer)):
+        raise ValueError(
+            f"{optimizer_name!r} ({target.class_name}) cannot step these parameters: they are DTensors, as FSDP2's "
+            "`fully_shard` (ModelParallelStrategy) makes them, and bitsandbytes' 8-bit kernels take plain tensors "
+            "only. Use 'adamw_fused' (torch's AdamW steps DTensors, and its state is sharded with the parameters, "
+            "1/N per rank), or an 8-bit optimizer under DDP or FSDPStrategy"
+        )
     bnb = require("bitsandbytes", feature=_FEATURE) if target.bnb else None
 
     groups, changes = _plan_groups(optimizer, optimizer_name, target)
@@ -310,7 +336,30 @@ def swap_optimizer(
     kept, kept_names = _kept_params(optimizer, module, keep_32bit)
     new = _build_bnb(bnb, target, groups, min_8bit_size)
     _install_overrides(bnb, new, kept)
-    return SwapResult(optimizer, new, optimizer_name, kept_names, tuple(changes), min_8bit_size, tuple(kept))
+    result = SwapResult(optimizer, new, optimizer_name, kept_names, tuple(changes), min_8bit_size, tuple(kept))
+    if result.saves_nothing:
+        warnings.warn(_nothing_saved(result), UserWarning, stacklevel=2)
+    return result
+
+
+def _nothing_saved(result: SwapResult) -> str:
+    """Why a bitsandbytes swap stores nothing in 8 bits, and what would help."""
+    buckets = result.state_buckets()
+    small = buckets[f"32-bit (< {result.min_8bit_size:,})"]
+    largest = max((p.numel() for p in small), default=0)
+    frozen = f" ({len(buckets[_FROZEN])} frozen tensor(s) get no state at all)" if buckets[_FROZEN] else ""
+    help_small = (
+        f"Trainable tensors this small are typical of LoRA adapters, whose optimizer state is tiny anyway: keep the "
+        f"module's own optimizer, or pass min_8bit_size={largest} (or lower) to quantise them too"
+        if small
+        else "Choose fewer parameters for keep_32bit"
+    )
+    return (
+        f"{result.optimizer_name!r} stores no optimizer state in 8 bits, so it saves no memory: of the "
+        f"{sum(len(v) for k, v in buckets.items() if k != _FROZEN)} trainable tensor(s), {len(small)} are under "
+        f"min_8bit_size={result.min_8bit_size:,} elements (the largest has {largest:,}) and "
+        f"{len(buckets['32-bit (kept)'])} are kept 32-bit{frozen}. {help_small}."
+    )
 
 
 def swap_optimizers(
@@ -341,6 +390,9 @@ def swap_optimizers(
         ValueError: As :func:`swap_optimizer`.
         ModuleNotFoundError: If bitsandbytes is needed and not installed.
     """
+    for name, value in (("optimizers", optimizers), ("lr_scheduler_configs", lr_scheduler_configs)):
+        if isinstance(value, (str, Optimizer)) or not isinstance(value, Iterable):
+            raise TypeError(f"`{name}` must be a sequence (a list of them), got {value!r} ({type(value).__name__})")
     results = [
         swap_optimizer(
             optimizer, optimizer_name=optimizer_name, module=module, keep_32bit=keep_32bit, min_8bit_size=min_8bit_size
@@ -400,6 +452,7 @@ def optimizer_state_bytes(optimizer: Optimizer, params: Iterable[Tensor] | None 
 
     Tensors shared between parameters (bitsandbytes' quantization maps) are counted once; Python numbers (such as
     bitsandbytes' ``step`` counter) hold no tensor memory and count 0.
+    DTensor state (FSDP2) counts this rank's shard: the memory this process holds.
 
     Args:
         optimizer: Any torch optimizer.
@@ -436,7 +489,7 @@ def estimate_state_bytes(optimizer: Optimizer) -> int | None:
 
     Known: ``Adam``/``AdamW`` (``exp_avg`` and ``exp_avg_sq`` in the parameter's dtype, ``max_exp_avg_sq`` with
     ``amsgrad``, and a scalar ``step`` tensor) and ``SGD`` (a ``momentum_buffer`` when ``momentum != 0``). Only
-    parameters with ``requires_grad`` are counted.
+    parameters with ``requires_grad`` are counted, DTensor parameters (FSDP2) by this rank's shard.
 
     Args:
         optimizer: The optimizer.
@@ -452,7 +505,7 @@ def estimate_state_bytes(optimizer: Optimizer) -> int | None:
     total = 0
     for group in optimizer.param_groups:
         params = [p for p in group["params"] if p.requires_grad]
-        sizes = sum(p.numel() * p.element_size() for p in params)
+        sizes = sum(_local(p).numel() * p.element_size() for p in params)
         if isinstance(optimizer, (torch.optim.Adam, torch.optim.AdamW)):
             step = 4 if group.get("fused") or torch.get_default_dtype() != torch.float64 else 8
             total += sizes * (3 if group.get("amsgrad") else 2) + step * len(params)
@@ -542,6 +595,13 @@ def _plan_groups(optimizer: Optimizer, name: str, target: _Target) -> tuple[list
             carried = [f"{key}={_fmt(new_group[key])}" for key in target.hyper if key in group]
             if carried:
                 changes.append(f"group {index}: carried over by name: {', '.join(carried)}")
+            lr, default_lr = group.get("lr"), target.hyper["lr"]
+            if isinstance(lr, (int, float)) and lr > 10 * default_lr:
+                changes.append(
+                    f"group {index}: lr={_fmt(lr)} was chosen for {old_name}; {target.class_name} usually trains with "
+                    f"a much smaller one (its default is {_fmt(default_lr)}), so lower it in configure_optimizers "
+                    "(or set it with lightning_tune.InitialLR)"
+                )
             if dropped:
                 changes.append(f"group {index}: dropped (no counterpart in {target.class_name}): {', '.join(dropped)}")
             if filled:
@@ -684,9 +744,19 @@ def _unique_params(optimizer: Optimizer) -> list[Tensor]:
     return out
 
 
+def _is_dtensor(value: Any) -> bool:
+    dtensor = getattr(getattr(torch.distributed, "tensor", None), "DTensor", None)
+    return dtensor is not None and isinstance(value, dtensor)
+
+
+def _local(tensor: Tensor) -> Tensor:
+    """This rank's part of a DTensor (what its memory holds); any other tensor as it is."""
+    return tensor.to_local() if _is_dtensor(tensor) else tensor  # type: ignore[attr-defined]
+
+
 def _tensors(value: Any) -> Iterator[Tensor]:
     if isinstance(value, Tensor):
-        yield value
+        yield _local(value)
     elif isinstance(value, Mapping):
         for item in value.values():
             yield from _tensors(item)
