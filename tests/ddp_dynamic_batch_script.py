@@ -8,26 +8,51 @@ from __future__ import annotations
 
 import sys
 from pathlib import Path
+from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from lightning.pytorch import Trainer  # noqa: E402
+import torch.distributed as dist  # noqa: E402
+from lightning.pytorch import Callback, Trainer  # noqa: E402
 
 import lightning_tune as lt  # noqa: E402
 from tests.helpers import finish_ddp  # noqa: E402
 from tests.test_dynamic_batch import Net, Record  # noqa: E402
 
 
+class Collectives(Callback):
+    """Counts the barriers and Python-level all-reduces issued while training runs (DDP's gradient buckets are not)."""
+
+    def __init__(self) -> None:
+        self.counts = {"barrier": 0, "all_reduce": 0}
+        self._originals: dict[str, Any] = {}
+
+    def on_train_start(self, trainer: Trainer, pl_module: Any) -> None:
+        for name in self.counts:
+            original = self._originals[name] = getattr(dist, name)
+
+            def counted(*args: Any, _name: str = name, _original: Any = original, **kwargs: Any) -> Any:
+                self.counts[_name] += 1
+                return _original(*args, **kwargs)
+
+            setattr(dist, name, counted)
+
+    def on_train_end(self, trainer: Trainer, pl_module: Any) -> None:
+        for name, original in self._originals.items():
+            setattr(dist, name, original)
+
+
 def main(out: Path, *, with_callback: bool = True) -> None:
     memories = [lt.SimulatedMemory(10_000, 2_000, 100), lt.SimulatedMemory(10_000, 2_000, 150)]
     dyn = lt.DynamicBatchSize(adjust_every=2, multiple_of=4, probe=None)
     record = Record(dyn if with_callback else None)
+    collectives = Collectives()
     trainer = Trainer(
         accelerator="cpu",
         devices=2,
         strategy="ddp",
         max_epochs=2,
-        callbacks=[dyn, record] if with_callback else [record],
+        callbacks=[dyn, record, collectives] if with_callback else [record, collectives],
         logger=False,
         enable_checkpointing=False,
         enable_progress_bar=False,
@@ -45,6 +70,7 @@ def main(out: Path, *, with_callback: bool = True) -> None:
         "weights": [p.detach().double().flatten().tolist() for p in model.parameters()],
         "checksum": checksum,
         "steps": trainer.global_step,
+        "collectives": collectives.counts,
     }
     finish_ddp(out, trainer.global_rank, payload)
 

@@ -36,7 +36,7 @@ def test_logged_keys_table_matches_what_is_emitted(tmp_path: Path) -> None:
         [
             lt.WarmupCosine(warmup_steps=2),
             lt.AdaptiveLROnPlateau(patience=0),
-            lt.ThroughputLatencyMonitor(),
+            lt.ThroughputLatencyMonitor(latency_budget_ms=60_000.0),  # emits the over-budget keys too
             lt.OptimizerSwap("adamw_fused"),
         ],
         max_epochs=2,

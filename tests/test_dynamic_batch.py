@@ -17,7 +17,7 @@ from torch.utils.data import BatchSampler, DataLoader, Dataset, IterableDataset,
 
 import lightning_tune as lt
 from lightning_tune.batch import BatchSizeController, MemoryModel, ResizableBatchSampler, split_batch
-from lightning_tune.callbacks import dynamic_batch
+from lightning_tune.callbacks import _resizable_loader
 
 MiB = 1 << 20
 
@@ -438,7 +438,7 @@ def test_private_lightning_and_torch_hooks_still_exist() -> None:
     """The three private accesses of the callback, checked against the installed versions."""
     loader = DataLoader(Indexed(8), batch_size=2)
     sampler = ResizableBatchSampler(loader.sampler, 4)  # type: ignore[arg-type]
-    dynamic_batch._set_batch_sampler(loader, sampler)
+    _resizable_loader.set_batch_sampler(loader, sampler)
     assert [len(b[0]) for b in loader] == [4, 4]
     from lightning.pytorch.loops.fit_loop import _FitLoop
 
@@ -450,8 +450,10 @@ def test_private_lightning_and_torch_hooks_still_exist() -> None:
 
 
 BAD = [
-    ({"target_vram": 0.0}, ValueError, "`target_vram` must be in (0, 1], got 0.0"),
-    ({"target_vram": 1.5}, ValueError, "`target_vram` must be in (0, 1], got 1.5"),
+    ({"target_vram": 0.0}, ValueError, "`target_vram` must be in (0, 0.98], got 0.0"),
+    ({"target_vram": 1.0}, ValueError, "`target_vram` must be in (0, 0.98], got 1.0"),
+    ({"reserve_gib": -1}, ValueError, "`reserve_gib` must be in [0, inf], got -1"),
+    ({"agree_timeout": 0}, ValueError, "`agree_timeout` must be in (0, inf], got 0"),
     ({"min_batch_size": 0}, ValueError, "`min_batch_size` must be an integer >= 1, got 0"),
     ({"max_batch_size": -4}, ValueError, "`max_batch_size` must be an integer >= 1, got -4"),
     ({"min_batch_size": 16, "max_batch_size": 8}, ValueError, "`min_batch_size` (16) must not exceed `max_batch_size`"),
@@ -477,7 +479,12 @@ def test_bad_arguments(kwargs: dict[str, Any], error: type[Exception], message: 
 @pytest.mark.parametrize(
     ("kwargs", "message"),
     [
-        ({"total_bytes": 100, "fixed_bytes": 100, "bytes_per_sample": 1}, "`fixed_bytes` must be below"),
+        ({"total_bytes": 100, "fixed_bytes": 100, "bytes_per_sample": 1}, "`fixed_bytes` + `outside_bytes` must be"),
+        (
+            {"total_bytes": 100, "fixed_bytes": 0, "bytes_per_sample": 1, "fragmentation": 1.0},
+            "`fragmentation` must be in [0, 1)",
+        ),
+        ({"total_bytes": 100, "fixed_bytes": 0, "bytes_per_sample": 1, "fail_as": "nccl"}, "`fail_as` must be one of"),
         ({"total_bytes": 100, "fixed_bytes": 0, "bytes_per_sample": 0}, "`bytes_per_sample` must be an integer >= 1"),
         ({"total_bytes": 100, "fixed_bytes": 0, "bytes_per_sample": 1, "noise": 1.0}, "`noise` must be in [0, 1)"),
     ],

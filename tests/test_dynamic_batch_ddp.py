@@ -18,6 +18,8 @@ def test_ranks_agree_on_every_decision_and_retry_together(tmp_path: Path) -> Non
     assert ranks[0]["sizes"][-1] == 44  # the worst rank decides: (9000 - 2000) / 150 = 46.7 -> 44
     assert ranks[0]["steps"] == ranks[1]["steps"] == 16  # 1024 samples / (2 ranks x 64) x 2 epochs
     assert ranks[0]["checksum"] == ranks[1]["checksum"]  # gradients were all-reduced: identical weights
+    for rank in ranks:  # the agreement: one small all-reduce per attempt at a step, no barrier (defect 4)
+        assert rank["collectives"] == {"barrier": 0, "all_reduce": rank["steps"] + rank["oom_recoveries"]}
     for epoch in ("0", "1"):
         both = ranks[0]["seen"][epoch] + ranks[1]["seen"][epoch]
         assert sorted(both) == list(range(1024))  # each sample once per epoch, across the two ranks

@@ -1,23 +1,43 @@
 """The engine behind :class:`~lightning_tune.DynamicBatchSize`.
 
-Memory probes, the memory model, the control law, the resizable batch sampler and batch splitting; none of it knows
-about the Trainer.
+Memory probes, the memory model, the control law, the resizable batch sampler, batch splitting and the micro-batch
+runner; none of it knows about the Trainer.
 """
 
 from lightning_tune.batch.control import BatchSizeController, Decision
 from lightning_tune.batch.memory import MemoryModel
-from lightning_tune.batch.probes import CudaMemory, MemoryProbe, SimulatedMemory
+from lightning_tune.batch.probes import FAILURE_KINDS, CudaMemory, MemoryProbe, SimulatedMemory, expandable_segments
+from lightning_tune.batch.runner import (
+    ALLOCATION_FAILURE_MESSAGES,
+    MicroBatch,
+    MicroBatchRunner,
+    StepOutcome,
+    all_reduce_max,
+    cut_step,
+    is_allocation_failure,
+    step_with_retry,
+)
 from lightning_tune.batch.sampler import ResizableBatchSampler
 from lightning_tune.batch.split import split_batch, split_sizes
 
 __all__ = [
+    "ALLOCATION_FAILURE_MESSAGES",
     "BatchSizeController",
     "CudaMemory",
     "Decision",
+    "FAILURE_KINDS",
     "MemoryModel",
     "MemoryProbe",
+    "MicroBatch",
+    "MicroBatchRunner",
     "ResizableBatchSampler",
     "SimulatedMemory",
+    "StepOutcome",
+    "all_reduce_max",
+    "cut_step",
+    "expandable_segments",
+    "is_allocation_failure",
     "split_batch",
     "split_sizes",
+    "step_with_retry",
 ]

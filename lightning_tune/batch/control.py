@@ -153,6 +153,7 @@ class BatchSizeController:
         pressure: bool = False,
         cap: int | None = None,
         observed_size: int | None = None,
+        budget_bytes: float | None = None,
     ) -> Decision:
         """Record an interval run at ``batch_size`` and choose the next size.
 
@@ -164,12 +165,13 @@ class BatchSizeController:
             total_bytes: The device's total memory.
             pressure: Whether the allocator retried allocations during the interval.
             cap: Upper limit from outside (the held effective batch).
+            budget_bytes: Peak memory allowed (``None``: ``target × total_bytes``).
 
         Returns:
             The decision.
         """
         self._age_ceiling()
-        budget = self.target * total_bytes
+        budget = self.target * total_bytes if budget_bytes is None else budget_bytes
         seen = batch_size if observed_size is None else observed_size
         self.model.observe(seen, peak_bytes)
         if pressure:
@@ -199,13 +201,16 @@ class BatchSizeController:
         # a smaller best means the model predicts over target though this interval was not: trust the measurement
         return Decision(batch_size, self._fraction(batch_size, total_bytes), "hold")
 
-    def on_oom(self, batch_size: int, *, total_bytes: float, cap: int | None = None) -> int:
+    def on_oom(
+        self, batch_size: int, *, total_bytes: float, cap: int | None = None, budget_bytes: float | None = None
+    ) -> int:
         """Choose a smaller size after ``batch_size`` ran out of memory.
 
         Args:
             batch_size: The size that failed.
             total_bytes: The device's total memory.
             cap: Upper limit from outside (the held effective batch).
+            budget_bytes: Peak memory allowed (``None``: ``target × total_bytes``).
 
         Returns:
             The size to retry with: what the model predicts within target, and at most half of ``batch_size``
@@ -225,7 +230,8 @@ class BatchSizeController:
         predicted = self.model.predict(batch_size)
         if predicted is not None and predicted <= total_bytes:  # the model said it fits: memory use has changed
             self.model.forget()
-        fits = self.model.largest_batch(self.target * total_bytes) if self.model.sizes_seen >= 2 else None
+        budget = self.target * total_bytes if budget_bytes is None else budget_bytes
+        fits = self.model.largest_batch(budget) if self.model.sizes_seen >= 2 else None
         limit = batch_size / 2 if fits is None else min(fits, batch_size - 1)
         return min(self.round_down(limit, cap), batch_size - 1) if limit >= 1 else self.min_batch_size
 

@@ -1,22 +1,55 @@
 """Memory probes: where :class:`~lightning_tune.DynamicBatchSize` reads device memory.
 
-A probe reports the device's total memory, the peak used since it was last reset, and whether the allocator came
-under pressure (had to free cached blocks and retry an allocation, the step before an out-of-memory error). It is
-also told the size of every micro-batch just before that micro-batch runs, which lets :class:`SimulatedMemory`
-raise ``torch.OutOfMemoryError`` exactly where a real device would.
+A probe reports the device's total memory, what PyTorch can actually get of it (free memory plus what the caching
+allocator already holds), the peak reserved since it was last reset, and whether the allocator came under pressure
+(had to free cached blocks and retry an allocation, the step before an out-of-memory error). It is also told the size
+and padded sequence length of every micro-batch just before that micro-batch runs, which lets
+:class:`SimulatedMemory` allocate, and fail, exactly where a real device would.
 """
 
 from __future__ import annotations
 
 import gc
+import os
 import random
-from typing import Protocol, runtime_checkable
+import weakref
+from typing import Any, Literal, Protocol, get_args, runtime_checkable
 
 import torch
 
 from lightning_tune._validation import check_float, check_int
 
-__all__ = ["CudaMemory", "MemoryProbe", "SimulatedMemory"]
+__all__ = ["FAILURE_KINDS", "CudaMemory", "FailureKind", "MemoryProbe", "SimulatedMemory", "expandable_segments"]
+
+
+FailureKind = Literal["oom", "cublas", "cudnn"]
+#: How :class:`SimulatedMemory` reports an allocation failure: ``torch.OutOfMemoryError``, or the ``RuntimeError``
+#: that cuBLAS or cuDNN raise when their own allocation fails near a full device.
+FAILURE_KINDS: tuple[str, ...] = get_args(FailureKind)
+Activations = Literal["micro_batch", "tensors"]
+_ACTIVATIONS: tuple[str, ...] = get_args(Activations)
+
+
+def expandable_segments(conf: str | None = None) -> bool:
+    """Whether the CUDA caching allocator uses expandable segments.
+
+    Read from ``PYTORCH_CUDA_ALLOC_CONF`` (or ``PYTORCH_ALLOC_CONF``), or from ``conf`` when given.
+
+    Example:
+        >>> expandable_segments("max_split_size_mb:128,expandable_segments:True")
+        True
+    """
+    texts = (
+        [conf]
+        if conf is not None
+        else [os.environ.get(k, "") for k in ("PYTORCH_CUDA_ALLOC_CONF", "PYTORCH_ALLOC_CONF")]
+    )
+    for text in texts:
+        for item in text.split(","):
+            key, _, value = item.partition(":")
+            if key.strip() == "expandable_segments":
+                return value.strip().lower() == "true"
+    return False
 
 
 @runtime_checkable
@@ -27,47 +60,70 @@ class MemoryProbe(Protocol):
         """Memory the device has in all, in bytes."""
         ...
 
+    def capacity_bytes(self) -> int:
+        """Memory this process can get, in bytes: the device's free memory plus what the allocator holds already."""
+        ...
+
     def reset_peak(self) -> None:
         """Start a new measurement interval: forget the peak and the pressure seen so far."""
         ...
 
     def peak_bytes(self) -> int:
-        """Highest memory use (bytes) since the last :meth:`reset_peak`."""
+        """Highest memory reserved (bytes) since the last :meth:`reset_peak`."""
         ...
 
     def pressure(self) -> bool:
         """Whether the allocator had to retry an allocation since the last :meth:`reset_peak`."""
         ...
 
-    def before_micro_batch(self, batch_size: int) -> None:
-        """Called just before a micro-batch of ``batch_size`` samples runs its forward pass."""
+    def before_micro_batch(self, batch_size: int, seq_len: int | None = None) -> None:
+        """Called just before a micro-batch of ``batch_size`` samples, padded to ``seq_len``, runs forward."""
         ...
 
     def free(self) -> None:
-        """Give cached memory back after an out-of-memory error."""
+        """Give cached memory back (after an out-of-memory error, or a shrink)."""
         ...
 
 
 class CudaMemory:
-    """Memory of a CUDA device, read from the caching allocator's statistics.
+    """Memory of a CUDA device, read from the caching allocator's statistics and the driver.
 
     The peak is ``torch.cuda.max_memory_reserved``: what the allocator holds, fragmentation included, which is what
-    runs out. Pressure is a rise of ``num_alloc_retries`` (the allocator freed its cache and tried again). Reading the
-    peak resets ``torch.cuda``'s peak counters, so ``torch.cuda.max_memory_allocated`` elsewhere then means "since
-    the last batch-size decision".
+    runs out. What the process can get is ``torch.cuda.mem_get_info``'s free memory plus the allocator's reserved
+    bytes, re-read at every decision, so the CUDA context, NCCL buffers, other processes and managed memory are left
+    out. Pressure is a rise of ``num_alloc_retries`` (the allocator freed its cache and tried again). Resetting the
+    interval's peak keeps the run's peak for lightning_tune's monitor (``perf/vram_peak_gib``).
 
     Args:
-        device: The CUDA device; ``None`` is the current one.
+        device: The CUDA device; ``None`` is the current device at the time memory is read (after the Trainer has
+            set each rank's device), not at construction.
 
     Raises:
         RuntimeError: If CUDA is not available.
+        ValueError: If ``device`` is not a CUDA device.
     """
 
     def __init__(self, device: torch.device | int | str | None = None) -> None:
         if not torch.cuda.is_available():
             raise RuntimeError("CudaMemory needs a CUDA device; for a trial run without one use SimulatedMemory")
-        self.device = torch.device("cuda", torch.cuda.current_device()) if device is None else torch.device(device)
-        self._retries = self._alloc_retries()
+        self._device = (
+            None
+            if device is None
+            else torch.device("cuda", device)
+            if isinstance(device, int)
+            else torch.device(device)
+        )
+        if self._device is not None and self._device.type != "cuda":
+            raise ValueError(f"`device` must be a CUDA device, got {str(self._device)!r}")
+        #: Whether ``PYTORCH_CUDA_ALLOC_CONF`` turns expandable segments on (less fragmentation: reserved stays close
+        #: to allocated).
+        self.expandable_segments = expandable_segments()
+        self._retries: int | None = None
+
+    @property
+    def device(self) -> torch.device:
+        """The device read: the one given, or the current one now."""
+        return self._device if self._device is not None else torch.device("cuda", torch.cuda.current_device())
 
     def _alloc_retries(self) -> int:
         return int(torch.cuda.memory_stats(self.device).get("num_alloc_retries", 0))
@@ -76,9 +132,16 @@ class CudaMemory:
         """Total memory of the device in bytes."""
         return int(torch.cuda.get_device_properties(self.device).total_memory)
 
+    def capacity_bytes(self) -> int:
+        """Free memory of the device plus the allocator's reserved bytes."""
+        free, _ = torch.cuda.mem_get_info(self.device)
+        return int(free) + int(torch.cuda.memory_reserved(self.device))
+
     def reset_peak(self) -> None:
-        """Reset the allocator's peak statistics and remember the retry count."""
-        torch.cuda.reset_peak_memory_stats(self.device)
+        """Start a new interval (the run's peak stays readable through the monitor) and remember the retry count."""
+        from lightning_tune.perf.devices import reset_interval_peak
+
+        reset_interval_peak(self.device)
         self._retries = self._alloc_retries()
 
     def peak_bytes(self) -> int:
@@ -87,9 +150,9 @@ class CudaMemory:
 
     def pressure(self) -> bool:
         """Whether the allocator retried an allocation since the last reset."""
-        return self._alloc_retries() > self._retries
+        return self._retries is not None and self._alloc_retries() > self._retries
 
-    def before_micro_batch(self, batch_size: int) -> None:
+    def before_micro_batch(self, batch_size: int, seq_len: int | None = None) -> None:
         """Nothing to do: a real device raises by itself."""
 
     def free(self) -> None:
@@ -98,29 +161,68 @@ class CudaMemory:
         torch.cuda.empty_cache()
 
     def __repr__(self) -> str:
-        return f"CudaMemory(device={str(self.device)!r})"
+        return f"CudaMemory(device={None if self._device is None else str(self._device)!r})"
+
+
+class _Hold(torch.autograd.Function):
+    """Identity whose output owns a simulated allocation; its backward can allocate a transient one."""
+
+    @staticmethod
+    def forward(ctx: Any, x: torch.Tensor, sim: SimulatedMemory, backward_bytes: int) -> torch.Tensor:
+        ctx.sim, ctx.backward_bytes = sim, backward_bytes
+        return x.view_as(x)
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor, None, None]:
+        if ctx.backward_bytes:
+            ctx.sim._release(ctx.sim._allocate(ctx.backward_bytes, "backward"))
+        return grad, None, None
 
 
 class SimulatedMemory:
-    """A device that does not exist: memory is ``fixed_bytes + bytes_per_sample × batch``.
+    """A simulated CUDA device with a caching allocator, for trying and testing without a GPU.
 
-    Made for trying :class:`~lightning_tune.DynamicBatchSize` on a machine without a GPU, and for testing it: a
-    micro-batch whose memory would exceed ``total_bytes`` raises ``torch.OutOfMemoryError`` before its forward pass,
-    as a real device would, so growth, settling and recovery from out-of-memory errors all run on a CPU. The
-    attributes can be changed while training runs (say, ``bytes_per_sample`` doubled to simulate longer sequences).
+    Memory is ``fixed_bytes`` (weights, gradients, optimizer state, workspace) plus ``bytes_per_sample`` per sample of
+    a micro-batch (activations), scaled by ``padded length / seq_len`` when ``seq_len`` is given. It models what makes
+    a real device hard:
+
+    - a caching allocator: freed blocks stay reserved (reserved >= allocated) until :meth:`free` empties the cache;
+      the peak read is the peak reserved. With ``fragmentation > 0`` and no ``expandable_segments``, a new block is
+      rounded up by that fraction and a cached block serves only a request it is large enough for; with
+      ``expandable_segments=True`` (``PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True``) cached memory serves any
+      request;
+    - allocator pressure: when a new block does not fit, the allocator first frees its cached blocks and retries
+      (:meth:`pressure` turns true), and only then fails;
+    - memory outside PyTorch (``outside_bytes``: the CUDA context, NCCL, other processes), so that what PyTorch can get
+      (:meth:`capacity_bytes`) is less than the total;
+    - memory held by live tensors: :meth:`hold` (or :meth:`through`, for activations) ties an allocation to a tensor,
+      and it counts until that tensor is garbage, so a reference kept alive (a traceback, a closure) keeps it;
+    - failures as ``torch.OutOfMemoryError`` or as the ``RuntimeError`` of cuBLAS or cuDNN (``fail_as``), in forward
+      (:meth:`before_micro_batch`, or :meth:`through` with ``activations="tensors"``), in backward
+      (:meth:`with_backward` and ``backward_bytes_per_sample``) and anywhere a test calls :meth:`hold` (an
+      optimizer's state, say).
 
     Args:
         total_bytes: Memory of the simulated device.
-        fixed_bytes: Memory used whatever the batch size (weights, gradients, optimizer states, workspace).
-        bytes_per_sample: Memory each sample of a micro-batch adds (activations).
-        noise: Relative standard deviation of the measured peak (0 for an exact device); a noisy reading never
-            raises, only the noise-free usage decides out-of-memory.
+        fixed_bytes: Memory held from the start whatever the batch size.
+        bytes_per_sample: Activation memory of each sample of a micro-batch.
+        noise: Relative standard deviation of the peak read (0 for exact); only the noise-free usage decides failures.
         seed: Seed of the noise.
+        outside_bytes: Memory of the device used outside PyTorch.
+        fragmentation: Rounding of new blocks when segments do not expand, in [0, 1).
+        expandable_segments: Whether the allocator's segments expand (cached memory serves any request).
+        seq_len: Sequence length ``bytes_per_sample`` is given for (``None``: per sample, whatever the length).
+        activations: ``"micro_batch"``: :meth:`before_micro_batch` allocates the micro-batch's activations, freed when
+            the next one starts; ``"tensors"``: the module's forward allocates them with :meth:`through`, and they
+            live as long as its output.
+        backward_bytes_per_sample: Transient memory each sample needs at the start of backward
+            (:meth:`with_backward`).
+        fail_as: How a failure is raised: ``"oom"``, ``"cublas"`` or ``"cudnn"``.
 
     Raises:
         TypeError: If an argument has the wrong type.
-        ValueError: If a size is negative, ``fixed_bytes`` is not below ``total_bytes``, or ``noise`` is outside
-            [0, 1).
+        ValueError: If a size is negative, ``fixed_bytes + outside_bytes`` is not below ``total_bytes``, or a fraction
+            is outside [0, 1).
 
     Example:
         >>> sim = SimulatedMemory(total_bytes=1000, fixed_bytes=200, bytes_per_sample=10)
@@ -130,62 +232,210 @@ class SimulatedMemory:
         >>> sim.before_micro_batch(81)
         Traceback (most recent call last):
           ...
-        torch.OutOfMemoryError: simulated out of memory: 81 samples need 1010 bytes, the device has 1000
+        torch.OutOfMemoryError: simulated out of memory: micro-batch of 81 samples needs 810 bytes; ...
     """
 
     def __init__(
-        self, total_bytes: int, fixed_bytes: int, bytes_per_sample: int, noise: float = 0.0, *, seed: int = 0
+        self,
+        total_bytes: int,
+        fixed_bytes: int,
+        bytes_per_sample: int,
+        noise: float = 0.0,
+        *,
+        seed: int = 0,
+        outside_bytes: int = 0,
+        fragmentation: float = 0.0,
+        expandable_segments: bool = False,
+        seq_len: int | None = None,
+        activations: Activations = "micro_batch",
+        backward_bytes_per_sample: int = 0,
+        fail_as: FailureKind = "oom",
     ) -> None:
+        from lightning_tune._validation import check_bool, check_choice
+
         check_int("total_bytes", total_bytes, minimum=1)
         check_int("fixed_bytes", fixed_bytes, minimum=0)
         check_int("bytes_per_sample", bytes_per_sample, minimum=1)
         check_float("noise", noise, low=0.0, high=1.0, high_inclusive=False)
         check_int("seed", seed, minimum=0)
-        if fixed_bytes >= total_bytes:
+        check_int("outside_bytes", outside_bytes, minimum=0)
+        check_float("fragmentation", fragmentation, low=0.0, high=1.0, high_inclusive=False)
+        check_bool("expandable_segments", expandable_segments)
+        check_int("seq_len", seq_len, minimum=1, allow_none=True)
+        check_choice("activations", activations, _ACTIVATIONS)
+        check_int("backward_bytes_per_sample", backward_bytes_per_sample, minimum=0)
+        check_choice("fail_as", fail_as, FAILURE_KINDS)
+        if fixed_bytes + outside_bytes >= total_bytes:
             raise ValueError(
-                f"`fixed_bytes` must be below `total_bytes` ({total_bytes}) so that a sample fits, got {fixed_bytes}"
+                f"`fixed_bytes` + `outside_bytes` must be below `total_bytes` ({total_bytes}) so that a sample fits, "
+                f"got {fixed_bytes} + {outside_bytes}"
             )
         self.total = total_bytes
         self.fixed_bytes = fixed_bytes
         self.bytes_per_sample = bytes_per_sample
         self.noise = noise
+        self.outside_bytes = outside_bytes
+        self.fragmentation = fragmentation
+        self.expandable_segments = expandable_segments
+        self.seq_len = seq_len
+        self.activations: Activations = activations
+        self.backward_bytes_per_sample = backward_bytes_per_sample
+        self.fail_as: FailureKind = fail_as
         self._rng = random.Random(seed)
+        self._blocks: dict[int, int] = {}  # live allocation id -> block size
+        self._cache: list[int] = []  # sizes of cached (free but reserved) blocks
+        self._next = 0
+        self._transient: int | None = None  # the running micro-batch's activations (activations="micro_batch")
+        self._length_scale = 1.0
+        self._samples = 0
         self._peak = 0
+        self._retries_at_reset = 0
+        #: Allocation failures raised so far.
         self.out_of_memory_errors = 0
+        #: Times the allocator emptied its cache to retry an allocation.
+        self.alloc_retries = 0
+        self._fixed = self._allocate(fixed_bytes, "fixed memory", exact=True) if fixed_bytes else None
+        self._peak = self.reserved_bytes()
 
+    # -- the allocator -----------------------------------------------------------------------------------------------
+    def allocated_bytes(self) -> int:
+        """Bytes in live allocations."""
+        return sum(self._blocks.values())
+
+    def reserved_bytes(self) -> int:
+        """Bytes the allocator holds: live blocks plus cached ones."""
+        return self.allocated_bytes() + sum(self._cache)
+
+    def _fungible(self) -> bool:
+        return self.expandable_segments or self.fragmentation == 0.0
+
+    def _from_cache(self, n: int) -> int | None:
+        if self._fungible():
+            pool = sum(self._cache)
+            if pool < n:
+                return None
+            self._cache = [pool - n] if pool > n else []
+            return n
+        fitting = [size for size in self._cache if size >= n]
+        if not fitting:
+            return None
+        self._cache.remove(min(fitting))  # used whole: what it has beyond the request is fragmentation
+        return min(fitting)
+
+    def _allocate(self, n: int, what: str, *, exact: bool = False) -> int:
+        size = self._from_cache(n)
+        if size is None:
+            want = n if self._fungible() or exact else int(n * (1.0 + self.fragmentation))
+            if self._fungible():  # an expandable segment grows by what the cache cannot give
+                want_new, pool = max(0, n - sum(self._cache)), sum(self._cache)
+            else:
+                want_new, pool = want, 0
+            if self.reserved_bytes() + want_new > self.capacity_bytes() and self._cache:
+                self._cache.clear()  # free the cached blocks and try again, as the CUDA allocator does
+                self.alloc_retries += 1
+                want_new, pool = want, 0
+            if self.reserved_bytes() + want_new > self.capacity_bytes():
+                self.out_of_memory_errors += 1
+                raise self._failure(what, n)
+            if pool:
+                self._cache = []
+            size = want
+        self._next += 1
+        self._blocks[self._next] = size
+        self._peak = max(self._peak, self.reserved_bytes())
+        return self._next
+
+    def _release(self, block: int | None) -> None:
+        size = self._blocks.pop(block, None) if block is not None else None
+        if size is not None:
+            self._cache.append(size)
+
+    def _failure(self, what: str, n: int) -> BaseException:
+        detail = (
+            f"{what} needs {n} bytes; {self.allocated_bytes()} allocated, {self.reserved_bytes()} reserved, "
+            f"{self.capacity_bytes()} available to PyTorch"
+        )
+        if self.fail_as == "cublas":
+            return RuntimeError(
+                f"CUDA error: CUBLAS_STATUS_ALLOC_FAILED when calling `cublasCreate(handle)` ({detail})"
+            )
+        if self.fail_as == "cudnn":
+            return RuntimeError(f"cuDNN error: CUDNN_STATUS_ALLOC_FAILED ({detail})")
+        return torch.OutOfMemoryError(f"simulated out of memory: {detail}")
+
+    def hold(self, nbytes: int, owner: torch.Tensor | None = None) -> None:
+        """Allocate ``nbytes`` for as long as ``owner`` lives (for good with no owner), or raise as a full device.
+
+        Args:
+            nbytes: Bytes to allocate.
+            owner: The tensor the memory belongs to; it counts until the tensor is garbage.
+        """
+        block = self._allocate(nbytes, "an allocation")
+        if owner is not None:
+            weakref.finalize(owner, self._release, block)
+
+    def through(self, x: torch.Tensor) -> torch.Tensor:
+        """``x`` itself, as a new tensor that owns this micro-batch's activation memory (``activations="tensors"``).
+
+        Use it in the module's forward on an activation that a later operation saves for backward.
+        """
+        self._samples = int(x.shape[0]) if x.dim() else 1
+        out = _Hold.apply(x, self, 0)
+        self.hold(int(self.bytes_per_sample * self._samples * self._length_scale), owner=out)
+        return out
+
+    def with_backward(self, loss: torch.Tensor) -> torch.Tensor:
+        """``loss`` itself, whose backward first allocates the backward's transient memory.
+
+        That is ``backward_bytes_per_sample`` per sample of the last :meth:`through`, taken while every activation is
+        still alive and given back when the backward ends.
+        """
+        return _Hold.apply(loss, self, int(self.backward_bytes_per_sample * self._samples * self._length_scale))
+
+    # -- the probe ---------------------------------------------------------------------------------------------------
     def usage(self, batch_size: int) -> int:
-        """Noise-free memory a micro-batch of ``batch_size`` samples needs."""
+        """Noise-free memory a micro-batch of ``batch_size`` samples needs, fixed memory included."""
         return self.fixed_bytes + self.bytes_per_sample * batch_size
 
     def total_bytes(self) -> int:
         """Memory of the simulated device."""
         return self.total
 
+    def capacity_bytes(self) -> int:
+        """What PyTorch can get: the total less the memory used outside it."""
+        return self.total - self.outside_bytes
+
     def reset_peak(self) -> None:
-        """Forget the peak."""
-        self._peak = 0
+        """Start a new interval: the peak becomes what is reserved now, as ``torch.cuda.reset_peak_memory_stats``."""
+        self._peak = self.reserved_bytes()
+        self._retries_at_reset = self.alloc_retries
 
     def peak_bytes(self) -> int:
-        """Highest (noisy) usage recorded since the last reset."""
-        return self._peak
+        """Highest (noisy) reserved memory since the last reset."""
+        if not self.noise:
+            return self._peak
+        return min(int(self._peak * (1.0 + self._rng.gauss(0.0, self.noise))), self.total)
 
     def pressure(self) -> bool:
-        """Never: the simulated allocator has no cache to retry with."""
-        return False
+        """Whether the allocator emptied its cache to retry an allocation since the last reset."""
+        return self.alloc_retries > self._retries_at_reset
 
-    def before_micro_batch(self, batch_size: int) -> None:
-        """Record the usage of a micro-batch, or raise ``torch.OutOfMemoryError`` if it does not fit."""
-        need = self.usage(batch_size)
-        if need > self.total:
-            self.out_of_memory_errors += 1
-            raise torch.OutOfMemoryError(
-                f"simulated out of memory: {batch_size} samples need {need} bytes, the device has {self.total}"
-            )
-        seen = need * (1.0 + self._rng.gauss(0.0, self.noise)) if self.noise else need
-        self._peak = max(self._peak, min(int(seen), self.total))
+    def before_micro_batch(self, batch_size: int, seq_len: int | None = None) -> None:
+        """Start a micro-batch: allocate its activations (``activations="micro_batch"``), or raise as a full device."""
+        self._length_scale = seq_len / self.seq_len if seq_len is not None and self.seq_len is not None else 1.0
+        if self.activations != "micro_batch":
+            return
+        self._release(self._transient)  # the previous micro-batch's activations are garbage by now
+        self._transient = None
+        need = int(self.bytes_per_sample * batch_size * self._length_scale)
+        self._transient = self._allocate(need, f"micro-batch of {batch_size} samples")
 
     def free(self) -> None:
-        """Nothing is cached."""
+        """Collect garbage and empty the cache; memory of tensors still alive stays."""
+        self._release(self._transient)
+        self._transient = None
+        gc.collect()
+        self._cache.clear()
 
     def __repr__(self) -> str:
         return (

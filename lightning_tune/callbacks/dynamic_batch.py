@@ -1,40 +1,51 @@
 """DynamicBatchSize: grow and shrink the micro-batch during training to hold a memory target, through OOMs.
 
-How it works (details in ``docs/dynamic_batch.md``):
-
-- At the start of training the train DataLoader's ``BatchSampler`` is replaced by a
-  :class:`~lightning_tune.batch.ResizableBatchSampler` over the same sampler, so the loader hands out whole
-  optimizer steps ("windows"); the Trainer's ``accumulate_grad_batches`` becomes 1 while the callback runs.
-- Each window is cut into micro-batches of :attr:`DynamicBatchSize.batch_size` samples; every micro-batch but the
-  last is run forward and backward by the callback, the last is left to Lightning. Each micro-batch's loss is
-  weighted by its share of the step's samples, so gradients are those of the whole window.
-- Every ``adjust_every`` optimizer steps the peak memory of the interval goes to a
-  :class:`~lightning_tune.batch.BatchSizeController`, which picks the next micro-batch size.
-- An out-of-memory error in forward or backward drops the window's gradients, frees memory, shrinks the micro-batch
-  and runs the same window again in smaller pieces; no sample is lost or trained twice.
+The Lightning wiring of :class:`~lightning_tune.batch.MicroBatchRunner` (details in ``docs/dynamic_batch.md``): the
+train DataLoader's ``BatchSampler`` becomes a :class:`~lightning_tune.batch.ResizableBatchSampler` handing out whole
+optimizer steps, the module's ``training_step`` hands each step to the runner, and every ``adjust_every`` steps the
+interval's peak memory goes to a :class:`~lightning_tune.batch.BatchSizeController`.
 """
 
 from __future__ import annotations
 
 import contextlib
+import functools
 import math
 import warnings
-from collections.abc import Callable, Iterator
-from typing import TYPE_CHECKING, Any, Literal, NamedTuple, get_args
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, Any, Literal, get_args
 
 import torch
 from lightning.fabric.utilities.exceptions import MisconfigurationException
 from lightning.pytorch import Callback
+from lightning.pytorch.utilities.rank_zero import rank_zero_info, rank_zero_warn
 from torch import Tensor
-from torch.utils.data import BatchSampler, DataLoader, IterableDataset
+from torch.utils.data import BatchSampler, DataLoader
 from typing_extensions import override
 
 from lightning_tune._validation import check_bool, check_choice, check_float, check_int
 from lightning_tune.batch.control import BatchSizeController, Decision
 from lightning_tune.batch.memory import MemoryModel
 from lightning_tune.batch.probes import CudaMemory, MemoryProbe
+from lightning_tune.batch.runner import (
+    MicroBatch,
+    MicroBatchRunner,
+    all_reduce_max,
+    cut_step,
+    is_allocation_failure,
+    step_with_retry,
+)
 from lightning_tune.batch.sampler import ResizableBatchSampler
-from lightning_tune.batch.split import split_sizes
+from lightning_tune.callbacks._resizable_loader import (
+    attach,
+    loader_parts,
+    retarget_schedules,
+    sample_limit,
+    scale_learning_rates,
+    set_batch_sampler,
+    set_epoch_length,
+    train_loader,
+)
 from lightning_tune.lr.scaling import SCALE_RULES, ScaleRule, scale_lr
 from lightning_tune.perf.batch import count_samples
 
@@ -46,23 +57,16 @@ __all__ = ["KEEPS", "DynamicBatchSize", "Keep"]
 Keep = Literal["effective", "lr", "none"]
 #: What ``keep`` accepts.
 KEEPS: tuple[str, ...] = get_args(Keep)
-
-_OOM = (torch.OutOfMemoryError,)
-
-
-class _Piece(NamedTuple):
-    """A micro-batch of a window: the batch itself, its sample count and its weight in the optimizer step."""
-
-    batch: Any
-    samples: int
-    weight: float
+_GIB = 1 << 30
+_NOT_RESUMABLE = "You're resuming from a checkpoint that ended before the epoch ended and your dataloader is not"
 
 
 class DynamicBatchSize(Callback):
     r"""Adjust the micro-batch size while training runs to keep peak device memory at ``target_vram``.
 
     Args:
-        target_vram: Fraction of the device's memory to fill, in (0, 1].
+        target_vram: Fraction of the memory PyTorch can get (free memory plus what its allocator holds, re-read at
+            every decision) to fill, in (0, 0.98].
         min_batch_size: Smallest micro-batch it may use.
         max_batch_size: Largest micro-batch it may use (``None``: as large as memory and ``keep`` allow).
         adjust_every: Optimizer steps between decisions.
@@ -78,8 +82,10 @@ class DynamicBatchSize(Callback):
             :func:`lightning_tune.plan.estimate_memory`'s) that starts the memory model, so the first decision
             need not probe.
         min_change: Smallest relative growth worth a change.
-        sync_oom: Under DDP, agree on out-of-memory errors across ranks every step (one four-byte all-reduce and
-            one extra pass over the parameters per step). Without it an OOM on one rank cannot be recovered.
+        sync_oom: Under DDP, agree on allocation failures across ranks: one small all-reduce per optimizer step,
+            before the last micro-batch's backward. Without it an OOM under DDP cannot be recovered.
+        reserve_gib: Memory (GiB) kept free whatever ``target_vram`` says, for other processes on a shared GPU.
+        agree_timeout: Seconds a rank waits for the others' agreement before failing with a clear error.
 
     Raises:
         TypeError: If an argument has the wrong type.
@@ -105,8 +111,10 @@ class DynamicBatchSize(Callback):
         prior: Any = None,
         min_change: float = 0.1,
         sync_oom: bool = True,
+        reserve_gib: float = 0.0,
+        agree_timeout: float = 600.0,
     ) -> None:
-        check_float("target_vram", target_vram, low=0.0, high=1.0, low_inclusive=False)
+        check_float("target_vram", target_vram, low=0.0, high=0.98, low_inclusive=False)
         check_int("min_batch_size", min_batch_size, minimum=1)
         check_int("max_batch_size", max_batch_size, minimum=1, allow_none=True)
         check_int("adjust_every", adjust_every, minimum=1)
@@ -115,32 +123,27 @@ class DynamicBatchSize(Callback):
         check_int("multiple_of", multiple_of, minimum=1)
         check_float("min_change", min_change, low=0.0)
         check_bool("sync_oom", sync_oom)
+        check_float("reserve_gib", reserve_gib, low=0.0)
+        check_float("agree_timeout", agree_timeout, low=0.0, low_inclusive=False)
         if max_batch_size is not None and min_batch_size > max_batch_size:
             raise ValueError(f"`min_batch_size` ({min_batch_size}) must not exceed `max_batch_size` ({max_batch_size})")
         if probe is not None and not isinstance(probe, MemoryProbe):
             raise TypeError(
                 "`probe` must be a memory probe (CudaMemory, SimulatedMemory or an object with total_bytes, "
-                f"reset_peak, peak_bytes, pressure, before_micro_batch and free), got {type(probe).__name__}"
+                f"capacity_bytes, reset_peak, peak_bytes, pressure, before_micro_batch and free), got "
+                f"{type(probe).__name__}"
             )
-        prior_fixed = prior_per_sample = None
-        if prior is not None:
-            prior_fixed, prior_per_sample = (
-                getattr(prior, "fixed_bytes", None),
-                getattr(prior, "bytes_per_sample", None),
+        prior_fixed, prior_per_sample = getattr(prior, "fixed_bytes", None), getattr(prior, "bytes_per_sample", None)
+        if prior is not None and (
+            not isinstance(prior_fixed, int) or not isinstance(prior_per_sample, int) or prior_per_sample < 1
+        ):
+            raise TypeError(
+                "`prior` must have integer `fixed_bytes` and `bytes_per_sample` (>= 1) attributes, such as "
+                f"lightning_tune.plan.estimate_memory's result, got {prior!r}"
             )
-            if not isinstance(prior_fixed, int) or not isinstance(prior_per_sample, int) or prior_per_sample < 1:
-                raise TypeError(
-                    "`prior` must have integer `fixed_bytes` and `bytes_per_sample` (>= 1) attributes, such as "
-                    f"lightning_tune.plan.estimate_memory's result, got {prior!r}"
-                )
-        self.target_vram = target_vram
-        self.min_batch_size = min_batch_size
-        self.max_batch_size = max_batch_size
-        self.adjust_every = adjust_every
-        self.keep: Keep = keep
-        self.lr_rule: ScaleRule = lr_rule
-        self.multiple_of = multiple_of
-        self.sync_oom = sync_oom
+        self.target_vram, self.min_batch_size, self.max_batch_size = target_vram, min_batch_size, max_batch_size
+        self.adjust_every, self.keep, self.lr_rule, self.multiple_of = adjust_every, keep, lr_rule, multiple_of
+        self.sync_oom, self.reserve_gib, self.agree_timeout = sync_oom, reserve_gib, agree_timeout
         self.probe: MemoryProbe | None = probe
         self.controller = BatchSizeController(
             target=target_vram,
@@ -154,11 +157,16 @@ class DynamicBatchSize(Callback):
         self.batch_size: int | None = None
         #: Out-of-memory errors recovered from so far.
         self.oom_recoveries = 0
+        #: Decisions taken so far.
+        self.decisions = 0
         #: The last decision taken.
         self.last_decision: Decision | None = None
-        self._active = False
+        self.runner: MicroBatchRunner | None = None
+        self._trainer: pl.Trainer | None = None
         self._sampler: ResizableBatchSampler | None = None
         self._loader: DataLoader | None = None
+        self._original_batch_sampler: BatchSampler | None = None
+        self._originals: dict[str, Callable[..., Any]] = {}
         self._user_batch_size = 0  # the DataLoader's own batch size
         self._user_accumulation = 1  # the Trainer's accumulate_grad_batches as configured
         self._lr_factor = 1.0
@@ -166,19 +174,11 @@ class DynamicBatchSize(Callback):
         self._consumed = 0  # samples of the running epoch trained on
         self._batches_done = 0  # windows of the running epoch trained on
         self._restore: dict[str, Any] | None = None  # state from a checkpoint, applied at train start
-        self._originals: dict[str, Callable[..., Any]] = {}
-        self._trainer: pl.Trainer | None = None
-        self._window: tuple[Any, int, tuple[Any, ...], dict[str, Any]] | None = None
-        self._returned_loss: Tensor | None = None
-        self._owns_zero_grad = False
-        self._manual = False
-        self._largest_run = 0  # largest micro-batch run in the current decision interval
-        self._window_samples = 0  # samples in the running window
-        self._train_peak = 0  # training's peak before a validation run in the current interval
-        self._train_pressure = False
-        self._original_batch_sampler: BatchSampler | None = None
         self._installed_epoch = -1
-        self._ddp = False
+        self._figures: list[float] | None = None  # the interval's agreed [peak, pressure, -budget]
+        self._val_figures = (0, False)  # training's peak and pressure before a validation run
+        self._quiet: Any = None  # the warnings filter silencing Lightning's false "not resumable" warning
+        self._step_args: tuple[int, tuple[Any, ...], dict[str, Any]] = (0, (), {})
 
     def __repr__(self) -> str:
         return (
@@ -198,6 +198,10 @@ class DynamicBatchSize(Callback):
             return None
         return math.ceil(self.effective_batch_size / self.batch_size)
 
+    @property
+    def _active(self) -> bool:
+        return self.runner is not None
+
     # -- setup -------------------------------------------------------------------------------------------------------
     @override
     def setup(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
@@ -214,6 +218,9 @@ class DynamicBatchSize(Callback):
                 )
                 return
             self.probe = CudaMemory(trainer.strategy.root_device)
+        from lightning_tune._compat import check_lightning_version
+
+        check_lightning_version("DynamicBatchSize")  # its private Lightning internals were checked on these versions
         if not pl_module.automatic_optimization:
             raise MisconfigurationException(
                 "DynamicBatchSize needs automatic optimization: with manual optimization the module runs its own "
@@ -225,34 +232,48 @@ class DynamicBatchSize(Callback):
                 "itself (DeepSpeed); use DDP or FSDP"
             )
         from lightning.pytorch.callbacks import GradientAccumulationScheduler
+        from lightning.pytorch.strategies import DDPStrategy
 
         if any(isinstance(cb, GradientAccumulationScheduler) for cb in trainer.callbacks):  # type: ignore[attr-defined]
             raise MisconfigurationException(
                 "DynamicBatchSize sets gradient accumulation itself: remove GradientAccumulationScheduler and give "
                 "the effective batch through the DataLoader's batch size and Trainer(accumulate_grad_batches=...)"
             )
-        from lightning.pytorch.strategies import DDPStrategy
-
-        self._ddp = isinstance(trainer.strategy, DDPStrategy)
-        if trainer.world_size > 1 and not self._ddp:
+        ddp = isinstance(trainer.strategy, DDPStrategy)
+        if trainer.world_size > 1 and not ddp:
             warnings.warn(
                 f"DynamicBatchSize: under {type(trainer.strategy).__name__} every rank takes the same batch-size "
                 "decisions, but an out-of-memory error can only be recovered when every rank hits it: the agreement "
                 "that lets one rank's OOM make all of them retry (`sync_oom`) is made for DDP",
                 stacklevel=2,
             )
-        self._patch_module(pl_module)
-        self._active = True
+        distributed = trainer.world_size > 1
+        agree = None
+        if distributed and ddp and self.sync_oom:
+            device = trainer.strategy.root_device
 
-    def _patch_module(self, pl_module: pl.LightningModule) -> None:
-        """Wrap the module instance's ``training_step``, ``backward`` and ``optimizer_zero_grad`` (not its class)."""
-        for name, wrapper in (
-            ("training_step", self._training_step),
-            ("backward", self._backward),
-            ("optimizer_zero_grad", self._optimizer_zero_grad),
-        ):
+            def agree(values: Sequence[float]) -> Sequence[float]:
+                return all_reduce_max(values, device=device, timeout=self.agree_timeout)
+
+        self.runner = MicroBatchRunner(
+            forward=self._forward,
+            backward=self._backward_micro_batch,
+            zero_grad=self._zero_grad,
+            free=self.probe.free,
+            shrink=self._shrink,
+            min_size=self.min_batch_size,
+            agree=agree,
+            no_sync=getattr(trainer.strategy, "block_backward_sync", contextlib.nullcontext),
+            on_failure=self._on_failure,
+        )
+        for name in ("training_step", "backward", "optimizer_zero_grad"):  # the instance's, not its class's
             self._originals[name] = getattr(pl_module, name)
-            setattr(pl_module, name, wrapper)
+            setattr(pl_module, name, getattr(self, f"_{name}"))
+        expandable = getattr(self.probe, "expandable_segments", None)
+        rank_zero_info(
+            f"DynamicBatchSize: reading memory from {self.probe!r}"
+            + ("" if expandable is None else f", expandable_segments {'on' if expandable else 'off'}")
+        )
 
     @override
     def teardown(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
@@ -262,15 +283,17 @@ class DynamicBatchSize(Callback):
             with contextlib.suppress(AttributeError):
                 delattr(pl_module, name)  # back to the class's method
         self._originals.clear()
+        for optimizer in trainer.optimizers:
+            with contextlib.suppress(AttributeError):
+                delattr(optimizer, "step")
         if self._active:
             trainer.accumulate_grad_batches = self._user_accumulation
         if self._loader is not None and self._original_batch_sampler is not None:
             # a DataLoader the module or DataModule keeps must come back as it was given
-            _set_batch_sampler(self._loader, self._original_batch_sampler)
+            set_batch_sampler(self._loader, self._original_batch_sampler)
         self._loader = self._sampler = self._original_batch_sampler = None
-        self._active = False
-        self._window = None
-        self._returned_loss = None
+        self.runner = None
+        self._unquiet()
 
     # -- the DataLoader ----------------------------------------------------------------------------------------------
     @override
@@ -280,12 +303,18 @@ class DynamicBatchSize(Callback):
         self._user_accumulation = int(trainer.accumulate_grad_batches)
         self._lr_factor = 1.0  # a new fit starts from the optimizer's configured LR (a checkpoint may say otherwise)
         self._install(trainer)
+        assert self.probe is not None
+        for optimizer in trainer.optimizers:
+            if not isinstance(optimizer, torch.optim.LBFGS):  # LBFGS runs its closure many times
+                optimizer.step = functools.partial(  # type: ignore[method-assign]
+                    step_with_retry, optimizer, optimizer.step, free=self.probe.free, warn=rank_zero_warn
+                )
 
     @override
     def on_train_epoch_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         if not self._active:
             return
-        loader = _train_loader(trainer)
+        loader = train_loader(trainer)
         self._consumed = self._batches_done = 0  # not called when a run resumes mid-epoch
         if loader is not self._loader or loader.batch_sampler is not self._sampler:  # reloaded by the Trainer
             self._install(trainer)
@@ -297,69 +326,38 @@ class DynamicBatchSize(Callback):
 
     @override
     def on_validation_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
-        if self._active and trainer.training and self.probe is not None:
-            self._train_peak = max(self._train_peak, self.probe.peak_bytes())
-            self._train_pressure = self._train_pressure or self.probe.pressure()
+        # inside fit, Lightning's stage is "validating" here (trainer.training is False): test the fitting state
+        if self._active and self.probe is not None and trainer.state.fn == "fit":
+            peak, pressure = self._val_figures
+            self._val_figures = (max(peak, self.probe.peak_bytes()), pressure or self.probe.pressure())
 
     @override
     def on_validation_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
-        if self._active and trainer.training and self.probe is not None:  # validation's memory is not training's
+        if (
+            self._active and self.probe is not None and trainer.state.fn == "fit"
+        ):  # validation's memory is not training's
             self.probe.free()
             self.probe.reset_peak()
 
     def _install(self, trainer: pl.Trainer) -> None:
-        loader = _train_loader(trainer)
-        original = loader.batch_sampler
-        if isinstance(original, ResizableBatchSampler):  # left by a run that could not put the original back
-            inner: Any = original.sampler
-            original_size = original.granule
-            drop_last = original.drop_last
-        else:
-            if isinstance(loader.dataset, IterableDataset):
-                raise MisconfigurationException(
-                    "DynamicBatchSize needs a map-style dataset (with __getitem__ and __len__) in the train "
-                    f"DataLoader, got the iterable dataset {type(loader.dataset).__name__}; batch an iterable "
-                    "dataset yourself or wrap it in a map-style one"
-                )
-            if original is not None and type(original) is not BatchSampler:
-                raise MisconfigurationException(
-                    f"DynamicBatchSize replaces the train DataLoader's BatchSampler, but it has a custom "
-                    f"{type(original).__name__}; give the DataLoader a `sampler` and a `batch_size` instead of a "
-                    "`batch_sampler` (a custom sampler is kept)"
-                )
-            if original is None or original.batch_size is None:
-                raise MisconfigurationException(
-                    "DynamicBatchSize needs a train DataLoader built with a `batch_size`; this one has batch_size=None "
-                    "(the dataset returns whole batches), so there is no batch size to control"
-                )
-            inner = loader.sampler
-            original_size = int(original.batch_size)
-            drop_last = bool(original.drop_last)
+        loader, inner, loader_batch, drop_last, original = loader_parts(trainer)
+        if original is not None:
             self._original_batch_sampler = original
-        self._user_batch_size = original_size
+        self._user_batch_size = loader_batch
         if self.batch_size is None:
-            start = original_size if self.controller.model.prior is None else None
-            if start is None:  # start from the prior's prediction
-                budget = self.target_vram * self.probe.total_bytes()  # type: ignore[union-attr]
-                start = self.controller.round_down(self.controller.model.largest_batch(budget) or 1, self._cap())
+            start = loader_batch
+            if self.controller.model.prior is not None:  # start from the prior's prediction
+                best = self.controller.model.largest_batch(self._budget()[1])
+                start = self.controller.round_down(best or 1, self._cap())
             self.batch_size = max(self.min_batch_size, min(start, self._cap() or start, self.max_batch_size or start))
-        # Lightning limited the epoch in batches of the DataLoader's own size; the sampler limits it in samples
-        limited = trainer.fit_loop.max_batches
-        limit = None if trainer.limit_train_batches == 1.0 or limited == float("inf") else int(limited) * original_size
+        limit = sample_limit(trainer, loader_batch)
         sampler = ResizableBatchSampler(
-            inner, self._window_size(), drop_last=drop_last, granule=original_size, limit=limit
+            inner, self._window_size(), drop_last=drop_last, granule=loader_batch, limit=limit
         )
         if self._restore is not None:
             self._apply_restore(trainer, sampler)
-        if hasattr(inner, "set_epoch"):  # workers draw the order at once; Lightning sets the epoch only later
-            inner.set_epoch(trainer.current_epoch)
-        _set_batch_sampler(loader, sampler)
-        self._loader, self._sampler = loader, sampler
-        self._installed_epoch = trainer.current_epoch
-        trainer.accumulate_grad_batches = 1
-        self._update_epoch_length(trainer)  # the new iterator's limits
-        _restart_train_iterator(trainer)
-        self._update_epoch_length(trainer)  # the length the fetcher took from the old loader
+        self._loader, self._sampler, self._installed_epoch = loader, sampler, trainer.current_epoch
+        attach(trainer, loader, sampler, lambda: self._update_epoch_length(trainer))
         if self.probe is not None:
             self.probe.reset_peak()
 
@@ -375,51 +373,32 @@ class DynamicBatchSize(Callback):
         assert self.batch_size is not None
         return self._configured_effective if self.keep == "effective" else self.batch_size * self._user_accumulation
 
+    def _budget(self) -> tuple[int, float]:
+        """What PyTorch can get now, and the peak allowed: ``target_vram`` of it, ``reserve_gib`` kept free."""
+        assert self.probe is not None
+        capacity = self.probe.capacity_bytes()
+        return capacity, max(1.0, min(self.target_vram * capacity, capacity - self.reserve_gib * _GIB))
+
     def _update_epoch_length(self, trainer: pl.Trainer) -> None:
         assert self._sampler is not None
-        batches = len(self._sampler)
-        _set_epoch_batches(trainer, batches)
         interval = trainer.val_check_interval
-        if getattr(trainer, "_val_check_time_interval", None) is not None:
-            return
-        if isinstance(interval, int) and self.keep == "effective":  # counted in the DataLoader's own batches
-            trainer.val_check_batch = max(1, interval // self._user_accumulation)
-        elif isinstance(interval, float):
-            trainer.val_check_batch = max(1, int(batches * interval))
+        every = interval // self._user_accumulation if isinstance(interval, int) and self.keep == "effective" else None
+        set_epoch_length(trainer, len(self._sampler), every)
 
     # -- per batch ---------------------------------------------------------------------------------------------------
     @override
     def on_train_batch_start(
         self, trainer: pl.Trainer, pl_module: pl.LightningModule, batch: Any, batch_idx: int
     ) -> None:
+        self._unquiet()  # Lightning's resume warning is behind us
         if not self._active or self.keep != "lr":
             return
         n = count_samples(batch)
         if n is not None:
-            self._set_lr_factor(trainer, scale_lr(1.0, self._configured_effective, n, self.lr_rule))
-
-    def _set_lr_factor(self, trainer: pl.Trainer, factor: float) -> None:
-        """Multiply every group's learning rate (and the schedulers' base LRs) by ``factor / previous factor``."""
-        ratio = factor / self._lr_factor
-        if ratio == 1.0:
-            return
-        self._lr_factor = factor
-        for optimizer in trainer.optimizers:
-            for group in optimizer.param_groups:
-                for key in ("lr", "initial_lr", "max_lr", "min_lr"):
-                    value = group.get(key)
-                    if isinstance(value, Tensor):
-                        value.mul_(ratio)
-                    elif isinstance(value, (int, float)) and not isinstance(value, bool):
-                        group[key] = value * ratio
-        for config in trainer.lr_scheduler_configs:
-            scheduler = config.scheduler
-            base = getattr(scheduler, "base_lrs", None)
-            if isinstance(base, list):
-                scheduler.base_lrs = [b * ratio for b in base]
-            if hasattr(scheduler, "scale_group"):  # lightning_tune's ScheduleLR keeps per-group scales
-                for i in range(len(scheduler.optimizer.param_groups)):
-                    scheduler.scale_group(i, ratio)
+            factor = scale_lr(1.0, self._configured_effective, n, self.lr_rule)
+            if factor != self._lr_factor:
+                scale_learning_rates(trainer, factor / self._lr_factor)
+                self._lr_factor = factor
 
     @override
     def on_train_batch_end(
@@ -427,69 +406,67 @@ class DynamicBatchSize(Callback):
     ) -> None:
         if not self._active:
             return
-        self._window = None
-        self._returned_loss = None
-        self._owns_zero_grad = False
-        self._consumed += self._window_samples
+        self._consumed += count_samples(batch) or 0
         self._batches_done += 1
         self._steps += 1
         if self._steps >= self.adjust_every:
-            self._steps = 0
             self._decide(trainer)
         self._log(trainer)
 
+    @override
+    def on_train_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        if self._active:
+            rank_zero_info(
+                f"DynamicBatchSize: settled at micro-batch {self.batch_size} ({self.accumulate_grad_batches} per "
+                f"optimizer step of {self.effective_batch_size} samples); {self.decisions} decisions, "
+                f"{self.oom_recoveries} out-of-memory errors recovered"
+            )
+
+    def _interval_figures(self) -> list[float]:
+        """The interval's peak, pressure and (negated) budget on this rank, validation runs left out."""
+        assert self.probe is not None
+        peak, pressure = self._val_figures
+        return [
+            float(max(self.probe.peak_bytes(), peak)),
+            float(self.probe.pressure() or pressure),
+            -self._budget()[1],
+        ]
+
     def _decide(self, trainer: pl.Trainer) -> None:
-        assert self.probe is not None and self.batch_size is not None
-        peak = float(max(self.probe.peak_bytes(), self._train_peak))
-        pressure = self.probe.pressure() or self._train_pressure
-        self._train_peak, self._train_pressure = 0, False
-        if trainer.world_size > 1:  # every rank decides on the same figures: the worst rank's
-            figures = torch.tensor([peak, float(pressure)], dtype=torch.float64, device=trainer.strategy.root_device)
-            figures = _all_reduce_max(trainer, figures)
-            peak, pressure = float(figures[0]), bool(figures[1] > 0)
-        ran = self._largest_run or self.batch_size  # a short last batch of an epoch may be all it saw
-        self._largest_run = 0
+        assert self.probe is not None and self.batch_size is not None and self.runner is not None
+        # under DDP the worst rank's figures, agreed in the step's own collective; else this rank's own
+        figures = self._figures or self._interval_figures()
+        if self._figures is None and trainer.world_size > 1:  # no agreement ran (sync_oom=False, or not DDP)
+            figures = all_reduce_max(figures, device=trainer.strategy.root_device, timeout=self.agree_timeout)
+        self._figures, self._val_figures, self._steps = None, (0, False), 0
+        peak, pressure, budget = figures[0], figures[1] > 0, -figures[2]
+        ran = self.runner.largest_run or self.batch_size  # a short last batch of an epoch may be all it saw
+        self.runner.largest_run = 0
         decision = self.controller.decide(
             self.batch_size,
             peak_bytes=peak,
-            total_bytes=self.probe.total_bytes(),
+            total_bytes=self.probe.capacity_bytes(),
             pressure=pressure,
             cap=self._cap(),
             observed_size=ran,
+            budget_bytes=budget,
         )
-        self.last_decision = decision
+        self.last_decision, self.decisions = decision, self.decisions + 1
         shrunk = decision.batch_size < self.batch_size
-        self._resize(trainer, decision.batch_size)
+        self._resize(trainer, decision.batch_size, decision.reason)
         if shrunk:  # give the larger size's cached blocks back, or the next peak of reserved memory still shows them
             self.probe.free()
         self.probe.reset_peak()
 
-    def _resize(self, trainer: pl.Trainer, batch_size: int) -> None:
+    def _resize(self, trainer: pl.Trainer, batch_size: int, why: str) -> None:
         if batch_size == self.batch_size:
             return
+        rank_zero_info(f"DynamicBatchSize: micro-batch {self.batch_size} -> {batch_size} ({why})")
         self.batch_size = batch_size
         if self.keep != "effective" and self._sampler is not None:
             self._sampler.batch_size = self._window_size()
             self._update_epoch_length(trainer)
-            self._retarget_schedules(trainer)
-
-    def _retarget_schedules(self, trainer: pl.Trainer) -> None:
-        """Tell lightning_tune's schedules how many optimizer steps the run now has (``keep="lr"``/``"none"``)."""
-        from lightning_tune.callbacks.lr_schedule import ScheduleCallback
-
-        assert self._sampler is not None
-        per_epoch = math.ceil(self._sampler.epoch_samples() / self._window_size())
-        remaining = max(0, int(trainer.fit_loop.max_batches) - self._batches_done)
-        max_epochs = trainer.max_epochs
-        if max_epochs is not None and max_epochs >= 0:
-            remaining += max(0, max_epochs - trainer.current_epoch - 1) * per_epoch
-        elif trainer.max_steps < 0:
-            return  # an unbounded run: nothing to aim at
-        if trainer.max_steps >= 0:
-            remaining = min(remaining, trainer.max_steps - trainer.global_step)
-        for callback in trainer.callbacks:  # type: ignore[attr-defined]
-            if isinstance(callback, ScheduleCallback):
-                callback.retarget(trainer.global_step + remaining)
+            retarget_schedules(trainer, self._sampler.epoch_samples(), self._window_size(), self._batches_done)
 
     def _log(self, trainer: pl.Trainer) -> None:
         """Write the decision keys to the loggers every ``log_every_n_steps`` optimizer steps.
@@ -511,20 +488,10 @@ class DynamicBatchSize(Callback):
         for logger in trainer.loggers:
             logger.log_metrics(metrics, step=trainer.global_step)
 
-    # -- the wrapped module hooks ------------------------------------------------------------------------------------
-    def _optimizer_zero_grad(self, epoch: int, batch_idx: int, optimizer: Any) -> None:
-        if self._owns_zero_grad:  # gradients of this window were zeroed before its first micro-batch
-            return
-        self._originals["optimizer_zero_grad"](epoch, batch_idx, optimizer)
-
-    def _zero_grad(self, batch_idx: int) -> None:
-        assert self._trainer is not None
-        for optimizer in self._trainer.optimizers:
-            self._originals["optimizer_zero_grad"](self._trainer.current_epoch, batch_idx, optimizer)
-
+    # -- what the runner calls, and the module's wrapped hooks ------------------------------------------------------
     def _training_step(self, batch: Any, batch_idx: int, *args: Any, **kwargs: Any) -> Any:
-        trainer = self._trainer
-        if not self._active or trainer is None or not trainer.training or self.batch_size is None:
+        trainer, runner = self._trainer, self.runner
+        if runner is None or trainer is None or not trainer.training or self.batch_size is None:
             return self._originals["training_step"](batch, batch_idx, *args, **kwargs)
         n = count_samples(batch)
         if n is None:
@@ -532,45 +499,29 @@ class DynamicBatchSize(Callback):
                 f"DynamicBatchSize cannot count the samples of a batch of type {type(batch).__name__}: it needs a "
                 "tensor whose first dimension is the batch"
             )
-        self._window, self._window_samples = (batch, batch_idx, args, kwargs), n
-        distributed = trainer.world_size > 1 and self.sync_oom and self._ddp
-        while True:
-            assert self.batch_size is not None
-            try:
-                pieces = self._pieces(batch, n)
-                if len(pieces) == 1 and not distributed:
-                    output = self._forward(pieces[0], batch_idx, args, kwargs)
-                    self._returned_loss = _loss_of(output)
-                    return _with_value(output, [], pieces[0].weight)
-                return self._run_window(trainer, pieces, distributed)
-            except _OOM as err:
-                self._recover(trainer, batch_idx, err)
+        self._step_args = (batch_idx, args, kwargs)
+        deciding = runner.agree is not None and self._steps + 1 >= self.adjust_every
+        outcome = runner.run(
+            batch,
+            [0.0, 0.0, 0.0],
+            lambda b, size: self._cut(b, n, size),
+            self.batch_size,
+            leave_last_backward=trainer.world_size > 1,
+            payload_fn=self._interval_figures if deciding else None,
+        )
+        if deciding and not outcome.failures:  # after a failure the interval starts again
+            self._figures = outcome.payload
+        if trainer.world_size > 1:
+            return outcome.output
+        return _detached(outcome.output)  # every backward has run: Lightning's own backward is a no-op
 
-    def _pieces(self, batch: Any, n: int) -> list[_Piece]:
-        """The window's micro-batches, each with its weight in the optimizer step.
-
-        With ``keep="effective"`` a sample weighs ``1 / (b × k)``, as in Lightning's fixed-batch run, except in the
-        DataLoader's short last batch of an epoch (``r < b`` samples), where Lightning gives the batch's mean loss
-        ``1 / k``: those samples form micro-batches of their own weighing ``1 / (r × k)`` each. Otherwise every
-        sample weighs ``1 / n`` for a window of ``n``.
-        """
-        assert self.batch_size is not None
-        m = self.batch_size
-
-        def chunks(total: int) -> list[int]:
-            return [min(m, total - start) for start in range(0, total, m)]
-
+    def _cut(self, batch: Any, n: int, size: int) -> list[MicroBatch]:
+        """The step's micro-batches with their weights (see ``docs/dynamic_batch.md``, "Short last batch")."""
         if self.keep != "effective":
-            sizes = chunks(n)
-            weights = [k / n for k in sizes]
-        else:
-            tail = self._short_batch_in(n)
-            head_sizes, tail_sizes = chunks(n - tail), chunks(tail)
-            sizes = head_sizes + tail_sizes
-            weights = [k / self._configured_effective for k in head_sizes]
-            weights += [k / (tail * self._user_accumulation) for k in tail_sizes]
-        parts = [batch] if len(sizes) == 1 else split_sizes(batch, sizes)
-        return [_Piece(*piece) for piece in zip(parts, sizes, weights, strict=True)]
+            return cut_step(batch, size, sample_weight=1.0 / n)
+        tail = self._short_batch_in(n)
+        tail_weight = 1.0 / max(tail * self._user_accumulation, 1)
+        return cut_step(batch, size, sample_weight=1.0 / self._configured_effective, tail=tail, tail_weight=tail_weight)
 
     def _short_batch_in(self, n: int) -> int:
         """Samples of the DataLoader's short last batch of the epoch inside this window of ``n`` (0 if none)."""
@@ -581,110 +532,73 @@ class DynamicBatchSize(Callback):
         short = total % self._user_batch_size
         return short if short and self._consumed + n == total and n >= short else 0
 
-    def _forward(self, piece: _Piece, batch_idx: int, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
-        """Run ``training_step`` on a micro-batch; its loss comes back multiplied by the piece's weight."""
+    def _forward(self, piece: MicroBatch) -> Any:
         assert self.probe is not None
-        self.probe.before_micro_batch(piece.samples)
-        self._largest_run = max(self._largest_run, piece.samples)
-        output = self._originals["training_step"](piece.batch, batch_idx, *args, **kwargs)
-        return output if piece.weight == 1.0 else _scale_output(output, piece.weight)
+        self.probe.before_micro_batch(piece.samples, piece.seq_len)
+        batch_idx, args, kwargs = self._step_args
+        return self._originals["training_step"](piece.batch, batch_idx, *args, **kwargs)
 
-    def _run_window(self, trainer: pl.Trainer, pieces: list[_Piece], distributed: bool) -> Any:
-        """Run the window's micro-batches; return what Lightning should backward (the last one, or a sync graph).
-
-        What is returned carries the window's mean loss as its value (what the progress bar and callbacks see) and
-        the last micro-batch's weighted loss as its gradient.
-        """
-        assert self._window is not None
-        _, batch_idx, args, kwargs = self._window
-        total_weight = sum(piece.weight for piece in pieces)
-        self._zero_grad(batch_idx)
-        self._owns_zero_grad = True
-        manual = pieces if distributed else pieces[:-1]
-        oom: BaseException | None = None
-        shown: list[Tensor] = []
-        with _no_sync(trainer):
-            for piece in manual:
-                try:
-                    loss = self._forward_backward(trainer, piece, batch_idx, args, kwargs)
-                except _OOM as err:
-                    oom = err
-                    break
-                if loss is not None:
-                    shown.append(loss)
-        if distributed:
-            failed = torch.tensor([0.0 if oom is None else 1.0], device=trainer.strategy.root_device)
-            if float(_all_reduce_max(trainer, failed)[0]) > 0:  # some rank ran out of memory: all retry
-                raise oom if oom is not None else torch.OutOfMemoryError("out of memory on another rank")
-            return _sync_graph(trainer.lightning_module, shown, total_weight)
-        if oom is not None:
-            raise oom
-        output = self._forward(pieces[-1], batch_idx, args, kwargs)
-        self._returned_loss = _loss_of(output)
-        return _with_value(output, shown, total_weight)
-
-    def _forward_backward(
-        self, trainer: pl.Trainer, piece: _Piece, batch_idx: int, args: tuple[Any, ...], kwargs: dict[str, Any]
-    ) -> Tensor | None:
-        output = self._forward(piece, batch_idx, args, kwargs)
-        loss = _loss_of(output)
-        if loss is None:
-            return None
-        self._manual = True
-        try:
-            with _autocast_off(trainer):
-                trainer.strategy.backward(loss, trainer.optimizers[0] if trainer.optimizers else None)
-        finally:
-            self._manual = False
-        return loss.detach()
+    def _backward_micro_batch(self, loss: Tensor) -> None:
+        trainer = self._trainer
+        assert trainer is not None
+        device = trainer.strategy.root_device.type
+        # Lightning runs backward outside autocast; this one runs inside training_step
+        with torch.autocast(device_type=device, enabled=False) if torch.is_autocast_enabled(device) else _nothing():
+            trainer.strategy.backward(loss, trainer.optimizers[0] if trainer.optimizers else None)
 
     def _backward(self, loss: Tensor, *args: Any, **kwargs: Any) -> None:
-        original = self._originals["backward"]
-        trainer = self._trainer
-        if self._manual or not self._active or trainer is None or self._window is None:
-            return original(loss, *args, **kwargs)
+        if self.runner is not None and not loss.requires_grad:  # the runner ran every backward of the step
+            return None
         try:
-            return original(loss, *args, **kwargs)
-        except _OOM as err:
-            if trainer.world_size > 1:
-                raise  # other ranks are inside the gradient all-reduce already; see `sync_oom`
-            failure: BaseException = err
-        # Out of memory in Lightning's backward of the window's last micro-batch: release its graph, then run the
-        # whole window again in smaller pieces from here; Lightning then steps with the gradients this leaves.
-        for tensor in (loss, self._returned_loss):
-            if tensor is not None:
-                with contextlib.suppress(RuntimeError):  # a view cannot be detached in place; its graph goes later
-                    tensor.detach_()
-        self._returned_loss = None
-        batch, batch_idx, step_args, step_kwargs = self._window
-        while True:
-            self._recover(trainer, batch_idx, failure)
-            try:
-                self._owns_zero_grad = True  # `_recover` zeroed the gradients
-                # forward passes run under the precision's autocast, as Lightning runs training_step
-                with trainer.precision_plugin.train_step_context():
-                    for piece in self._pieces(batch, self._window_samples):
-                        self._forward_backward(trainer, piece, batch_idx, step_args, step_kwargs)
-                return None
-            except _OOM as again:
-                failure = again
+            return self._originals["backward"](loss, *args, **kwargs)
+        except (torch.OutOfMemoryError, RuntimeError) as err:
+            trainer = self._trainer
+            if self.runner is None or trainer is None or trainer.world_size == 1 or not is_allocation_failure(err):
+                raise  # one process: the runner recovers
+            message = str(err).splitlines()[0]
+        raise torch.OutOfMemoryError(
+            f"DynamicBatchSize: out of memory in the last micro-batch's backward, where DDP reduces the gradients "
+            f"across ranks ({message}); it cannot be agreed with the other ranks, so training stops. Lower "
+            "`target_vram` or `max_batch_size`, or keep memory free with `reserve_gib`"
+        )
 
-    def _recover(self, trainer: pl.Trainer, batch_idx: int, err: BaseException) -> None:
-        """Drop the window's gradients, free memory and shrink the micro-batch after an out-of-memory error."""
-        assert self.probe is not None and self.batch_size is not None
-        self._zero_grad(batch_idx)
-        self.probe.free()
-        failed = self.batch_size
-        self.batch_size = self.controller.on_oom(failed, total_bytes=self.probe.total_bytes(), cap=self._cap())
-        self.oom_recoveries += 1
-        self.last_decision = Decision(self.batch_size, None, "oom")
+    def _optimizer_zero_grad(self, epoch: int, batch_idx: int, optimizer: Any) -> None:
+        """Lightning zeroes gradients between ``training_step`` and backward: the runner zeroes them instead."""
+
+    def _zero_grad(self) -> None:
+        trainer = self._trainer
+        assert trainer is not None
+        batch_idx = self._step_args[0]
+        for optimizer in trainer.optimizers:
+            self._originals["optimizer_zero_grad"](trainer.current_epoch, batch_idx, optimizer)
+
+    def _shrink(self, failed: int) -> int:
+        trainer = self._trainer
+        assert trainer is not None and self.probe is not None
+        if trainer.world_size > 1 and self.runner is not None and self.runner.agree is None:
+            raise torch.OutOfMemoryError(
+                f"DynamicBatchSize: out of memory at micro-batch {failed}; without `sync_oom` an out-of-memory error "
+                "cannot be recovered under several processes"
+            )
+        capacity, budget = self._budget()
+        smaller = self.controller.on_oom(failed, total_bytes=capacity, cap=self._cap(), budget_bytes=budget)
+        self.batch_size = smaller
+        self.last_decision = Decision(smaller, None, "oom")
         if self.keep != "effective" and self._sampler is not None:
             self._sampler.batch_size = self._window_size()
             self._update_epoch_length(trainer)
-            self._retarget_schedules(trainer)
+            retarget_schedules(trainer, self._sampler.epoch_samples(), self._window_size(), self._batches_done)
         self.probe.reset_peak()
-        self._steps = 0
-        self._largest_run = 0
+        self._steps, self._figures, self._val_figures = 0, None, (0, False)
+        return smaller
+
+    def _on_failure(self, old: int, new: int, message: str) -> None:
+        self.oom_recoveries += 1
+        rank_zero_warn(
+            f"DynamicBatchSize: out of memory at micro-batch {old} ({message}); recovered: running the "
+            f"same step again at {new}"
+        )
+        rank_zero_info(f"DynamicBatchSize: micro-batch {old} -> {new} (oom)")
 
     # -- checkpoints -------------------------------------------------------------------------------------------------
     @override
@@ -695,6 +609,7 @@ class DynamicBatchSize(Callback):
             "user_accumulation": self._user_accumulation,
             "lr_factor": self._lr_factor,
             "oom_recoveries": self.oom_recoveries,
+            "decisions": self.decisions,
             "steps": self._steps,
             "controller": self.controller.state_dict(),
             "consumed": self._consumed,
@@ -713,11 +628,16 @@ class DynamicBatchSize(Callback):
     def _apply_restore(self, trainer: pl.Trainer, sampler: ResizableBatchSampler) -> None:
         state, self._restore = self._restore, None
         assert state is not None
-        self.batch_size = state["batch_size"]
-        self._user_batch_size = state["user_batch_size"]
-        self._user_accumulation = state["user_accumulation"]
+        saved = (state["user_batch_size"], state["user_accumulation"])
+        if saved != (self._user_batch_size, self._user_accumulation):  # the run's configuration wins
+            rank_zero_warn(
+                f"DynamicBatchSize: the checkpoint was trained with DataLoader batch {saved[0]} x "
+                f"accumulate_grad_batches {saved[1]}; this run configures {self._user_batch_size} x "
+                f"{self._user_accumulation}, which is used from here on"
+            )
+        self.batch_size = max(self.min_batch_size, min(state["batch_size"], self._cap() or state["batch_size"]))
         self._lr_factor = state["lr_factor"]
-        self.oom_recoveries = state["oom_recoveries"]
+        self.oom_recoveries, self.decisions = state["oom_recoveries"], state.get("decisions", 0)
         self._steps = state["steps"]
         self.controller.load_state_dict(state["controller"])
         sampler.batch_size = self._window_size()
@@ -727,122 +647,26 @@ class DynamicBatchSize(Callback):
                 state["consumed"], state["batches_done"], None if order is None else [int(i) for i in order.tolist()]
             )
             self._consumed, self._batches_done = state["consumed"], state["batches_done"]
+            # Lightning then warns that the DataLoader is not resumable: the sampler resumes it, so silence that
+            warnings.filterwarnings("ignore", message=_NOT_RESUMABLE)
+            self._quiet = warnings.filters[0]
+
+    def _unquiet(self) -> None:
+        if self._quiet is not None:
+            with contextlib.suppress(ValueError):
+                warnings.filters.remove(self._quiet)  # type: ignore[attr-defined]
+            warnings._filters_mutated()  # type: ignore[attr-defined]
+            self._quiet = None
 
 
-def _loss_of(output: Any) -> Tensor | None:
+@contextlib.contextmanager
+def _nothing() -> Any:
+    yield
+
+
+def _detached(output: Any) -> Any:
     if isinstance(output, Tensor):
-        return output
-    if isinstance(output, dict):
-        loss = output.get("loss")
-        return loss if isinstance(loss, Tensor) else None
-    return None
-
-
-def _scale_output(output: Any, weight: float) -> Any:
-    if isinstance(output, Tensor):
-        return output * weight
+        return output.detach()
     if isinstance(output, dict) and isinstance(output.get("loss"), Tensor):
-        return {**output, "loss": output["loss"] * weight}
+        return {**output, "loss": output["loss"].detach()}
     return output
-
-
-def _with_value(output: Any, earlier: list[Tensor], total_weight: float) -> Any:
-    """Give the returned loss the window's mean loss as value, keeping the last micro-batch's gradient."""
-    loss = _loss_of(output)
-    if loss is None or (not earlier and total_weight == 1.0):
-        return output
-    value = (torch.stack([*earlier, loss.detach()]).sum() / total_weight).to(loss.dtype)
-    shown = loss + (value - loss.detach())
-    return shown if isinstance(output, Tensor) else {**output, "loss": shown}
-
-
-def _sync_graph(pl_module: pl.LightningModule, shown: list[Tensor], total_weight: float) -> Tensor:
-    """A zero loss touching every trainable parameter, valued at the window's mean loss.
-
-    Its backward adds nothing to the gradients but makes DDP all-reduce them, once every rank has agreed that the
-    window's micro-batches all fit.
-    """
-    params = [p for p in pl_module.parameters() if p.requires_grad]
-    zero = torch.stack([p.sum() for p in params]).sum() * 0.0
-    value = torch.stack(shown).sum() / total_weight if shown else torch.zeros((), device=zero.device)
-    return value.to(zero.dtype) + zero
-
-
-def _all_reduce_max(trainer: pl.Trainer, tensor: Tensor) -> Tensor:
-    from torch.distributed import ReduceOp
-
-    return trainer.strategy.reduce(tensor, reduce_op=ReduceOp.MAX)  # type: ignore[arg-type]
-
-
-@contextlib.contextmanager
-def _no_sync(trainer: pl.Trainer) -> Iterator[None]:
-    block = getattr(trainer.strategy, "block_backward_sync", None)
-    if block is None:
-        yield
-        return
-    with block():
-        yield
-
-
-@contextlib.contextmanager
-def _autocast_off(trainer: pl.Trainer) -> Iterator[None]:
-    """Backward runs outside autocast, as Lightning's own backward does (this one runs inside ``training_step``)."""
-    device = trainer.strategy.root_device.type
-    if torch.is_autocast_enabled(device):
-        with torch.autocast(device_type=device, enabled=False):
-            yield
-    else:
-        yield
-
-
-def _train_loader(trainer: pl.Trainer) -> DataLoader:
-    combined = trainer.train_dataloader
-    loaders = getattr(combined, "flattened", [combined])
-    if len(loaders) != 1 or not isinstance(loaders[0], DataLoader):
-        raise MisconfigurationException(
-            "DynamicBatchSize controls a single train DataLoader; this run has "
-            f"{len(loaders)} train loaders ({', '.join(type(x).__name__ for x in loaders)})"
-        )
-    return loaders[0]
-
-
-def _set_batch_sampler(loader: DataLoader, batch_sampler: BatchSampler | ResizableBatchSampler) -> None:
-    """Give an existing DataLoader a new batch sampler.
-
-    ``DataLoader.__setattr__`` refuses ``batch_sampler`` once constructed; building a new DataLoader instead would lose
-    a subclass's behaviour and whatever Lightning did to the instance (its distributed sampler, worker init function).
-    Workers receive indices from the main process, so the instance keeps working with the new sampler. A persistent
-    worker iterator would keep drawing from the old one, so it is shut down, as Lightning does when it resets a
-    loader. Checked on torch 2.3 to 2.13; ``tests/test_dynamic_batch.py`` fails if this stops working.
-    """
-    from lightning.pytorch.utilities.combined_loader import _shutdown_workers_and_reset_iterator
-
-    object.__setattr__(loader, "batch_sampler", batch_sampler)
-    _shutdown_workers_and_reset_iterator(loader)
-
-
-def _restart_train_iterator(trainer: pl.Trainer) -> None:
-    """Make the training loop draw its batches from the new batch sampler.
-
-    Lightning (checked on 2.4 to 2.6) creates the first epoch's DataLoader iterator in ``FitLoop.setup_data``, before
-    any callback hook, and keeps it in the loop's private data fetcher; calling ``iter`` on that fetcher again (as
-    Lightning itself does at each epoch start) re-creates the iterator from the current batch sampler.
-    """
-    fetcher = trainer.fit_loop._data_fetcher
-    if fetcher is not None:
-        iter(fetcher)
-
-
-def _set_epoch_batches(trainer: pl.Trainer, batches: int) -> None:
-    """Tell the training loop how many batches the running epoch has.
-
-    ``FitLoop.max_batches`` is a public attribute; the data fetcher (private, Lightning 2.4 to 2.6) caches the length
-    it saw when the epoch's iterator was created and ends the epoch by it.
-    """
-    trainer.fit_loop.max_batches = batches
-    combined = trainer.fit_loop._combined_loader
-    if combined is not None:
-        combined.limits = [batches]
-    fetcher = trainer.fit_loop._data_fetcher
-    if fetcher is not None and fetcher.length is not None:
-        fetcher.length = batches

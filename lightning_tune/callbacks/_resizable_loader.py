@@ -1,0 +1,171 @@
+"""Lightning-side helpers of :class:`~lightning_tune.DynamicBatchSize`.
+
+The train DataLoader of a running fit made resizable, its epoch length kept right, and the learning rates and
+schedules that follow a changing batch.
+
+The private Lightning and torch attributes DynamicBatchSize needs are all here, each in one small function saying
+why and on which versions it was checked; ``tests/test_dynamic_batch.py`` fails if one of them stops working.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import TYPE_CHECKING, Any
+
+from lightning.fabric.utilities.exceptions import MisconfigurationException
+from torch import Tensor
+from torch.utils.data import BatchSampler, DataLoader, IterableDataset
+
+from lightning_tune.batch.sampler import ResizableBatchSampler
+
+if TYPE_CHECKING:
+    import lightning.pytorch as pl
+
+
+def loader_parts(trainer: pl.Trainer) -> tuple[DataLoader, Any, int, bool, BatchSampler | None]:
+    """The train DataLoader, its per-sample sampler, batch size, ``drop_last`` and original batch sampler.
+
+    Raises:
+        MisconfigurationException: If the loader cannot be resized (several loaders, an iterable dataset, a custom
+            batch sampler, no batch size).
+    """
+    loader = train_loader(trainer)
+    original = loader.batch_sampler
+    if isinstance(original, ResizableBatchSampler):  # left by a run that could not put the original back
+        return loader, original.sampler, original.granule, original.drop_last, None
+    if isinstance(loader.dataset, IterableDataset):
+        raise MisconfigurationException(
+            "DynamicBatchSize needs a map-style dataset (with __getitem__ and __len__) in the train "
+            f"DataLoader, got the iterable dataset {type(loader.dataset).__name__}; batch an iterable "
+            "dataset yourself or wrap it in a map-style one"
+        )
+    if original is not None and type(original) is not BatchSampler:
+        raise MisconfigurationException(
+            f"DynamicBatchSize replaces the train DataLoader's BatchSampler, but it has a custom "
+            f"{type(original).__name__}; give the DataLoader a `sampler` and a `batch_size` instead of a "
+            "`batch_sampler` (a custom sampler is kept)"
+        )
+    if original is None or original.batch_size is None:
+        raise MisconfigurationException(
+            "DynamicBatchSize needs a train DataLoader built with a `batch_size`; this one has batch_size=None "
+            "(the dataset returns whole batches), so there is no batch size to control"
+        )
+    return loader, loader.sampler, int(original.batch_size), bool(original.drop_last), original
+
+
+def sample_limit(trainer: pl.Trainer, loader_batch_size: int) -> int | None:
+    """Lightning limits the epoch in batches of the DataLoader's own size; the sampler limits it in samples."""
+    limited = trainer.fit_loop.max_batches
+    if trainer.limit_train_batches == 1.0 or limited == float("inf"):
+        return None
+    return int(limited) * loader_batch_size
+
+
+def attach(trainer: pl.Trainer, loader: DataLoader, sampler: ResizableBatchSampler, set_length: Any) -> None:
+    """Give the running fit's loader the resizable sampler, and make the training loop draw from it."""
+    if hasattr(sampler.sampler, "set_epoch"):  # workers draw the order at once; Lightning sets the epoch only later
+        sampler.sampler.set_epoch(trainer.current_epoch)
+    set_batch_sampler(loader, sampler)
+    trainer.accumulate_grad_batches = 1
+    set_length()  # the new iterator's limits
+    restart_train_iterator(trainer)
+    set_length()  # the length the fetcher took from the old loader
+
+
+def set_epoch_length(trainer: pl.Trainer, batches: int, val_every: int | None) -> None:
+    """Tell the training loop how many batches the running epoch has, and when to validate.
+
+    ``FitLoop.max_batches`` is a public attribute; the data fetcher (private, Lightning 2.4 to 2.6) caches the length
+    it saw when the epoch's iterator was created and ends the epoch by it.
+    """
+    trainer.fit_loop.max_batches = batches
+    combined = trainer.fit_loop._combined_loader
+    if combined is not None:
+        combined.limits = [batches]
+    fetcher = trainer.fit_loop._data_fetcher
+    if fetcher is not None and fetcher.length is not None:
+        fetcher.length = batches
+    interval = trainer.val_check_interval
+    if getattr(trainer, "_val_check_time_interval", None) is not None:
+        return
+    if isinstance(interval, int) and val_every is not None:  # counted in the DataLoader's own batches
+        trainer.val_check_batch = max(1, val_every)
+    elif isinstance(interval, float):
+        trainer.val_check_batch = max(1, int(batches * interval))
+
+
+def train_loader(trainer: pl.Trainer) -> DataLoader:
+    """The fit's single train DataLoader."""
+    combined = trainer.train_dataloader
+    loaders = getattr(combined, "flattened", [combined])
+    if len(loaders) != 1 or not isinstance(loaders[0], DataLoader):
+        raise MisconfigurationException(
+            "DynamicBatchSize controls a single train DataLoader; this run has "
+            f"{len(loaders)} train loaders ({', '.join(type(x).__name__ for x in loaders)})"
+        )
+    return loaders[0]
+
+
+def set_batch_sampler(loader: DataLoader, batch_sampler: BatchSampler | ResizableBatchSampler) -> None:
+    """Give an existing DataLoader a new batch sampler.
+
+    ``DataLoader.__setattr__`` refuses ``batch_sampler`` once constructed; building a new DataLoader instead would lose
+    a subclass's behaviour and whatever Lightning did to the instance (its distributed sampler, worker init function).
+    Workers receive indices from the main process, so the instance keeps working with the new sampler. A persistent
+    worker iterator would keep drawing from the old one, so it is shut down, as Lightning does when it resets a
+    loader. Checked on torch 2.3 to 2.13.
+    """
+    from lightning.pytorch.utilities.combined_loader import _shutdown_workers_and_reset_iterator
+
+    object.__setattr__(loader, "batch_sampler", batch_sampler)
+    _shutdown_workers_and_reset_iterator(loader)
+
+
+def restart_train_iterator(trainer: pl.Trainer) -> None:
+    """Make the training loop draw its batches from the new batch sampler.
+
+    Lightning (checked on 2.4 to 2.6) creates the first epoch's DataLoader iterator in ``FitLoop.setup_data``, before
+    any callback hook, and keeps it in the loop's private data fetcher; calling ``iter`` on that fetcher again (as
+    Lightning itself does at each epoch start) re-creates the iterator from the current batch sampler.
+    """
+    fetcher = trainer.fit_loop._data_fetcher
+    if fetcher is not None:
+        iter(fetcher)
+
+
+def scale_learning_rates(trainer: pl.Trainer, ratio: float) -> None:
+    """Multiply every group's learning rate, and the schedulers' base LRs, by ``ratio``."""
+    for optimizer in trainer.optimizers:
+        for group in optimizer.param_groups:
+            for key in ("lr", "initial_lr", "max_lr", "min_lr"):
+                value = group.get(key)
+                if isinstance(value, Tensor):
+                    value.mul_(ratio)
+                elif isinstance(value, (int, float)) and not isinstance(value, bool):
+                    group[key] = value * ratio
+    for config in trainer.lr_scheduler_configs:
+        scheduler = config.scheduler
+        base = getattr(scheduler, "base_lrs", None)
+        if isinstance(base, list):
+            scheduler.base_lrs = [b * ratio for b in base]
+        if hasattr(scheduler, "scale_group"):  # lightning_tune's ScheduleLR keeps per-group scales
+            for i in range(len(scheduler.optimizer.param_groups)):
+                scheduler.scale_group(i, ratio)
+
+
+def retarget_schedules(trainer: pl.Trainer, epoch_samples: int, window: int, batches_done: int) -> None:
+    """Tell lightning_tune's schedules how many optimizer steps the run now has (``keep="lr"``/``"none"``)."""
+    from lightning_tune.callbacks.lr_schedule import ScheduleCallback
+
+    per_epoch = math.ceil(epoch_samples / window)
+    remaining = max(0, int(trainer.fit_loop.max_batches) - batches_done)
+    max_epochs = trainer.max_epochs
+    if max_epochs is not None and max_epochs >= 0:
+        remaining += max(0, max_epochs - trainer.current_epoch - 1) * per_epoch
+    elif trainer.max_steps < 0:
+        return  # an unbounded run: nothing to aim at
+    if trainer.max_steps >= 0:
+        remaining = min(remaining, trainer.max_steps - trainer.global_step)
+    for callback in trainer.callbacks:  # type: ignore[attr-defined]
+        if isinstance(callback, ScheduleCallback):
+            callback.retarget(trainer.global_step + remaining)
