@@ -7,9 +7,32 @@ from collections.abc import Callable
 from typing import Any
 
 import pytest
+import torch
 
 import lightning_tune as lt
+from lightning_tune._compat import check_lightning_version
+from lightning_tune.bench import LatencyBudget
+from lightning_tune.config import lightning_precision
+from lightning_tune.demos import SyntheticTokenDataModule
 from lightning_tune.lr import OneCycleSchedule, PlateauDetector, WarmupCosineSchedule
+from lightning_tune.lr.scheduler import ScheduleLR
+from lightning_tune.lr.schedules import LinearWarmupSchedule
+from lightning_tune.plan import MemoryEstimate, TransformerShape, ZeroPlan, estimate_memory, measure_memory
+from lightning_tune.plugins.tune import PRECISIONS
+from lightning_tune.presets import TorchCompile, compile_modules
+from lightning_tune.swaps.optimizer import OPTIMIZERS, swap_optimizers
+
+_MAP = "a mapping of argument names to values"
+_PRECISIONS = ", ".join(repr(p) for p in PRECISIONS)
+_OPTIMIZERS = ", ".join(repr(o) for o in OPTIMIZERS)
+_ZERO: dict[str, Any] = {
+    "stage": 0,
+    "offload_optimizer": False,
+    "offload_parameters": False,
+    "per_gpu_bytes": 1,
+    "reason": "fits",
+}
+_WARMUP = LinearWarmupSchedule(base_lrs=(0.1,), warmup_steps=2)
 
 CASES = [
     # WarmupCosine
@@ -277,6 +300,417 @@ CASES = [
         ValueError,
         "`mode` must be one of 'min', 'max', got 'low'",
         id="engine-mode",
+    ),
+    # DynamicBatchSize's budget and the simulated device
+    pytest.param(
+        lambda: lt.DynamicBatchSize(target_vram=0.99),
+        ValueError,
+        "`target_vram` must be in (0, 0.98], got 0.99",
+        id="dbs-target-above-0.98",
+    ),
+    pytest.param(
+        lambda: lt.DynamicBatchSize(reserve_gib="4"),
+        TypeError,
+        "`reserve_gib` must be a number, got '4' (str)",
+        id="dbs-reserve-type",
+    ),
+    pytest.param(
+        lambda: lt.DynamicBatchSize(agree_timeout=float("inf")),
+        ValueError,
+        "`agree_timeout` must be a finite number, got inf",
+        id="dbs-agree-timeout-inf",
+    ),
+    pytest.param(
+        lambda: lt.SimulatedMemory(100, 50, 1, outside_bytes=50),
+        ValueError,
+        "`fixed_bytes` + `outside_bytes` must be below `total_bytes` (100) so that a sample fits, got 50 + 50",
+        id="sim-no-room",
+    ),
+    pytest.param(
+        lambda: lt.SimulatedMemory(100, 0, 1, activations="graph"),
+        ValueError,
+        "`activations` must be one of 'micro_batch', 'tensors', got 'graph'",
+        id="sim-activations",
+    ),
+    pytest.param(
+        lambda: lt.SimulatedMemory(100, 0, 1, fail_as="nccl"),
+        ValueError,
+        "`fail_as` must be one of 'oom', 'cublas', 'cudnn', got 'nccl'",
+        id="sim-fail-as",
+    ),
+    pytest.param(
+        lambda: lt.SimulatedMemory(100, 0, 1, expandable_segments=1),
+        TypeError,
+        "`expandable_segments` must be True or False, got 1 (int)",
+        id="sim-expandable-type",
+    ),
+    # the monitor's window and explicit peak
+    pytest.param(
+        lambda: lt.ThroughputLatencyMonitor(window=10**30),
+        ValueError,
+        "`window` must be an integer in [2, 1000000], got 1000000000000000000000000000000",
+        id="monitor-window-huge",
+    ),
+    pytest.param(
+        lambda: lt.ThroughputLatencyMonitor(peak_flops=-1e12),
+        ValueError,
+        "`peak_flops` must be in (0, inf], got -1000000000000.0",
+        id="monitor-peak-negative",
+    ),
+    # latency budgets: the monitor's and bench's
+    pytest.param(
+        lambda: lt.ThroughputLatencyMonitor(latency_budget_ms=0),
+        ValueError,
+        "`latency_budget_ms` must be in (0, inf], got 0",
+        id="monitor-budget-zero",
+    ),
+    pytest.param(
+        lambda: lt.ThroughputLatencyMonitor(latency_budget_ms=float("nan")),
+        ValueError,
+        "`latency_budget_ms` must be a finite number, got nan",
+        id="monitor-budget-nan",
+    ),
+    pytest.param(
+        lambda: LatencyBudget(p95_budget_ms=-1.0),
+        ValueError,
+        "`p95_budget_ms` must be in (0, inf], got -1.0",
+        id="bench-budget-negative",
+    ),
+    pytest.param(
+        lambda: LatencyBudget(p99_budget_ms=float("inf")),
+        ValueError,
+        "`p99_budget_ms` must be a finite number, got inf",
+        id="bench-budget-inf",
+    ),
+    # issue 15: values built directly that were accepted, or refused only by a raw error deep inside
+    *[
+        pytest.param(lambda kw=kw: lt.TrainingConfig(**kw), error, message, id=f"config-{name}")
+        for name, kw, error, message in [
+            ("precision", {"precision": "bf16"}, ValueError, f"`precision` must be one of {_PRECISIONS}, got 'bf16'"),
+            ("micro-batch", {"micro_batch_size": 0}, ValueError, "`micro_batch_size` must be an integer >= 1, got 0"),
+            (
+                "sequence-length",
+                {"sequence_length": "128"},
+                TypeError,
+                "`sequence_length` must be an integer or None, got '128' (str)",
+            ),
+            (
+                "accumulate",
+                {"accumulate_grad_batches": 2.0},
+                TypeError,
+                "`accumulate_grad_batches` must be an integer or None, got 2.0 (float)",
+            ),
+            ("dataloader", {"dataloader_kwargs": 5}, TypeError, f"`dataloader_kwargs` must be {_MAP}, got 5 (int)"),
+            ("initial-lr-type", {"initial_lr": "x"}, TypeError, "`initial_lr` must be a number, got 'x' (str)"),
+            ("initial-lr-zero", {"initial_lr": 0.0}, ValueError, "`initial_lr` must be in (0, inf], got 0.0"),
+            (
+                "schedule",
+                {"schedule": "cosine"},
+                ValueError,
+                "`schedule` must be one of 'cosine_with_warmup', 'linear_warmup', 'onecycle', got 'cosine'",
+            ),
+            (
+                "schedule-kwargs",
+                {"schedule_kwargs": [1]},
+                TypeError,
+                f"`schedule_kwargs` must be {_MAP}, got [1] (list)",
+            ),
+            (
+                "schedule-kwargs-alone",
+                {"schedule_kwargs": {"warmup_steps": 5}},
+                ValueError,
+                "`schedule_kwargs` needs a `schedule`, got {'warmup_steps': 5} without one",
+            ),
+            ("plateau", {"plateau_kwargs": 1}, TypeError, f"`plateau_kwargs` must be {_MAP} or None, got 1 (int)"),
+            (
+                "dynamic-batch",
+                {"dynamic_batch_kwargs": {1: 2}},
+                TypeError,
+                f"`dynamic_batch_kwargs` must be {_MAP} or None, got {{1: 2}} (dict)",
+            ),
+            ("optimizer", {"optimizer": "adamw"}, ValueError, f"`optimizer` must be one of {_OPTIMIZERS}, got 'adamw'"),
+            (
+                "attention",
+                {"attention": "flash2"},
+                ValueError,
+                "`attention` must be one of 'auto', 'flash', 'sdpa', 'eager', got 'flash2'",
+            ),
+            (
+                "blocks",
+                {"checkpointing_blocks": 5},
+                TypeError,
+                "`checkpointing_blocks` must be None, 'auto' or block types: `block_types` must be nn.Module "
+                "subclasses or class names (e.g. 'Block' or 'torch.nn.TransformerEncoderLayer'), got 5 (int)",
+            ),
+            (
+                "compile",
+                {"compile_kwargs": "max"},
+                TypeError,
+                f"`compile_kwargs` must be {_MAP} or None, got 'max' (str)",
+            ),
+            (
+                "deepspeed",
+                {"deepspeed": {"stage": 2}},
+                TypeError,
+                "`deepspeed` must be a DeepSpeedSettings or None, got {'stage': 2} (dict)",
+            ),
+            (
+                "devices-nan",
+                {"devices": float("nan")},
+                TypeError,
+                "`devices` must be an integer or None, got nan (float)",
+            ),
+            ("devices-zero", {"devices": 0}, ValueError, "`devices` must be an integer >= 1, got 0"),
+            (
+                "devices-repeated",
+                {"devices": (0, 0)},
+                ValueError,
+                "`devices` must list distinct device indices, got (0, 0)",
+            ),
+            ("devices-negative", {"devices": (-1,)}, ValueError, "`devices[0]` must be an integer >= 0, got -1"),
+            (
+                "data-parallel",
+                {"data_parallel": "yes"},
+                TypeError,
+                "`data_parallel` must be True or False, got 'yes' (str)",
+            ),
+            (
+                "backend",
+                {"process_group_backend": "mpi"},
+                ValueError,
+                "`process_group_backend` must be one of 'nccl', 'gloo', got 'mpi'",
+            ),
+            (
+                "backend-without-ddp",
+                {"process_group_backend": "gloo"},
+                ValueError,
+                "`process_group_backend` ('gloo') sets the backend of data parallelism: it needs `data_parallel=True`",
+            ),
+            (
+                "checkpoint-every",
+                {"checkpoint_every_n_steps": 0},
+                ValueError,
+                "`checkpoint_every_n_steps` must be an integer >= 1, got 0",
+            ),
+            ("async", {"async_checkpoint": 1}, TypeError, "`async_checkpoint` must be True or False, got 1 (int)"),
+            ("source", {"source": None}, TypeError, f"`source` must be {_MAP}, got None (NoneType)"),
+            (
+                "plateau-unknown-key",
+                {"plateau_kwargs": {"patient": 3}},
+                TypeError,
+                "AdaptiveLROnPlateau.__init__() got an unexpected keyword argument 'patient'",
+            ),
+            (
+                "schedule-kwargs-value",
+                {"schedule": "onecycle", "schedule_kwargs": {"max_lr": -1}},
+                ValueError,
+                "`max_lr` must be in (0, inf], got -1",
+            ),
+            (
+                "dataloader-unknown-key",
+                {"dataloader_kwargs": {"workers": 2}},
+                ValueError,
+                "`dataloader_kwargs` has keys DataLoader does not take: workers (allowed: batch_sampler, collate_fn, "
+                "drop_last, generator, in_order, multiprocessing_context, num_workers, persistent_workers, pin_memory, "
+                "pin_memory_device, prefetch_factor, sampler, shuffle, timeout, worker_init_fn; the batch size is "
+                "`micro_batch_size`)",
+            ),
+        ]
+    ],
+    *[
+        pytest.param(lambda kw=kw: ZeroPlan(**{**_ZERO, **kw}), error, message, id=f"zero-plan-{name}")
+        for name, kw, error, message in [
+            ("stage-negative", {"stage": -1}, ValueError, "`stage` must be an integer from 0 to 3, got -1"),
+            ("stage-four", {"stage": 4}, ValueError, "`stage` must be an integer from 0 to 3, got 4"),
+            ("stage-float", {"stage": 2.0}, TypeError, "`stage` must be an integer, got 2.0 (float)"),
+            (
+                "offload-opt",
+                {"offload_optimizer": "no"},
+                TypeError,
+                "`offload_optimizer` must be True or False, got 'no' (str)",
+            ),
+            (
+                "offload-params",
+                {"offload_parameters": 1},
+                TypeError,
+                "`offload_parameters` must be True or False, got 1 (int)",
+            ),
+            ("bytes", {"per_gpu_bytes": -1}, ValueError, "`per_gpu_bytes` must be an integer >= 0, got -1"),
+            ("reason", {"reason": 3}, TypeError, "`reason` must be a string, got 3 (int)"),
+            ("fits", {"fits": None}, TypeError, "`fits` must be True or False, got None (NoneType)"),
+            ("gpus", {"num_gpus": 0}, ValueError, "`num_gpus` must be an integer >= 1, got 0"),
+            ("batch", {"batch_size": 0}, ValueError, "`batch_size` must be an integer >= 1, got 0"),
+            (
+                "offload-at-stage-0",
+                {"offload_optimizer": True},
+                ValueError,
+                "`offload_optimizer=True` needs a ZeRO stage of 1 to 3, got stage=0",
+            ),
+            (
+                "params-offload-at-stage-2",
+                {"stage": 2, "offload_optimizer": True, "offload_parameters": True},
+                ValueError,
+                "`offload_parameters=True` needs stage=3 and offload_optimizer=True, got stage=2 and "
+                "offload_optimizer=True",
+            ),
+        ]
+    ],
+    pytest.param(
+        lambda: MemoryEstimate(parameters=1, weight_bytes=1, bytes_per_sample=1, fixed_bytes=1, notes="one note"),  # type: ignore[arg-type]
+        TypeError,
+        "`notes` must be a tuple of strings, got 'one note' (str)",
+        id="estimate-notes-str",
+    ),
+    pytest.param(
+        lambda: MemoryEstimate(parameters=1, weight_bytes=1, bytes_per_sample=1, fixed_bytes=1, notes=(1,)),  # type: ignore[arg-type]
+        TypeError,
+        "`notes` must be a tuple of strings, got (1,) (tuple)",
+        id="estimate-notes-int",
+    ),
+    pytest.param(
+        lambda: TorchCompile(modules=5),  # type: ignore[arg-type]
+        TypeError,
+        "`modules` must be a sequence of submodule names or None, got 5 (int)",
+        id="compile-modules-int",
+    ),
+    pytest.param(
+        lambda: compile_modules(torch.nn.Linear(1, 1), modules=5),  # type: ignore[arg-type]
+        TypeError,
+        "`modules` must be a sequence of submodule names, got 5 (int)",
+        id="compile-modules-engine-int",
+    ),
+    pytest.param(
+        lambda: lt.AdaptiveLROnPlateau(min_lr=[]),
+        ValueError,
+        "`min_lr` must be a number >= 0 or a non-empty sequence of them, got []",
+        id="pl-empty-min-lr",
+    ),
+    pytest.param(
+        lambda: estimate_memory("gpt2", sequence_length=128, lora_rank=10**6),
+        ValueError,
+        "`lora_rank` must be an integer from 1 to 768 for gpt2 (the smallest side of its q/k/v/o projections; a "
+        "higher rank trains more than the full weight), got 1000000",
+        id="estimate-lora-rank-above-hidden",
+    ),
+    pytest.param(
+        lambda: measure_memory(torch.nn.Linear(4, 2), [1, 2, 3]),
+        TypeError,
+        "`batch` must be a tensor, or a tuple, list or dict holding tensors (first dimension: the batch), or a "
+        "function batch_size -> batch; got [1, 2, 3] (list), which holds no tensor",
+        id="measure-batch-without-tensors",
+    ),
+    pytest.param(
+        lambda: lt.from_config(""),
+        ValueError,
+        "`path_or_dict` must be the path of a YAML file, got the empty path ''",
+        id="from-config-empty-path",
+    ),
+    pytest.param(
+        lambda: ScheduleLR(torch.optim.SGD([torch.zeros(1, requires_grad=True)]), _WARMUP, on_restore=5),  # type: ignore[arg-type]
+        TypeError,
+        "`on_restore` must be a callable or None, got 5 (int)",
+        id="schedule-lr-on-restore",
+    ),
+    pytest.param(
+        lambda: ScheduleLR(torch.optim.SGD([torch.zeros(1, requires_grad=True)]), _WARMUP, last_epoch="0"),  # type: ignore[arg-type]
+        TypeError,
+        "`last_epoch` must be an integer, got '0' (str)",
+        id="schedule-lr-last-epoch-type",
+    ),
+    pytest.param(
+        lambda: ScheduleLR(torch.optim.SGD([torch.zeros(1, requires_grad=True)]), _WARMUP, last_epoch=-2),
+        ValueError,
+        "`last_epoch` must be an integer >= -1, got -2",
+        id="schedule-lr-last-epoch-value",
+    ),
+    *[
+        pytest.param(make, TypeError, "`log_lr` must be True or False, got 'yes' (str)", id=f"{name}-log-lr")
+        for name, make in [
+            ("wc", lambda: lt.WarmupCosine(1, log_lr="yes")),
+            ("lw", lambda: lt.LinearWarmup(1, log_lr="yes")),
+            ("oc", lambda: lt.OneCycle(0.1, log_lr="yes")),
+        ]
+    ],
+    pytest.param(
+        lambda: swap_optimizers(5, [], None, optimizer_name="adamw_fused"),  # type: ignore[arg-type]
+        TypeError,
+        "`optimizers` must be a sequence (a list of them), got 5 (int)",
+        id="swap-optimizers-not-a-sequence",
+    ),
+    pytest.param(
+        lambda: swap_optimizers([], None, None, optimizer_name="adamw_fused"),  # type: ignore[arg-type]
+        TypeError,
+        "`lr_scheduler_configs` must be a sequence (a list of them), got None (NoneType)",
+        id="swap-optimizers-configs-none",
+    ),
+    *[
+        pytest.param(
+            lambda kw=kw: MemoryEstimate(parameters=1, weight_bytes=1, bytes_per_sample=1, fixed_bytes=1, **kw),
+            ValueError,
+            message,
+            id=f"estimate-{name}",
+        )
+        for name, kw, message in [
+            ("trainable", {"trainable_parameters": -1}, "`trainable_parameters` must be an integer >= 0, got -1"),
+            ("buffers", {"buffer_bytes": -1}, "`buffer_bytes` must be an integer >= 0, got -1"),
+        ]
+    ],
+    *[
+        pytest.param(
+            lambda kw=kw: TransformerShape("llama", 8, 8, 1, 2, 16, **kw),
+            TypeError,
+            f"`{next(iter(kw))}` must be True or False, got 1 (int)",
+            id=f"shape-{next(iter(kw))}",
+        )
+        for kw in ({"qkv_bias": 1}, {"output_bias": 1})
+    ],
+    pytest.param(
+        lambda: TorchCompile(dynamic="yes"),  # type: ignore[arg-type]
+        TypeError,
+        "`dynamic` must be True or False, got 'yes' (str)",
+        id="compile-dynamic",
+    ),
+    pytest.param(
+        lambda: compile_modules(torch.nn.Linear(1, 1), dynamic=1),  # type: ignore[arg-type]
+        TypeError,
+        "`dynamic` must be True or False, got 1 (int)",
+        id="compile-modules-dynamic",
+    ),
+    pytest.param(
+        lambda: lightning_precision("bf16", "yes"),  # type: ignore[arg-type]
+        TypeError,
+        "`training.mixed_precision.enabled` must be true, false or absent, got 'yes' (str)",
+        id="precision-mixed-type",
+    ),
+    pytest.param(
+        lambda: lightning_precision("bf16", None, key=3),  # type: ignore[arg-type]
+        TypeError,
+        "`key` must be a string, got 3 (int)",
+        id="precision-key-type",
+    ),
+    pytest.param(
+        lambda: lightning_precision("bf16", None, mixed_key=""),
+        ValueError,
+        "`mixed_key` must be a non-empty string, got ''",
+        id="precision-mixed-key-empty",
+    ),
+    pytest.param(
+        lambda: SyntheticTokenDataModule(predict_sequences=0),
+        ValueError,
+        "`predict_sequences` must be an integer >= 1, got 0",
+        id="demo-data-predict-sequences",
+    ),
+    pytest.param(
+        lambda: check_lightning_version("DynamicBatchSize", tested=("2.7", "2.6")),
+        ValueError,
+        "`tested` must be two increasing version strings (first, end), got ('2.7', '2.6')",
+        id="compat-tested",
+    ),
+    pytest.param(
+        lambda: check_lightning_version("DynamicBatchSize", installed=2.6),  # type: ignore[arg-type]
+        TypeError,
+        "`installed` must be a version string or None, got 2.6 (float)",
+        id="compat-installed",
     ),
 ]
 
