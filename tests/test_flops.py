@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import re
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -484,6 +485,43 @@ def test_meta_copy_leaves_the_model_alone_and_computes_nothing() -> None:
     assert all(torch.equal(before[name], p) and p.grad is None for name, p in module.named_parameters())
     with pytest.raises(TypeError, match="`module` must be a torch.nn.Module, got 3"):
         meta_copy(3)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize(
+    ("call", "error", "message"),
+    [
+        pytest.param(lambda: attention_pairs(-1, 4, causal=True), ValueError, "`q_len` must be an integer", id="q"),
+        pytest.param(lambda: attention_pairs(4, 2.0, causal=True), TypeError, "`k_len` must be an integer", id="k"),
+        pytest.param(lambda: attention_pairs(4, 4, causal=1), TypeError, "`causal` must be", id="causal"),
+        pytest.param(lambda: FlopModel(0, 4, 1.0, 0.0, 0.0), ValueError, "`samples` must be an integer >= 1", id="n"),
+        pytest.param(lambda: FlopModel(2, 0, 1.0, 0.0, 0.0), ValueError, "`seq_len` must be an integer >= 1", id="L"),
+        pytest.param(lambda: FlopModel(2, 4, -1.0, 0.0, 0.0), ValueError, "`dense` must be in", id="dense"),
+        pytest.param(
+            lambda: FlopModel(2, 4, 1.0, float("nan"), 0.0), ValueError, "`causal_attention` must be a finite", id="nan"
+        ),
+        pytest.param(
+            lambda: count_step_flops(3, torch.ones(2), demo_step, samples=2),  # type: ignore[arg-type]
+            TypeError,
+            "`module` must be a torch.nn.Module, got 3",
+            id="module",
+        ),
+        pytest.param(
+            lambda: count_step_flops(nn.Linear(2, 2), torch.ones(2), "step", samples=2),  # type: ignore[arg-type]
+            TypeError,
+            "`step` must be a callable",
+            id="step",
+        ),
+        pytest.param(
+            lambda: count_step_flops(nn.Linear(2, 2), torch.ones(2), demo_step, samples=-1),
+            ValueError,
+            "`samples` must be an integer >= 0, got -1",
+            id="samples",
+        ),
+    ],
+)
+def test_counting_rejects_bad_arguments(call: Any, error: type[Exception], message: str) -> None:
+    with pytest.raises(error, match=re.escape(message)):
+        call()
 
 
 def test_hugging_face_gpt2_with_a_padded_dict_batch_matches_a_hand_count() -> None:

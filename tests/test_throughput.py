@@ -9,6 +9,7 @@ from unittest import mock
 import numpy as np
 import pytest
 import torch
+from lightning.pytorch import LightningModule
 from lightning.pytorch.loggers import CSVLogger
 from torch.utils.data import DataLoader, Dataset
 
@@ -511,6 +512,61 @@ def test_a_step_that_cannot_be_counted_warns_once_and_training_goes_on(tmp_path:
     with pytest.warns(RuntimeWarning, match="could not count the training step's FLOPs.*flops_per_batch="):
         make_trainer(tmp_path, [monitor], max_steps=4).fit(DataDependent())
     assert monitor.stats.total.steps == 4 and "mfu" not in monitor.summary
+
+
+def test_the_flop_count_leaves_the_modules_step_outputs_alone(tmp_path: Path) -> None:
+    # Lightning's documented way to aggregate over an epoch: append in training_step, stack in on_train_epoch_end
+    class Collecting(Regressor):
+        def __init__(self) -> None:
+            super().__init__(n=16)
+            self.outputs: list[torch.Tensor] = []
+            self.epoch_means: list[float] = []
+
+        def training_step(self, batch: Any, batch_idx: int) -> torch.Tensor:
+            loss = super().training_step(batch, batch_idx)
+            self.outputs.append(loss.detach())
+            return loss
+
+        def on_train_epoch_end(self) -> None:
+            self.epoch_means.append(float(torch.stack(self.outputs).mean()))
+            self.outputs.clear()
+
+    model = Collecting()
+    monitor = lt.ThroughputLatencyMonitor(log_every_n_steps=2, peak_flops=1e12)
+    make_trainer(tmp_path, [monitor], max_epochs=1).fit(model)
+    assert monitor.flop_model is not None and len(model.epoch_means) == 1  # counted, and 4 real losses stacked
+
+
+def test_torchmetrics_in_training_step_are_skipped_by_the_count_and_left_alone(tmp_path: Path) -> None:
+    from torchmetrics import MetricCollection
+    from torchmetrics.classification import MulticlassAccuracy, MulticlassF1Score
+
+    class Classifier(LightningModule):
+        def __init__(self) -> None:
+            super().__init__()
+            self.net = torch.nn.Linear(8, 3)
+            # the multiclass kernels (bincount) have no meta implementation
+            self.metrics = MetricCollection([MulticlassAccuracy(3), MulticlassF1Score(3)])
+
+        def training_step(self, batch: Any, batch_idx: int) -> torch.Tensor:
+            x, y = batch
+            logits = self.net(x)
+            self.log_dict(self.metrics(logits, y))
+            return torch.nn.functional.cross_entropy(logits, y)
+
+        def configure_optimizers(self) -> torch.optim.Optimizer:
+            return torch.optim.SGD(self.parameters(), lr=0.1)
+
+        def train_dataloader(self) -> DataLoader:
+            data = torch.utils.data.TensorDataset(torch.randn(16, 8), torch.randint(0, 3, (16,)))
+            return DataLoader(data, batch_size=4)
+
+    model = Classifier()
+    monitor = lt.ThroughputLatencyMonitor(log_every_n_steps=2, peak_flops=1e12)
+    make_trainer(tmp_path, [monitor], max_epochs=1).fit(model)
+    assert monitor.flop_model is not None and monitor.flop_model.total == 2 * (2 * 4 * 8 * 3)  # forward + weight grad
+    assert "mfu" in monitor.summary
+    assert {name: metric._update_count for name, metric in model.metrics.items()} == dict.fromkeys(model.metrics, 4)
 
 
 def test_perf_rows_share_lightnings_step_and_epoch_with_train_loss(tmp_path: Path) -> None:

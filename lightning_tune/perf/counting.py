@@ -39,6 +39,7 @@ from torch.overrides import TorchFunctionMode
 from torch.utils.flop_counter import FlopCounterMode
 
 from lightning_tune._surgery import InstanceForward
+from lightning_tune._validation import check_bool, check_float, check_int
 from lightning_tune.perf.batch import sequence_length
 
 __all__ = ["FlopModel", "attention_pairs", "count_step_flops", "meta_copy"]
@@ -58,10 +59,17 @@ def attention_pairs(q_len: int, k_len: int, *, causal: bool) -> int:
     Returns:
         ``q_len * k_len``, or the causal count (``L * (L + 1) / 2`` when both lengths are ``L``).
 
+    Raises:
+        TypeError: If a length is not an integer or ``causal`` not a bool.
+        ValueError: If a length is negative.
+
     Example:
         >>> attention_pairs(4, 4, causal=False), attention_pairs(4, 4, causal=True)
         (16, 10)
     """
+    check_int("q_len", q_len, minimum=0)
+    check_int("k_len", k_len, minimum=0)
+    check_bool("causal", causal)
     if not causal:
         return q_len * k_len
     seen = min(q_len, k_len)  # queries 0..seen-1 see i + 1 keys; the rest see all k_len keys
@@ -79,6 +87,10 @@ class FlopModel:
         causal_attention: Causal attention FLOPs in the counted batch (grows with ``L * (L + 1) / 2``).
         full_attention: Other attention FLOPs in the counted batch (grows with ``L ** 2``).
 
+    Raises:
+        TypeError: If a field has the wrong type.
+        ValueError: If ``samples`` or ``seq_len`` is below 1, or a FLOP count is negative or not finite.
+
     Example:
         >>> model = FlopModel(samples=2, seq_len=4, dense=800.0, causal_attention=200.0, full_attention=0.0)
         >>> model.total  # the counted batch
@@ -92,6 +104,12 @@ class FlopModel:
     dense: float
     causal_attention: float
     full_attention: float
+
+    def __post_init__(self) -> None:
+        check_int("samples", self.samples, minimum=1)
+        check_int("seq_len", self.seq_len, minimum=1, allow_none=True)
+        for name in ("dense", "causal_attention", "full_attention"):
+            check_float(name, getattr(self, name), low=0.0)
 
     @property
     def total(self) -> float:
@@ -210,6 +228,16 @@ class _RecomputeProbe:
         return out
 
 
+def _is_metric(module: nn.Module) -> bool:
+    """Whether ``module`` is a torchmetrics ``Metric`` (told apart without importing torchmetrics)."""
+    return any(k.__name__ == "Metric" and k.__module__ == "torchmetrics.metric" for k in type(module).__mro__)
+
+
+def _skip_metric(*args: Any, **kwargs: Any) -> Tensor:
+    """What a torchmetrics metric's ``forward`` and ``update`` do on the copy: nothing, but give a value to log."""
+    return torch.zeros(())  # on the meta device, as the count runs under it
+
+
 def _copy_module(module: nn.Module, tally: _Tally | None, memo: dict[int, Any]) -> nn.Module:
     if id(module) in memo:
         return memo[id(module)]
@@ -228,12 +256,17 @@ def _copy_module(module: nn.Module, tally: _Tally | None, memo: dict[int, Any]) 
         name: None if child is None else _copy_module(child, tally, memo) for name, child in module._modules.items()
     }
     state = vars(clone)
+    for key, value in state.items():  # e.g. `self.outputs.append(loss)` in training_step: meta tensors stay in the copy
+        if key not in ("_parameters", "_buffers", "_modules") and isinstance(value, (list, dict, set)):
+            state[key] = copy.copy(value)
     if state.get("_compiled_call_impl") is not None:  # module.compile(): run the copy eagerly
         state["_compiled_call_impl"] = None
     if "_trainer" in state:  # a LightningModule: the copy logs nothing and touches no Trainer
         state["_trainer"] = None
     if isinstance(state.get("_device"), torch.device):  # `self.device` of a LightningModule: tensors made on it
         state["_device"] = torch.device("meta")
+    if _is_metric(module):  # not model FLOPs, and some have no meta kernel (a multiclass accuracy's bincount)
+        state["forward"] = state["update"] = _skip_metric
     hf_checkpointed = state.get("gradient_checkpointing") is True  # Hugging Face's switch: off in the copy
     if hf_checkpointed:
         state["gradient_checkpointing"] = False
@@ -275,7 +308,8 @@ def meta_copy(module: nn.Module) -> nn.Module:
     Submodules are copied shallowly: the copy shares every other attribute with the original (datasets, configs)
     but holds its own parameter, buffer and child dicts. ``torch.compile`` wrappers are unwrapped, a LightningModule's
     Trainer reference is dropped, instance-level ``forward`` wrappers of this package's swaps and presets are removed,
-    and activation checkpointing is off (a Hugging Face model on flash-attn runs its SDPA path).
+    activation checkpointing is off (a Hugging Face model on flash-attn runs its SDPA path), torchmetrics metrics do
+    nothing, and lists, dicts and sets held by a module are the copy's own.
 
     Args:
         module: The model.
@@ -336,6 +370,8 @@ def count_step_flops(
         (``None`` otherwise).
 
     Raises:
+        TypeError: If ``module`` is not a ``torch.nn.Module``, ``step`` is not callable or ``samples`` not an integer.
+        ValueError: If ``samples`` is negative.
         Exception: Whatever the step raises on meta tensors (data-dependent Python control flow, ``.item()``, a
             device given by hand): the caller decides what to do without a count.
 
@@ -345,6 +381,11 @@ def count_step_flops(
         >>> flops.total, hardware  # forward 2*2*8*4, and the weight gradient (the input needs none)
         (256.0, None)
     """
+    if not isinstance(module, nn.Module):
+        raise TypeError(f"`module` must be a torch.nn.Module, got {module!r} ({type(module).__name__})")
+    if not callable(step):
+        raise TypeError(f"`step` must be a callable step(copy, batch) -> loss, got {step!r} ({type(step).__name__})")
+    check_int("samples", samples, minimum=0)
     try:
         return _count_step(module, batch, step, samples)
     except Exception:
