@@ -632,3 +632,21 @@ def test_bad_peak_flops(value: Any, error: type[Exception], message: str) -> Non
 
     with pytest.raises(error, match=re.escape(message)):
         lt.ThroughputLatencyMonitor(peak_flops=value)
+
+
+@pytest.mark.parametrize("strategy", ["ModelParallelStrategy", "FSDPStrategy", "DeepSpeedStrategy"])
+def test_sharded_models_get_no_copied_flop_count_but_one_warning_naming_flops_per_batch(strategy: str) -> None:
+    from types import SimpleNamespace
+
+    import lightning.pytorch.strategies as strategies
+
+    cls = getattr(strategies, strategy)
+    sharded = SimpleNamespace(trainer=SimpleNamespace(strategy=cls.__new__(cls)))  # parameters would be shards
+    monitor = lt.ThroughputLatencyMonitor(peak_flops=1e12)
+    with (
+        mock.patch("lightning_tune.callbacks.throughput.count_step_flops") as count,
+        pytest.warns(RuntimeWarning, match=f"sharded by {strategy}.*flops_per_batch="),
+    ):
+        monitor._count_flops(sharded, torch.zeros(4, 8), 0, 4)
+    count.assert_not_called()
+    assert monitor.flop_model is None

@@ -15,6 +15,7 @@ Key                                Meaning
 ``perf/train/step_ms_p{q}``        Optimizer-step time percentiles over the last ``window`` steps
 ``perf/train/step_ms_max``         Longest step in the window
 ``perf/train/data_wait_frac``      Share of training wall time spent waiting for the next batch
+``perf/train/padding_frac``        Share of padding among the tokens of the micro-batches run (batches with a mask)
 ``perf/train/mfu``                 Model FLOPs utilisation (known GPUs, or an explicit ``peak_flops``)
 ``perf/train/hfu``                 Hardware FLOPs utilisation, recomputation included (activation checkpointing)
 ``perf/train/straggler_ratio``     Slowest rank's p50 own time per step / median rank's (multi-device)
@@ -32,12 +33,13 @@ Key                                Meaning
 from __future__ import annotations
 
 import statistics
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 import torch
 from lightning.pytorch.callbacks import Callback
+from lightning.pytorch.strategies import DeepSpeedStrategy, FSDPStrategy, ModelParallelStrategy
 from lightning.pytorch.trainer.states import TrainerFn
 from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
 from torch import Tensor, nn
@@ -57,6 +59,8 @@ if TYPE_CHECKING:
 
 #: A data-wait share above this gets a hint in the end-of-fit summary.
 DATA_WAIT_HINT = 0.10
+# strategies whose module holds parameter shards: the FLOP count's meta copy cannot stand for the model there
+_SHARDED_STRATEGIES = (FSDPStrategy, ModelParallelStrategy, DeepSpeedStrategy)
 #: A share of validation or predict batches over ``latency_budget_ms`` above this gets a warning at the end.
 OVER_BUDGET_WARN = 0.05
 
@@ -167,6 +171,7 @@ class ThroughputLatencyMonitor(Callback):
         self._timer: Timer | None = None
         self._pending: list[_Step] = []
         self._current: _Step | None = None
+        self._padding: list[Any] = [0, 0]  # the interval's real tokens (an int or a device tensor) and padded tokens
         self._prev_end: Any = None
         self._peak: float | None = None
         #: FLOPs of a training micro-batch by its shape: model FLOPs, and hardware FLOPs when recomputation adds any.
@@ -285,6 +290,15 @@ class ThroughputLatencyMonitor(Callback):
     def _count_flops(self, pl_module: pl.LightningModule, batch: Any, batch_idx: int, samples: int) -> None:
         """Count the step's FLOPs once, on a meta-device copy: the model that is timed never runs under a counter."""
         self._flops_counted = True
+        strategy = pl_module.trainer.strategy
+        if isinstance(strategy, _SHARDED_STRATEGIES):  # parameters are shards (DTensor, flat handles), not the model
+            rank_zero_warn(
+                f"ThroughputLatencyMonitor cannot count FLOPs on a copy of a model sharded by "
+                f"{type(strategy).__name__}, so `perf/train/mfu` is not logged. Pass `flops_per_batch=` (FLOPs of "
+                "one batch on one rank, forward and backward) to give them.",
+                category=RuntimeWarning,
+            )
+            return
 
         def step(copied: nn.Module, meta_batch: Any) -> Any:
             return type(copied).training_step(copied, meta_batch, batch_idx)  # type: ignore[attr-defined]
@@ -315,6 +329,7 @@ class ThroughputLatencyMonitor(Callback):
         if self._timer is None or step is None:
             return
         mark = self._prev_end = self._timer.mark()
+        self._count_padding(trainer, batch)
         if trainer.global_step == step.global_step:
             return  # accumulating: the optimizer step is still to come
         step.end = mark
@@ -325,6 +340,25 @@ class ThroughputLatencyMonitor(Callback):
         if every and trainer.global_step % every == 0 and trainer.global_step != self._last_logged_step:
             self._last_logged_step = trainer.global_step
             self._log(trainer, self._train_metrics(trainer))
+
+    def _count_padding(self, trainer: pl.Trainer, batch: Any) -> None:
+        """Add the batch's real and padded tokens: as DynamicBatchSize ran them (trimmed), else from the mask."""
+        from lightning_tune.callbacks.dynamic_batch import DynamicBatchSize
+
+        for callback in trainer.callbacks:  # type: ignore[attr-defined]
+            if isinstance(callback, DynamicBatchSize) and callback.runner is not None and callback.step_tokens:
+                self._padding[0] += callback.step_tokens[0]
+                self._padding[1] += callback.step_tokens[1]
+                return
+        mask = batch.get("attention_mask") if isinstance(batch, Mapping) else None
+        if isinstance(mask, Tensor) and mask.dim() == 2:
+            self._padding[0] = mask.detach().sum() + self._padding[0]  # on the device: read at logging time
+            self._padding[1] += mask.numel()
+
+    def _padding_metrics(self) -> dict[str, float]:
+        real, padded = self._padding
+        self._padding = [0, 0]
+        return {"perf/train/padding_frac": 1.0 - float(real) / padded} if padded else {}
 
     def _resolve_pending(self) -> None:
         """Turn the recorded marks into durations (one wait, on the newest mark)."""
@@ -361,6 +395,7 @@ class ThroughputLatencyMonitor(Callback):
         self._resolve_pending()
         local = self.last_interval = self.stats.interval_metrics()
         metrics = {f"perf/train/{k}": v for k, v in local.items() if not k.endswith("flops_per_sec")}
+        metrics.update(self._padding_metrics())
         if trainer.world_size > 1:
             metrics.update(self._gather(trainer, local))
         else:
