@@ -401,20 +401,44 @@ class _TimedDynamicBatchSize(lt.DynamicBatchSize):
         self.own += time.perf_counter() - start
 
 
-#: The overhead runs: (name, DDP, callback, sync_oom).
+#: The overhead runs: (name, strategy of 2 gloo processes or None for one process, callback, sync_oom).
 _OVERHEAD_RUNS = (
-    ("plain", False, False, True),
-    ("dynamic", False, True, True),
-    ("ddp_plain", True, False, True),
-    ("ddp_dynamic_no_agreement", True, True, False),
-    ("ddp_dynamic", True, True, True),
+    ("plain", None, False, True),
+    ("dynamic", None, True, True),
+    ("ddp_plain", "ddp", False, True),
+    ("ddp_dynamic_no_agreement", "ddp", True, False),
+    ("ddp_dynamic", "ddp", True, True),
+    ("fsdp2_plain", "fsdp2", False, True),
+    ("fsdp2_dynamic", "fsdp2", True, True),
 )
+
+
+class _ShardedDemoGPT(DemoGPT):
+    """The demo GPT under FSDP2: each block, then the root, sharded in ``configure_model``."""
+
+    def configure_model(self) -> None:
+        from torch.distributed.fsdp import FSDPModule, fully_shard
+
+        if self.device_mesh is None or isinstance(self.model, FSDPModule):
+            return
+        for block in self.model.blocks:
+            fully_shard(block, mesh=self.device_mesh["data_parallel"])
+        fully_shard(self.model, mesh=self.device_mesh["data_parallel"])
+
+
+def _strategy(name: str | None) -> dict[str, Any]:
+    if name is None:
+        return {}
+    from lightning.pytorch.strategies import ModelParallelStrategy
+
+    strategy = ModelParallelStrategy(data_parallel_size=2, tensor_parallel_size=1) if name == "fsdp2" else name
+    return {"accelerator": "cpu", "devices": 2, "strategy": strategy}
 
 
 def _overhead_run(args: argparse.Namespace, name: str) -> tuple[float, float | None]:
     """Median step time and the callback's own time per step of one run (2 gloo processes for the DDP runs)."""
-    _, ddp, with_callback, sync_oom = next(run for run in _OVERHEAD_RUNS if run[0] == name)
-    if ddp and not args.ddp_worker:  # a fresh pair of processes: Lightning starts rank 1 from this same command
+    _, distributed, with_callback, sync_oom = next(run for run in _OVERHEAD_RUNS if run[0] == name)
+    if distributed and not args.ddp_worker:  # a fresh pair of processes: Lightning starts rank 1 from this same command
         with tempfile.TemporaryDirectory() as tmp:
             out = Path(tmp) / "rank0.json"
             command = [sys.executable, __file__, *sys.argv[1:], "--ddp-worker", name, "--worker-out", str(out)]
@@ -440,9 +464,9 @@ def _overhead_run(args: argparse.Namespace, name: str) -> tuple[float, float | N
         enable_progress_bar=False,
         enable_model_summary=False,
         limit_val_batches=0,
-        **({"accelerator": "cpu", "devices": 2, "strategy": "ddp"} if ddp else {}),
+        **_strategy(distributed),
     )
-    trainer.fit(DemoGPT(config), datamodule=data)
+    trainer.fit((_ShardedDemoGPT if distributed == "fsdp2" else DemoGPT)(config), datamodule=data)
     steps = [b - a for a, b in zip(clock.ends[2:], clock.ends[3:], strict=False)]
     own = None if timed is None else timed.own / max(timed.steps, 1)
     if args.ddp_worker and trainer.global_rank == 0:
@@ -474,6 +498,9 @@ def _overhead(args: argparse.Namespace) -> None:
         "DDP, 2 gloo processes: callback with agreement / plain": ratio("ddp_dynamic", "ddp_plain"),
         "DDP: callback without agreement (sync_oom=False) / plain": ratio("ddp_dynamic_no_agreement", "ddp_plain"),
         "DDP: callback with / without agreement": ratio("ddp_dynamic", "ddp_dynamic_no_agreement"),
+        "FSDP2, 2 gloo processes: callback (gathered once per step, agreement) / plain": ratio(
+            "fsdp2_dynamic", "fsdp2_plain"
+        ),
     }
     device = torch.cuda.get_device_name(0) if torch.cuda.is_available() else f"CPU, {torch.get_num_threads()} threads"
     record = {
@@ -487,8 +514,8 @@ def _overhead(args: argparse.Namespace) -> None:
         f"# DynamicBatchSize overhead, nothing to change ({device})",
         "",
         f"`{record['command']}` at commit `{record['commit'][:12]}`, {record['date']}. {args.rounds} rounds, each "
-        "running every configuration once (DDP: 2 gloo processes of 1 thread each); medians of the step time after "
-        "warm-up.",
+        "running every configuration once (DDP, FSDP2: 2 gloo processes of 1 thread each); medians of the step time "
+        "after warm-up.",
         "",
         "| Run | Median step (ms) | Callback's own code per step |",
         "| --- | --- | --- |",

@@ -1,9 +1,9 @@
 """Run by test_fsdp2_features.py: the CPU cells of docs/multi_gpu.md for one strategy in one 2-process launch (gloo).
 
 ``python fsdp2_features_script.py OUT STRATEGY [CELL ...]`` with STRATEGY ``fsdp2`` (``ModelParallelStrategy``; the
-module shards itself in ``configure_model`` with ``fully_shard``) or ``ddp``. Each cell is one or more short ``fit``
-runs; every rank writes what it saw to ``<out>/rank<r>.json`` under the cell's id, and the test compares ranks, runs
-and references.
+module shards itself in ``configure_model`` with ``fully_shard``), ``ddp``, or ``fsdp`` (``FSDPStrategy``, 2 GPUs).
+Each cell is one or more short ``fit`` runs; every rank writes what it saw to ``<out>/rank<r>.json`` under the cell's
+id, and the test compares ranks, runs and references.
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import torch  # noqa: E402
 from lightning.pytorch import Callback, Trainer  # noqa: E402
 from lightning.pytorch.loggers import Logger  # noqa: E402
-from lightning.pytorch.strategies import DDPStrategy, ModelParallelStrategy, Strategy  # noqa: E402
+from lightning.pytorch.strategies import DDPStrategy, FSDPStrategy, ModelParallelStrategy, Strategy  # noqa: E402
 from torch.distributed.fsdp import FSDPModule, fully_shard  # noqa: E402
 
 import lightning_tune as lt  # noqa: E402
@@ -103,12 +103,14 @@ def strategy() -> Strategy:
     # a short collective timeout: a rank left waiting fails within a minute instead of the default half hour
     if STRATEGY == "ddp":
         return DDPStrategy(timeout=timedelta(seconds=60))
+    if STRATEGY == "fsdp":
+        return FSDPStrategy(timeout=timedelta(seconds=60))
     return ModelParallelStrategy(data_parallel_size=2, tensor_parallel_size=1, timeout=timedelta(seconds=60))
 
 
 def trainer(callbacks: list[Callback] | None = None, **kwargs: Any) -> Trainer:
     defaults: dict[str, Any] = {
-        "accelerator": "cpu",
+        "accelerator": "gpu" if STRATEGY == "fsdp" else "cpu",
         "devices": 2,
         "strategy": strategy(),
         "max_epochs": 2,
@@ -267,6 +269,100 @@ def cell_plugin_attention() -> dict[str, Any]:
     return {**refused(lambda: fit_one_step([Probe()], [plugin])), **seen}
 
 
+class SGDGPT(ShardedGPT):
+    """SGD, whose update is linear in the gradient: micro-batches and retries must leave the weights unchanged."""
+
+    def configure_optimizers(self) -> torch.optim.Optimizer:
+        return torch.optim.SGD(self.parameters(), lr=0.1)
+
+
+class SeenAndSizes(Callback):
+    """Every sample (as its token ids) trained per epoch, the micro-batch size and the collectives of each step."""
+
+    COLLECTIVES = ("all_gather_single", "reduce_scatter_single", "all_reduce", "barrier")
+
+    def __init__(self, dyn: lt.DynamicBatchSize | None, probe: lt.SimulatedMemory | None) -> None:
+        self.dyn, self.probe = dyn, probe  # the probe's memory is taken in the second block: mid-forward/backward
+        self.seen: dict[str, list[list[int]]] = {}
+        self.sizes: list[int | None] = []
+        self.collectives: list[dict[str, int]] = []
+        self._counts: dict[str, int] = {}
+        self._originals: dict[str, Any] = {}
+
+    def on_train_start(self, trainer: Trainer, pl_module: Any) -> None:
+        if self.probe is not None:
+            probe = self.probe
+            # the second block's output holds the activations (an OOM there is mid-forward) and its gradient needs the
+            # backward's transient memory (an OOM there is mid-backward)
+            pl_module.model.blocks[1].register_forward_hook(
+                lambda module, args, output: probe.with_backward(probe.through(output))
+            )
+        for name in self.COLLECTIVES:  # FSDP2 and the agreement call these through torch.distributed
+            original = self._originals[name] = getattr(torch.distributed, name)
+
+            def counted(*args: Any, _name: str = name, _original: Any = original, **kwargs: Any) -> Any:
+                self._counts[_name] = self._counts.get(_name, 0) + 1
+                return _original(*args, **kwargs)
+
+            setattr(torch.distributed, name, counted)
+
+    def on_train_end(self, trainer: Trainer, pl_module: Any) -> None:
+        for name, original in self._originals.items():
+            setattr(torch.distributed, name, original)
+
+    def on_train_batch_start(self, trainer: Trainer, pl_module: Any, batch: Any, batch_idx: int) -> None:
+        self._counts = {}
+
+    def on_train_batch_end(self, trainer: Trainer, pl_module: Any, outputs: Any, batch: Any, batch_idx: int) -> None:
+        self.seen.setdefault(str(trainer.current_epoch), []).extend(batch[0].tolist())
+        self.sizes.append(None if self.dyn is None else self.dyn.batch_size)
+        self.collectives.append(self._counts)
+
+
+def cell_dynamic_batch() -> dict[str, Any]:
+    """Rank 1 alone runs out of memory mid-forward, then mid-backward, then where nothing is left to try: both ranks
+    must retry together (and train as without the callback), or fail together."""
+
+    def run(rank1: dict[str, int] | None, **options: Any) -> dict[str, Any]:
+        # batch 8 on rank 0: 2000 + 8 x 100 bytes; rank 1 gets `rank1`'s figures
+        probe = lt.SimulatedMemory(10_000, 2_000, 100, activations="tensors") if rank1 is not None else None
+        dyn = lt.DynamicBatchSize(multiple_of=2, probe=probe, agree_timeout=60, **options) if probe else None
+        record = SeenAndSizes(dyn, probe)
+        run = trainer([record, *([dyn] if dyn else [])], max_epochs=2)
+        if probe is not None and rank1 is not None and run.global_rank == 1:
+            probe.bytes_per_sample = rank1["forward"]
+            probe.backward_bytes_per_sample = rank1["backward"]
+        torch.manual_seed(0)
+        module = SGDGPT(CONFIG)
+        run.fit(module, datamodule=SyntheticTokenDataModule(8, seq_len=16, vocab_size=32, train_sequences=32, seed=0))
+        return {
+            "shards": shards(module),
+            "seen": record.seen,
+            "sizes": record.sizes,
+            "collectives": record.collectives,
+            "sharded_modules": sum(isinstance(m, FSDPModule) for m in module.modules()),
+            "steps": run.global_step,
+            "oom_recoveries": dyn.oom_recoveries if dyn else 0,
+            "local_ooms": probe.out_of_memory_errors if probe else 0,
+        }
+
+    return {
+        "reference": run(None),
+        # at 8 samples: 2000 + 8 x 1100 = 10800 > 10000 bytes when the second block's forward ends
+        "forward": run({"forward": 1100, "backward": 0}, adjust_every=2),
+        # at 8 samples the forward fits (2000 + 8 x 600 bytes), but the backward's 2000 + 8 x 1100 do not: in the last
+        # (and only) micro-batch's backward, where FSDP2 would reduce-scatter the gradients
+        "backward": run({"forward": 600, "backward": 1100}, adjust_every=100),
+        # nothing smaller to try: both ranks fail at once, with the same error
+        "unrecoverable": refused(lambda: run({"forward": 1100, "backward": 0}, min_batch_size=8)),
+    }
+
+
+def cell_dynamic_batch_refused() -> dict[str, Any]:
+    dyn = lt.DynamicBatchSize(probe=lt.SimulatedMemory(10_000, 2_000, 100))
+    return refused(lambda: fit_one_step([dyn], []))
+
+
 def main(out: Path) -> None:
     cells: dict[str, Callable[[], dict[str, Any]]] = {
         "plugin_precision": cell_plugin_precision,
@@ -276,12 +372,16 @@ def main(out: Path) -> None:
         "optimizer_fused": lambda: cell_optimizer_swap(out),
         "optimizer_8bit": cell_optimizer_8bit,
         "plugin_attention": cell_plugin_attention,
+        "dynamic_batch": cell_dynamic_batch,
+        "dynamic_batch_refused": cell_dynamic_batch_refused,
     }
     only = set(sys.argv[3:])
     results: dict[str, Any] = {}
     rank = 0
     for name, run in cells.items():
-        if only and name not in only:
+        # DynamicBatchSize's DDP cell is tests/ddp_dynamic_batch_script.py; its refusal is FSDPStrategy's cell
+        elsewhere = {"ddp": ("dynamic_batch", "dynamic_batch_refused"), "fsdp2": ("dynamic_batch_refused",)}
+        if (only and name not in only) or name in elsewhere.get(STRATEGY, ()):
             continue
         start = time.perf_counter()
         try:

@@ -321,6 +321,36 @@ CASES = [
         id="dbs-agree-timeout-inf",
     ),
     pytest.param(
+        lambda: lt.DynamicBatchSize(loss_weight="token"),
+        ValueError,
+        "`loss_weight` must be one of 'samples', 'tokens', got 'token'",
+        id="dbs-loss-weight",
+    ),
+    pytest.param(
+        lambda: lt.DynamicBatchSize(label_shift=-1),
+        ValueError,
+        "`label_shift` must be an integer >= 0, got -1",
+        id="dbs-label-shift",
+    ),
+    pytest.param(
+        lambda: lt.DynamicBatchSize(trim_keys="loss_mask"),
+        TypeError,
+        "`trim_keys` must be a sequence of key names (strings), got 'loss_mask'",
+        id="dbs-trim-keys-str",
+    ),
+    pytest.param(
+        lambda: lt.DynamicBatchSize(pad_to_multiple_of=0),
+        ValueError,
+        "`pad_to_multiple_of` must be an integer >= 1, got 0",
+        id="dbs-pad-multiple",
+    ),
+    pytest.param(
+        lambda: lt.SimulatedMemory(100, 0, 1, bytes_per_token=-1),
+        ValueError,
+        "`bytes_per_token` must be an integer >= 0, got -1",
+        id="sim-bytes-per-token",
+    ),
+    pytest.param(
         lambda: lt.SimulatedMemory(100, 50, 1, outside_bytes=50),
         ValueError,
         "`fixed_bytes` + `outside_bytes` must be below `total_bytes` (100) so that a sample fits, got 50 + 50",

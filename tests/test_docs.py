@@ -59,7 +59,19 @@ def test_logged_keys_table_matches_what_is_emitted(tmp_path: Path) -> None:
     make_trainer(
         tmp_path, [lt.ThroughputLatencyMonitor(), dynamic], max_steps=3, logger=token_logger, log_every_n_steps=1
     ).fit(DemoGPT(config), datamodule=SyntheticTokenDataModule(4, seq_len=16, vocab_size=config.vocab_size))
-    rows = csv_rows(logger.log_dir) + csv_rows(token_logger.log_dir)
+    # padded variable-length batches (Hugging Face's collator): the token budget and the padding share
+    from tests.hf_data import TokenDataset, long_tailed_lengths
+    from tests.test_dynamic_batch_varlen import Cheap, roomy
+
+    varlen_logger = CSVLogger(str(tmp_path), name="varlen")
+    make_trainer(
+        tmp_path,
+        [lt.ThroughputLatencyMonitor(), lt.DynamicBatchSize(probe=roomy(), adjust_every=1)],
+        max_steps=2,
+        logger=varlen_logger,
+        log_every_n_steps=1,
+    ).fit(Cheap(TokenDataset(long_tailed_lengths(16, median=8, max_len=32))))
+    rows = csv_rows(logger.log_dir) + csv_rows(token_logger.log_dir) + csv_rows(varlen_logger.log_dir)
     emitted = {k for row in rows for k, v in row.items() if v and k.startswith(("tune/", "perf/"))}
     table = documented()
     unmatched = {key for key in emitted if not any(p.match(key) for p, _ in table.values())}

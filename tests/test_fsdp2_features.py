@@ -41,10 +41,10 @@ def status(test_name: str, strategy: str) -> str:
     return rows[0][strategy].split(" (")[0]
 
 
-def launch(strategy: str, out: Path) -> list[dict[str, Any]]:
+def launch(strategy: str, out: Path, *cells: str) -> list[dict[str, Any]]:
     """Both ranks' results; a hang is killed (both processes) after the timeout and fails the test."""
     env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
-    command = [sys.executable, str(ROOT / "tests" / "fsdp2_features_script.py"), str(out), strategy]
+    command = [sys.executable, str(ROOT / "tests" / "fsdp2_features_script.py"), str(out), strategy, *cells]
     proc = subprocess.Popen(
         command, env=env, cwd=out, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True
     )
@@ -229,3 +229,79 @@ def test_attention_swap_and_activation_checkpointing_compose_with_the_strategy(r
         # ... and trained exactly what the run without either callback trained
         assert cell["lrs"] == plain["lrs"]
         assert cell["shards"] == pytest.approx(plain["shards"], rel=1e-6, abs=1e-9)
+
+
+@pytest.mark.slow
+def test_dynamic_batch_recovers_an_oom_on_one_rank_or_fails_every_rank(ranks: tuple[str, list[dict]]) -> None:
+    strategy, results = ranks
+    if strategy == "DDP":
+        pytest.skip("DynamicBatchSize under DDP: tests/test_dynamic_batch_ddp.py")
+    assert status("test_dynamic_batch_recovers_an_oom_on_one_rank_or_fails_every_rank", strategy) == "works"
+    zero, one = both(results, "dynamic_batch")
+    reference = zero["reference"]
+    for where in ("forward", "backward"):  # rank 1 alone ran out of memory inside the second block ...
+        ours = zero[where], one[where]
+        assert (ours[0]["local_ooms"], ours[1]["local_ooms"]) == (0, 1), where
+        assert ours[0]["oom_recoveries"] == ours[1]["oom_recoveries"] == 1, where  # ... and both ranks retried
+        assert ours[0]["sizes"] == ours[1]["sizes"] and ours[0]["sizes"][0] == 4, where
+        assert ours[0]["steps"] == ours[1]["steps"] == reference["steps"] == 4, where
+        for epoch in ("0", "1"):  # each sample once per epoch over both ranks, as without the callback
+            trained = sorted(ours[0]["seen"][epoch] + ours[1]["seen"][epoch])
+            assert trained == sorted(zero["reference"]["seen"][epoch] + one["reference"]["seen"][epoch]), where
+        for rank, ref in ((ours[0], zero["reference"]), (ours[1], one["reference"])):
+            # SGD and the split micro-batches: the same weights as without the callback, OOM retries included
+            assert rank["shards"] == pytest.approx(ref["shards"], rel=1e-5, abs=1e-6), where
+            # the micro-batches ran no collective: per step one all-gather per sharded module (plain FSDP2 gathers
+            # again for backward), one reduce-scatter per module, and the agreement; a retry gathers once more
+            modules = rank["sharded_modules"]
+            assert ref["collectives"] == [{"all_gather_single": 5, "reduce_scatter_single": 3}] * 4
+            retried = {"all_gather_single": 2 * modules, "reduce_scatter_single": modules, "all_reduce": 2}
+            plain = {"all_gather_single": modules, "reduce_scatter_single": modules, "all_reduce": 1}
+            assert rank["collectives"] == [retried] + [plain] * 3, where
+    # where the smallest micro-batch fails, both ranks raise the same error at once (no collective timeout)
+    failed = zero["unrecoverable"], one["unrecoverable"]
+    assert all(cell["refused"] and cell["type"] == "OutOfMemoryError" for cell in failed), failed
+    assert "on another rank" in failed[0]["message"] and "on this rank" in failed[1]["message"]
+    assert all("smallest allowed micro-batch (min_batch_size=8)" in cell["message"] for cell in failed)
+    assert zero["seconds"] < 120  # nothing waited for a collective's 60 s timeout
+
+
+@pytest.mark.gpu
+@pytest.mark.slow
+def test_gpu_fsdp_strategy_refuses_dynamic_batch_on_every_rank(tmp_path: Path) -> None:
+    import torch
+
+    if torch.cuda.device_count() < 2:
+        pytest.skip("needs 2 GPUs")
+    assert status("test_gpu_fsdp_strategy_refuses_dynamic_batch_on_every_rank", "FSDP") == "refused"
+    for rank in launch("fsdp", tmp_path, "dynamic_batch_refused"):
+        cell = rank["dynamic_batch_refused"]
+        assert cell["refused"] and cell["type"] == "MisconfigurationException", cell
+        assert "cannot drive FSDPStrategy" in cell["message"] and "fully_shard" in cell["message"]
+
+
+@pytest.mark.parametrize(
+    ("strategy", "options", "message"),
+    [
+        ("fsdp", {}, "cannot drive FSDPStrategy: its forward all-gathers"),
+        ("tensor_parallel", {}, "tensor_parallel_size=2"),
+        ("fsdp2", {"sync_oom": False}, "needs `sync_oom=True` under FSDP2"),
+    ],
+)
+def test_dynamic_batch_refuses_what_could_leave_a_rank_waiting(strategy: str, options: dict, message: str) -> None:
+    from types import SimpleNamespace
+
+    from lightning.fabric.utilities.exceptions import MisconfigurationException
+    from lightning.pytorch.strategies import FSDPStrategy, ModelParallelStrategy
+
+    import lightning_tune as lt
+
+    built = {
+        "fsdp": FSDPStrategy,
+        "tensor_parallel": lambda: ModelParallelStrategy(data_parallel_size=1, tensor_parallel_size=2),
+        "fsdp2": lambda: ModelParallelStrategy(data_parallel_size=2, tensor_parallel_size=1),
+    }[strategy]()
+    trainer = SimpleNamespace(strategy=built, world_size=2, callbacks=[])
+    dyn = lt.DynamicBatchSize(probe=lt.SimulatedMemory(10_000, 2_000, 100), **options)
+    with pytest.raises(MisconfigurationException, match=re.escape(message)):
+        dyn.setup(trainer, SimpleNamespace(automatic_optimization=True), "fit")  # type: ignore[arg-type]

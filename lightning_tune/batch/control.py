@@ -57,6 +57,8 @@ class BatchSizeController:
         min_change: Smallest relative growth worth a change.
         ceiling_decisions: How many decisions a size that ran out of memory stays off limits.
         model: The memory model (a fresh :class:`MemoryModel` by default).
+        probe_growth: Relative growth of the first decision's probe (``None``: one grid step). A fine grid (padded
+            tokens) needs a larger probe for the memory to change measurably.
 
     Raises:
         TypeError: If an argument has the wrong type.
@@ -84,6 +86,7 @@ class BatchSizeController:
         min_change: float = 0.1,
         ceiling_decisions: int = 25,
         model: MemoryModel | None = None,
+        probe_growth: float | None = None,
     ) -> None:
         check_float("target", target, low=0.0, high=1.0, low_inclusive=False)
         check_int("min_batch_size", min_batch_size, minimum=1)
@@ -91,6 +94,7 @@ class BatchSizeController:
         check_int("multiple_of", multiple_of, minimum=1)
         check_float("min_change", min_change, low=0.0)
         check_int("ceiling_decisions", ceiling_decisions, minimum=1)
+        check_float("probe_growth", probe_growth, low=0.0, low_inclusive=False, allow_none=True)
         if max_batch_size is not None and min_batch_size > max_batch_size:
             raise ValueError(f"`min_batch_size` ({min_batch_size}) must not exceed `max_batch_size` ({max_batch_size})")
         self.target = target
@@ -99,6 +103,7 @@ class BatchSizeController:
         self.multiple_of = multiple_of
         self.min_change = min_change
         self.ceiling_decisions = ceiling_decisions
+        self.probe_growth = probe_growth
         self.model = model if model is not None else MemoryModel()
         self._ceiling: int | None = None  # smallest size that ran out of memory (or came under pressure) lately
         self._ceiling_age = 0
@@ -187,6 +192,8 @@ class BatchSizeController:
             return Decision(best, self._fraction(best, total_bytes), "shrink")
         if self.model.sizes_seen < 2 and self.model.prior is None:
             up = self.step_up(batch_size, cap)
+            if self.probe_growth is not None:
+                up = max(up, self.round_down(batch_size * (1.0 + self.probe_growth), cap))
             # with no fixed part the slope is over-estimated, so this bound on the probe's memory is safe
             if up != batch_size and peak_bytes / seen * up <= budget:
                 return Decision(up, None, "probe")

@@ -183,8 +183,9 @@ class SimulatedMemory:
     """A simulated CUDA device with a caching allocator, for trying and testing without a GPU.
 
     Memory is ``fixed_bytes`` (weights, gradients, optimizer state, workspace) plus ``bytes_per_sample`` per sample of
-    a micro-batch (activations), scaled by ``padded length / seq_len`` when ``seq_len`` is given. It models what makes
-    a real device hard:
+    a micro-batch (activations), scaled by ``padded length / seq_len`` when ``seq_len`` is given, plus
+    ``bytes_per_token`` per padded token (``batch × padded length``), the way a transformer's activations grow with a
+    micro-batch of variable-length sequences. It models what makes a real device hard:
 
     - a caching allocator: freed blocks stay reserved (reserved >= allocated) until :meth:`free` empties the cache;
       the peak read is the peak reserved. With ``fragmentation > 0`` and no ``expandable_segments``, a new block is
@@ -218,6 +219,8 @@ class SimulatedMemory:
         backward_bytes_per_sample: Transient memory each sample needs at the start of backward
             (:meth:`with_backward`).
         fail_as: How a failure is raised: ``"oom"``, ``"cublas"`` or ``"cudnn"``.
+        bytes_per_token: Activation memory of each padded token of a micro-batch (its samples × its padded length, as
+            :meth:`before_micro_batch` is told), on top of ``bytes_per_sample``.
 
     Raises:
         TypeError: If an argument has the wrong type.
@@ -250,6 +253,7 @@ class SimulatedMemory:
         activations: Activations = "micro_batch",
         backward_bytes_per_sample: int = 0,
         fail_as: FailureKind = "oom",
+        bytes_per_token: int = 0,
     ) -> None:
         from lightning_tune._validation import check_bool, check_choice
 
@@ -265,6 +269,7 @@ class SimulatedMemory:
         check_choice("activations", activations, _ACTIVATIONS)
         check_int("backward_bytes_per_sample", backward_bytes_per_sample, minimum=0)
         check_choice("fail_as", fail_as, FAILURE_KINDS)
+        check_int("bytes_per_token", bytes_per_token, minimum=0)
         if fixed_bytes + outside_bytes >= total_bytes:
             raise ValueError(
                 f"`fixed_bytes` + `outside_bytes` must be below `total_bytes` ({total_bytes}) so that a sample fits, "
@@ -281,12 +286,14 @@ class SimulatedMemory:
         self.activations: Activations = activations
         self.backward_bytes_per_sample = backward_bytes_per_sample
         self.fail_as: FailureKind = fail_as
+        self.bytes_per_token = bytes_per_token
         self._rng = random.Random(seed)
         self._blocks: dict[int, int] = {}  # live allocation id -> block size
         self._cache: list[int] = []  # sizes of cached (free but reserved) blocks
         self._next = 0
         self._transient: int | None = None  # the running micro-batch's activations (activations="micro_batch")
         self._length_scale = 1.0
+        self._tokens_per_sample = 0  # padded length of the running micro-batch, for bytes_per_token
         self._samples = 0
         self._peak = 0
         self._retries_at_reset = 0
@@ -381,7 +388,7 @@ class SimulatedMemory:
         """
         self._samples = int(x.shape[0]) if x.dim() else 1
         out = _Hold.apply(x, self, 0)
-        self.hold(int(self.bytes_per_sample * self._samples * self._length_scale), owner=out)
+        self.hold(self._activation_bytes(self._samples), owner=out)
         return out
 
     def with_backward(self, loss: torch.Tensor) -> torch.Tensor:
@@ -393,9 +400,15 @@ class SimulatedMemory:
         return _Hold.apply(loss, self, int(self.backward_bytes_per_sample * self._samples * self._length_scale))
 
     # -- the probe ---------------------------------------------------------------------------------------------------
-    def usage(self, batch_size: int) -> int:
-        """Noise-free memory a micro-batch of ``batch_size`` samples needs, fixed memory included."""
-        return self.fixed_bytes + self.bytes_per_sample * batch_size
+    def usage(self, batch_size: int, seq_len: int | None = None) -> int:
+        """Noise-free memory a micro-batch of ``batch_size`` samples padded to ``seq_len`` needs, fixed included."""
+        scale = seq_len / self.seq_len if seq_len is not None and self.seq_len is not None else 1.0
+        tokens = batch_size * (seq_len or 0)
+        return self.fixed_bytes + int(self.bytes_per_sample * batch_size * scale) + self.bytes_per_token * tokens
+
+    def _activation_bytes(self, batch_size: int) -> int:
+        tokens = batch_size * self._tokens_per_sample
+        return int(self.bytes_per_sample * batch_size * self._length_scale) + self.bytes_per_token * tokens
 
     def total_bytes(self) -> int:
         """Memory of the simulated device."""
@@ -423,11 +436,12 @@ class SimulatedMemory:
     def before_micro_batch(self, batch_size: int, seq_len: int | None = None) -> None:
         """Start a micro-batch: allocate its activations (``activations="micro_batch"``), or raise as a full device."""
         self._length_scale = seq_len / self.seq_len if seq_len is not None and self.seq_len is not None else 1.0
+        self._tokens_per_sample = seq_len or 0
         if self.activations != "micro_batch":
             return
         self._release(self._transient)  # the previous micro-batch's activations are garbage by now
         self._transient = None
-        need = int(self.bytes_per_sample * batch_size * self._length_scale)
+        need = self._activation_bytes(batch_size)
         self._transient = self._allocate(need, f"micro-batch of {batch_size} samples")
 
     def free(self) -> None:
@@ -440,5 +454,6 @@ class SimulatedMemory:
     def __repr__(self) -> str:
         return (
             f"SimulatedMemory(total_bytes={self.total}, fixed_bytes={self.fixed_bytes}, "
-            f"bytes_per_sample={self.bytes_per_sample}, noise={self.noise})"
+            f"bytes_per_sample={self.bytes_per_sample}, noise={self.noise}"
+            + (f", bytes_per_token={self.bytes_per_token})" if self.bytes_per_token else ")")
         )

@@ -17,14 +17,15 @@ The ``agree`` contract (DDP today; FSDP/FSDP2 builds on it):
   rank whose micro-batch failed stops there and goes straight to ``agree``) and before anything that enters a
   collective of the step's gradient reduction. Micro-batches therefore must run without collectives of their own:
   under DDP inside ``no_sync`` (all but the last, whose backward carries the gradient all-reduce overlapped with
-  it, after the agreement); under FSDP2 the same, with the parameters unsharded once before the first micro-batch,
-  gradient sync off (``set_requires_gradient_sync(False)``) and no resharding after backward until the last.
+  it, after the agreement); under FSDP2 every micro-batch, the last's backward included, with the parameters
+  gathered once before the first and gradient sync off, the gradients reduce-scattered after the agreement
+  (:class:`~lightning_tune.batch.sharded.GatheredStep`).
 - It must be one small all-reduce, with no barrier, read back once, and bounded in time: a rank that waits longer
   than its timeout raises a clear error instead of waiting forever (:func:`all_reduce_max`). When the agreed status
   is ``2``, every rank raises the same error at once.
-- An allocation failure inside the last micro-batch's backward, where the gradient reduction runs, cannot be
-  agreed: that rank raises, and the others end with their collective's error (at once under gloo, at the process
-  group's timeout under NCCL).
+- Under DDP, an allocation failure inside the last micro-batch's backward, where the gradient reduction runs, cannot
+  be agreed: that rank raises, and the others end with their collective's error (at once under gloo, at the process
+  group's timeout under NCCL). Under FSDP2 there is no such case: the reduction runs after the agreement.
 """
 
 from __future__ import annotations

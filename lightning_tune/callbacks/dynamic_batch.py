@@ -36,6 +36,8 @@ from lightning_tune.batch.runner import (
     step_with_retry,
 )
 from lightning_tune.batch.sampler import ResizableBatchSampler
+from lightning_tune.batch.sharded import GatheredStep
+from lightning_tune.batch.trim import PaddingLayout, cut_sequences, padding_layout, sample_tokens
 from lightning_tune.callbacks._resizable_loader import (
     attach,
     loader_parts,
@@ -52,17 +54,24 @@ from lightning_tune.perf.batch import count_samples
 if TYPE_CHECKING:
     import lightning.pytorch as pl
 
-__all__ = ["KEEPS", "DynamicBatchSize", "Keep"]
+__all__ = ["KEEPS", "LOSS_WEIGHTS", "DynamicBatchSize", "Keep", "LossWeight"]
 
 Keep = Literal["effective", "lr", "none"]
 #: What ``keep`` accepts.
 KEEPS: tuple[str, ...] = get_args(Keep)
 _GIB = 1 << 30
+LossWeight = Literal["samples", "tokens"]
+#: What ``loss_weight`` accepts.
+LOSS_WEIGHTS: tuple[str, ...] = get_args(LossWeight)
 _NOT_RESUMABLE = "You're resuming from a checkpoint that ended before the epoch ended and your dataloader is not"
 
 
 class DynamicBatchSize(Callback):
     r"""Adjust the micro-batch size while training runs to keep peak device memory at ``target_vram``.
+
+    Variable-length batches (a mapping with a 2-D ``attention_mask``): each step's samples are ordered longest first,
+    cut into micro-batches and each micro-batch is trimmed to its own longest sequence. With ``keep="effective"`` the
+    micro-batch is then a budget of padded tokens (``tune/micro_batch_tokens``): many short samples or few long ones.
 
     Args:
         target_vram: Fraction of the memory PyTorch can get (free memory plus what its allocator holds, re-read at
@@ -82,12 +91,22 @@ class DynamicBatchSize(Callback):
             :func:`lightning_tune.plan.estimate_memory`'s) that starts the memory model, so the first decision
             need not probe.
         min_change: Smallest relative growth worth a change.
-        sync_oom: Under DDP, agree on allocation failures across ranks: one small all-reduce per optimizer step,
-            before the last micro-batch's backward. Without it an OOM under DDP cannot be recovered.
+        sync_oom: Under DDP and FSDP2, agree on allocation failures across ranks: one small all-reduce per optimizer
+            step (DDP: before the last micro-batch's backward; FSDP2: after every backward, before the gradients are
+            reduced). Without it an OOM under DDP cannot be recovered; FSDP2 requires it.
         reserve_gib: Memory (GiB) kept free whatever ``target_vram`` says, for other processes on a shared GPU.
         agree_timeout: Seconds a rank waits for the others' agreement before failing with a clear error.
+        loss_weight: How the micro-batch losses of a step are weighted: ``"samples"`` by their share of the step's
+            samples (per-sample mean losses), ``"tokens"`` by their share of the step's label tokens (labels other
+            than -100, or mask tokens without labels), so that token-mean losses add up to one token mean over the
+            whole step.
+        label_shift: Leading positions of each row that are never a loss target, for ``"tokens"``: ``None`` is 1
+            for a Hugging Face causal LM in the module (its loss compares position ``i`` with label ``i + 1``), else 0.
+        trim_keys: Batch keys besides Hugging Face's (``input_ids``, ``attention_mask``, ``labels``,
+            ``token_type_ids``, ``position_ids``) whose second dimension is the padded sequence, trimmed with them.
+        pad_to_multiple_of: Trimmed sequence lengths are rounded up to a multiple of this (few distinct shapes for
+            ``torch.compile``, tensor-core friendly), as the collator's argument of that name.
 
-    Raises:
         TypeError: If an argument has the wrong type.
         ValueError: If an argument is out of range, or ``min_batch_size > max_batch_size``.
 
@@ -113,6 +132,10 @@ class DynamicBatchSize(Callback):
         sync_oom: bool = True,
         reserve_gib: float = 0.0,
         agree_timeout: float = 600.0,
+        loss_weight: LossWeight = "samples",
+        label_shift: int | None = None,
+        trim_keys: Sequence[str] = (),
+        pad_to_multiple_of: int = 8,
     ) -> None:
         check_float("target_vram", target_vram, low=0.0, high=0.98, low_inclusive=False)
         check_int("min_batch_size", min_batch_size, minimum=1)
@@ -125,6 +148,11 @@ class DynamicBatchSize(Callback):
         check_bool("sync_oom", sync_oom)
         check_float("reserve_gib", reserve_gib, low=0.0)
         check_float("agree_timeout", agree_timeout, low=0.0, low_inclusive=False)
+        check_choice("loss_weight", loss_weight, LOSS_WEIGHTS)
+        check_int("label_shift", label_shift, minimum=0, allow_none=True)
+        check_int("pad_to_multiple_of", pad_to_multiple_of, minimum=1)
+        if isinstance(trim_keys, str) or not all(isinstance(k, str) for k in trim_keys):
+            raise TypeError(f"`trim_keys` must be a sequence of key names (strings), got {trim_keys!r}")
         if max_batch_size is not None and min_batch_size > max_batch_size:
             raise ValueError(f"`min_batch_size` ({min_batch_size}) must not exceed `max_batch_size` ({max_batch_size})")
         if probe is not None and not isinstance(probe, MemoryProbe):
@@ -145,6 +173,8 @@ class DynamicBatchSize(Callback):
         self.adjust_every, self.keep, self.lr_rule, self.multiple_of = adjust_every, keep, lr_rule, multiple_of
         self.sync_oom, self.reserve_gib, self.agree_timeout = sync_oom, reserve_gib, agree_timeout
         self.probe: MemoryProbe | None = probe
+        self.loss_weight, self.label_shift, self.pad_to_multiple_of = loss_weight, label_shift, pad_to_multiple_of
+        self.trim_keys = tuple(trim_keys)
         self.controller = BatchSizeController(
             target=target_vram,
             min_batch_size=min_batch_size,
@@ -179,6 +209,22 @@ class DynamicBatchSize(Callback):
         self._val_figures = (0, False)  # training's peak and pressure before a validation run
         self._quiet: Any = None  # the warnings filter silencing Lightning's false "not resumable" warning
         self._step_args: tuple[int, tuple[Any, ...], dict[str, Any]] = (0, (), {})
+        self._gathered: GatheredStep | None = None  # FSDP2: parameters gathered once per step
+        # variable-length batches
+        #: Padded tokens per micro-batch in use, when micro-batches are budgeted in tokens (else ``None``).
+        self.micro_batch_tokens: int | None = None
+        #: Real and padded tokens of the micro-batches the last step ran (``None`` for batches without a mask).
+        self.step_tokens: tuple[int, int] | None = None
+        #: Distinct (samples, padded length) micro-batch shapes run so far (each one a compile under torch.compile).
+        self.shapes: set[tuple[int, int]] = set()
+        self.token_controller: BatchSizeController | None = None
+        self._shift = 0  # label_shift as resolved at train start
+        self._largest_tokens = 0  # largest micro-batch in tokens since the allocator's cache was last emptied
+        self._longest = 0  # longest padded length seen (the token cap is the effective batch times it)
+        self._micro_batches = 0  # micro-batches of the last step
+        self._layout_warned = False
+        self._compiled = False
+        self._compile_warned = False
 
     def __repr__(self) -> str:
         return (
@@ -196,6 +242,8 @@ class DynamicBatchSize(Callback):
         """Micro-batches per optimizer step."""
         if self.batch_size is None or self.effective_batch_size is None:
             return None
+        if self.micro_batch_tokens is not None and self._micro_batches:
+            return self._micro_batches  # micro-batches of the last step, as long as its samples were
         return math.ceil(self.effective_batch_size / self.batch_size)
 
     @property
@@ -239,17 +287,26 @@ class DynamicBatchSize(Callback):
                 "DynamicBatchSize sets gradient accumulation itself: remove GradientAccumulationScheduler and give "
                 "the effective batch through the DataLoader's batch size and Trainer(accumulate_grad_batches=...)"
             )
+        distributed = trainer.world_size > 1
         ddp = isinstance(trainer.strategy, DDPStrategy)
-        if trainer.world_size > 1 and not ddp:
+        fsdp2 = distributed and _check_sharded_strategy(trainer.strategy)
+        if distributed and not (ddp or fsdp2):
             warnings.warn(
                 f"DynamicBatchSize: under {type(trainer.strategy).__name__} every rank takes the same batch-size "
                 "decisions, but an out-of-memory error can only be recovered when every rank hits it: the agreement "
-                "that lets one rank's OOM make all of them retry (`sync_oom`) is made for DDP",
+                "that lets one rank's OOM make all of them retry (`sync_oom`) is made for DDP and FSDP2",
                 stacklevel=2,
             )
-        distributed = trainer.world_size > 1
+        if fsdp2 and not self.sync_oom:
+            raise MisconfigurationException(
+                "DynamicBatchSize needs `sync_oom=True` under FSDP2: the step's gradients are reduced only once the "
+                "ranks agreed that every micro-batch ran, and without the agreement a rank that ran out of memory "
+                "would leave the others waiting in that reduction"
+            )
+        # FSDP2: the parameters are gathered once per step, so the micro-batches run with no collective
+        self._gathered = GatheredStep(pl_module) if fsdp2 else None
         agree = None
-        if distributed and ddp and self.sync_oom:
+        if distributed and (ddp or fsdp2) and self.sync_oom:
             device = trainer.strategy.root_device
 
             def agree(values: Sequence[float]) -> Sequence[float]:
@@ -259,7 +316,7 @@ class DynamicBatchSize(Callback):
             forward=self._forward,
             backward=self._backward_micro_batch,
             zero_grad=self._zero_grad,
-            free=self.probe.free,
+            free=self._free_after_failure,
             shrink=self._shrink,
             min_size=self.min_batch_size,
             agree=agree,
@@ -292,7 +349,7 @@ class DynamicBatchSize(Callback):
             # a DataLoader the module or DataModule keeps must come back as it was given
             set_batch_sampler(self._loader, self._original_batch_sampler)
         self._loader = self._sampler = self._original_batch_sampler = None
-        self.runner = None
+        self.runner = self._gathered = None
         self._unquiet()
 
     # -- the DataLoader ----------------------------------------------------------------------------------------------
@@ -302,6 +359,8 @@ class DynamicBatchSize(Callback):
             return
         self._user_accumulation = int(trainer.accumulate_grad_batches)
         self._lr_factor = 1.0  # a new fit starts from the optimizer's configured LR (a checkpoint may say otherwise)
+        self._shift = self.label_shift if self.label_shift is not None else _causal_lm_shift(pl_module)
+        self._compiled = _has_compiled(pl_module)
         self._install(trainer)
         assert self.probe is not None
         for optimizer in trainer.optimizers:
@@ -338,6 +397,7 @@ class DynamicBatchSize(Callback):
         ):  # validation's memory is not training's
             self.probe.free()
             self.probe.reset_peak()
+            self._largest_tokens = 0
 
     def _install(self, trainer: pl.Trainer) -> None:
         loader, inner, loader_batch, drop_last, original = loader_parts(trainer)
@@ -418,18 +478,21 @@ class DynamicBatchSize(Callback):
         if self._active:
             rank_zero_info(
                 f"DynamicBatchSize: settled at micro-batch {self.batch_size} ({self.accumulate_grad_batches} per "
-                f"optimizer step of {self.effective_batch_size} samples); {self.decisions} decisions, "
+                f"optimizer step of {self.effective_batch_size} samples"
+                + ("" if self.micro_batch_tokens is None else f", {self.micro_batch_tokens} padded tokens at most")
+                + f"); {self.decisions} decisions, "
                 f"{self.oom_recoveries} out-of-memory errors recovered"
             )
 
     def _interval_figures(self) -> list[float]:
-        """The interval's peak, pressure and (negated) budget on this rank, validation runs left out."""
+        """This rank's interval figures: peak, pressure, (negated) budget, largest micro-batch in tokens."""
         assert self.probe is not None
         peak, pressure = self._val_figures
         return [
             float(max(self.probe.peak_bytes(), peak)),
             float(self.probe.pressure() or pressure),
             -self._budget()[1],
+            float(self._largest_tokens),
         ]
 
     def _decide(self, trainer: pl.Trainer) -> None:
@@ -440,8 +503,35 @@ class DynamicBatchSize(Callback):
             figures = all_reduce_max(figures, device=trainer.strategy.root_device, timeout=self.agree_timeout)
         self._figures, self._val_figures, self._steps = None, (0, False), 0
         peak, pressure, budget = figures[0], figures[1] > 0, -figures[2]
+        if len(figures) > 3:  # the ranks' largest micro-batch in tokens, so that they take the same decision
+            self._largest_tokens = int(figures[3])
         ran = self.runner.largest_run or self.batch_size  # a short last batch of an epoch may be all it saw
         self.runner.largest_run = 0
+        if self.micro_batch_tokens is not None and self.token_controller is not None:
+            # the peak read is the reserved memory, whose cached blocks hold the largest micro-batch since the
+            # cache was last emptied: that, not this interval's largest, is what the peak is recorded against
+            ran = self._largest_tokens or self.micro_batch_tokens
+            decision = self.token_controller.decide(
+                self.micro_batch_tokens,
+                peak_bytes=peak,
+                total_bytes=self.probe.capacity_bytes(),
+                pressure=pressure,
+                cap=self._token_cap(),
+                observed_size=ran,
+                budget_bytes=budget,
+            )
+            self.last_decision, self.decisions = decision, self.decisions + 1
+            if decision.batch_size != self.micro_batch_tokens:
+                rank_zero_info(
+                    f"DynamicBatchSize: micro-batch {self.micro_batch_tokens} -> {decision.batch_size} padded tokens "
+                    f"({decision.reason})"
+                )
+            shrunk, self.micro_batch_tokens = decision.batch_size < self.micro_batch_tokens, decision.batch_size
+            if shrunk:
+                self.probe.free()
+                self._largest_tokens = 0
+            self.probe.reset_peak()
+            return
         decision = self.controller.decide(
             self.batch_size,
             peak_bytes=peak,
@@ -483,6 +573,8 @@ class DynamicBatchSize(Callback):
             "tune/effective_batch_size": float(self.effective_batch_size or 0),
             "tune/oom_recoveries": float(self.oom_recoveries),
         }
+        if self.micro_batch_tokens is not None:
+            metrics["tune/micro_batch_tokens"] = float(self.micro_batch_tokens)
         if self.last_decision is not None and self.last_decision.predicted_fraction is not None:
             metrics["tune/predicted_vram_frac"] = self.last_decision.predicted_fraction
         for logger in trainer.loggers:
@@ -501,27 +593,137 @@ class DynamicBatchSize(Callback):
             )
         self._step_args = (batch_idx, args, kwargs)
         deciding = runner.agree is not None and self._steps + 1 >= self.adjust_every
+        self.step_tokens = None
+        layout = self._layout(batch)
+        tokens = sample_tokens(batch, self._shift) if self.loss_weight == "tokens" else None
+        size = self.batch_size
+        if layout is not None and self.keep == "effective":  # micro-batches become budgets of padded tokens
+            size = self._token_budget(layout.padded)
+        if self._gathered is not None:
+            self._gathered.begin()
         outcome = runner.run(
             batch,
-            [0.0, 0.0, 0.0],
-            lambda b, size: self._cut(b, n, size),
-            self.batch_size,
-            leave_last_backward=trainer.world_size > 1,
+            [0.0, 0.0, 0.0, 0.0],
+            lambda b, budget: self._cut(b, n, budget, layout, tokens),
+            size,
+            leave_last_backward=trainer.world_size > 1 and self._gathered is None,
             payload_fn=self._interval_figures if deciding else None,
         )
         if deciding and not outcome.failures:  # after a failure the interval starts again
             self._figures = outcome.payload
-        if trainer.world_size > 1:
+        if self._gathered is not None:  # agreed: every backward ran, so reduce the gradients and reshard
+            self._gathered.reduce()
+        if trainer.world_size > 1 and self._gathered is None:  # DDP: the last backward is Lightning's
             return outcome.output
         return _detached(outcome.output)  # every backward has run: Lightning's own backward is a no-op
 
-    def _cut(self, batch: Any, n: int, size: int) -> list[MicroBatch]:
-        """The step's micro-batches with their weights (see ``docs/dynamic_batch.md``, "Short last batch")."""
-        if self.keep != "effective":
-            return cut_step(batch, size, sample_weight=1.0 / n)
-        tail = self._short_batch_in(n)
-        tail_weight = 1.0 / max(tail * self._user_accumulation, 1)
-        return cut_step(batch, size, sample_weight=1.0 / self._configured_effective, tail=tail, tail_weight=tail_weight)
+    def _cut(
+        self,
+        batch: Any,
+        n: int,
+        size: int,
+        layout: PaddingLayout | None = None,
+        tokens: Sequence[int] | None = None,
+    ) -> list[MicroBatch]:
+        """The step's micro-batches with their weights (see ``docs/dynamic_batch.md``, "Short last batch").
+
+        ``size`` is samples, or padded tokens when :attr:`micro_batch_tokens` is set. With a ``layout`` the samples
+        are grouped by length and each micro-batch is trimmed; with ``tokens`` it weighs its share of them.
+        """
+        tail, sample_weight, tail_weight = 0, 1.0 / n, 0.0
+        if self.keep == "effective":
+            tail, sample_weight = self._short_batch_in(n), 1.0 / self._configured_effective
+            tail_weight = 1.0 / max(tail * self._user_accumulation, 1)
+        if layout is None and tokens is None:
+            return cut_step(batch, size, sample_weight=sample_weight, tail=tail, tail_weight=tail_weight)
+        budget = self.micro_batch_tokens is not None and layout is not None
+        upper = self.max_batch_size or n
+
+        def fits(length: int | None) -> int:
+            if not (budget and length):
+                return size
+            return self.controller.round_down(max(self.min_batch_size, min(size // length, upper)))  # on the grid
+
+        pieces = cut_sequences(
+            batch,
+            n,
+            layout,
+            fits,
+            sample_weight=sample_weight,
+            tail=tail,
+            tail_weight=tail_weight,
+            tokens=tokens,
+            multiple=self.pad_to_multiple_of,
+        )
+        if layout is not None:
+            run = [(p.samples, p.seq_len or layout.padded) for p in pieces]
+            self.step_tokens = (sum(layout.lengths), sum(b * length for b, length in run))
+            self.shapes.update(run)
+            if self._compiled:  # one graph for every shape instead of one per shape (and a fall back to eager)
+                for piece in pieces:
+                    for key in layout.keys:
+                        for dim in (0, 1):
+                            torch._dynamo.maybe_mark_dynamic(piece.batch[key], dim)
+            self._micro_batches = len(pieces)
+            if budget:
+                self.batch_size = max(b for b, _ in run)
+            self._check_recompiles()
+        return pieces
+
+    def _layout(self, batch: Any) -> PaddingLayout | None:
+        """The step's padding layout; an unknown sequence key is warned about once per fit."""
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            layout = padding_layout(batch, self.trim_keys)
+        if caught and not self._layout_warned:
+            self._layout_warned = True
+            rank_zero_warn(f"DynamicBatchSize: {caught[0].message}")
+        return layout
+
+    def _token_budget(self, padded: int) -> int:
+        """Padded tokens per micro-batch; the first step converts the micro-batch: its samples x the padded length."""
+        assert self.batch_size is not None and self.runner is not None
+        self._longest = max(self._longest, padded)
+        if self.micro_batch_tokens is None:
+            trainer = self._trainer
+            if trainer is not None and trainer.world_size > 1:  # once: every rank starts from the same budget
+                agreed = all_reduce_max(
+                    [float(padded)], device=trainer.strategy.root_device, timeout=self.agree_timeout
+                )
+                padded = int(agreed[0])
+            self.micro_batch_tokens = self.batch_size * padded
+        if self.token_controller is None:
+            self.token_controller = BatchSizeController(
+                target=self.target_vram,
+                min_batch_size=self.min_batch_size * self.pad_to_multiple_of,
+                max_batch_size=None,
+                multiple_of=self.multiple_of * self.pad_to_multiple_of,
+                min_change=self.controller.min_change,
+                model=MemoryModel(),
+                probe_growth=1.0,  # as a probe from 8 samples to 16: a grid step of tokens changes too little
+            )
+        self.runner.min_size = self.token_controller.min_batch_size
+        return self.micro_batch_tokens
+
+    def _token_cap(self) -> int:
+        """The most padded tokens a step can hold: its samples at the longest padded length seen."""
+        return self._configured_effective * self._longest
+
+    def _check_recompiles(self) -> None:
+        """Warn once when a compiled module has seen nearly as many shapes as Dynamo compiles before giving up."""
+        if not self._compiled or self._compile_warned:
+            return
+        config = torch._dynamo.config
+        limit = int(getattr(config, "recompile_limit", 0) or getattr(config, "cache_size_limit", 8))
+        if config.automatic_dynamic_shapes or len(self.shapes) < max(limit - 2, 1):
+            return
+        self._compile_warned = True
+        rank_zero_warn(
+            f"DynamicBatchSize: the compiled model has run {len(self.shapes)} micro-batch shapes (samples x padded "
+            f"length) and torch._dynamo's recompile limit is {limit}; past it the model runs eagerly. Turn on "
+            "torch._dynamo.config.automatic_dynamic_shapes, raise `pad_to_multiple_of` (fewer lengths) or raise "
+            "torch._dynamo.config.recompile_limit"
+        )
 
     def _short_batch_in(self, n: int) -> int:
         """Samples of the DataLoader's short last batch of the epoch inside this window of ``n`` (0 if none)."""
@@ -534,6 +736,7 @@ class DynamicBatchSize(Callback):
 
     def _forward(self, piece: MicroBatch) -> Any:
         assert self.probe is not None
+        self._largest_tokens = max(self._largest_tokens, piece.samples * (piece.seq_len or 1))
         self.probe.before_micro_batch(piece.samples, piece.seq_len)
         batch_idx, args, kwargs = self._step_args
         return self._originals["training_step"](piece.batch, batch_idx, *args, **kwargs)
@@ -557,7 +760,7 @@ class DynamicBatchSize(Callback):
                 raise  # one process: the runner recovers
             message = str(err).splitlines()[0]
         raise torch.OutOfMemoryError(
-            f"DynamicBatchSize: out of memory in the last micro-batch's backward, where DDP reduces the gradients "
+            f"DynamicBatchSize: out of memory in the last micro-batch's backward, where the gradients are reduced "
             f"across ranks ({message}); it cannot be agreed with the other ranks, so training stops. Lower "
             "`target_vram` or `max_batch_size`, or keep memory free with `reserve_gib`"
         )
@@ -571,6 +774,8 @@ class DynamicBatchSize(Callback):
         batch_idx = self._step_args[0]
         for optimizer in trainer.optimizers:
             self._originals["optimizer_zero_grad"](trainer.current_epoch, batch_idx, optimizer)
+        if self._gathered is not None:
+            self._gathered.drop_grads()
 
     def _shrink(self, failed: int) -> int:
         trainer = self._trainer
@@ -581,6 +786,16 @@ class DynamicBatchSize(Callback):
                 "cannot be recovered under several processes"
             )
         capacity, budget = self._budget()
+        self._largest_tokens = 0
+        if self.micro_batch_tokens is not None and self.token_controller is not None:
+            smaller = self.token_controller.on_oom(
+                failed, total_bytes=capacity, cap=self._token_cap(), budget_bytes=budget
+            )
+            self.micro_batch_tokens = smaller
+            self.last_decision = Decision(smaller, None, "oom")
+            self.probe.reset_peak()
+            self._steps, self._figures, self._val_figures = 0, None, (0, False)
+            return smaller
         smaller = self.controller.on_oom(failed, total_bytes=capacity, cap=self._cap(), budget_bytes=budget)
         self.batch_size = smaller
         self.last_decision = Decision(smaller, None, "oom")
@@ -591,6 +806,12 @@ class DynamicBatchSize(Callback):
         self.probe.reset_peak()
         self._steps, self._figures, self._val_figures = 0, None, (0, False)
         return smaller
+
+    def _free_after_failure(self) -> None:
+        assert self.probe is not None
+        self.probe.free()
+        if self._gathered is not None:  # every rank, after the agreement: FSDP2 starts the step again
+            self._gathered.recover()
 
     def _on_failure(self, old: int, new: int, message: str) -> None:
         self.oom_recoveries += 1
@@ -615,6 +836,9 @@ class DynamicBatchSize(Callback):
             "consumed": self._consumed,
             "batches_done": self._batches_done,
             "order": None,
+            "micro_batch_tokens": self.micro_batch_tokens,
+            "longest": self._longest,
+            "token_controller": None if self.token_controller is None else self.token_controller.state_dict(),
         }
         trainer = self._trainer
         if self._sampler is not None and trainer is not None and trainer.world_size == 1:
@@ -640,6 +864,11 @@ class DynamicBatchSize(Callback):
         self.oom_recoveries, self.decisions = state["oom_recoveries"], state.get("decisions", 0)
         self._steps = state["steps"]
         self.controller.load_state_dict(state["controller"])
+        self.micro_batch_tokens, self._longest = state.get("micro_batch_tokens"), state.get("longest", 0)
+        if self.micro_batch_tokens is not None and state.get("token_controller") is not None:
+            self._token_budget(self._longest)
+            assert self.token_controller is not None
+            self.token_controller.load_state_dict(state["token_controller"])
         sampler.batch_size = self._window_size()
         if trainer.fit_loop.restarted_mid_epoch and state["consumed"]:  # resumed mid-epoch: skip what was trained
             order = state["order"]
@@ -664,9 +893,58 @@ def _nothing() -> Any:
     yield
 
 
+def _check_sharded_strategy(strategy: Any) -> bool:
+    """Whether ``strategy`` is FSDP2 (data-parallel ``ModelParallelStrategy``); refuse the sharded ones it cannot drive.
+
+    Raises:
+        MisconfigurationException: Under ``FSDPStrategy``, or ``ModelParallelStrategy`` with tensor parallelism,
+            whose forward passes run collectives that cannot be taken out of the micro-batches.
+    """
+    from lightning.pytorch.strategies import FSDPStrategy, ModelParallelStrategy
+
+    if isinstance(strategy, FSDPStrategy):
+        raise MisconfigurationException(
+            "DynamicBatchSize cannot drive FSDPStrategy: its forward all-gathers each wrapped module's parameters, so "
+            "an out-of-memory error on one rank would leave the others waiting in the next all-gather. Use "
+            "ModelParallelStrategy with a `configure_model` that calls `fully_shard` (FSDP2), where DynamicBatchSize "
+            "gathers the parameters once per step and the ranks agree before any collective, or DDP"
+        )
+    if not isinstance(strategy, ModelParallelStrategy):
+        return False
+    tensor_parallel = getattr(strategy, "_tensor_parallel_size", 1)
+    if tensor_parallel not in (1, "auto"):
+        raise MisconfigurationException(
+            f"DynamicBatchSize cannot drive ModelParallelStrategy with tensor_parallel_size={tensor_parallel}: tensor "
+            "parallelism runs collectives inside every forward, so an out-of-memory error on one rank would leave the "
+            "others waiting in one. Use tensor_parallel_size=1 (FSDP2 only) or DDP"
+        )
+    return True
+
+
 def _detached(output: Any) -> Any:
     if isinstance(output, Tensor):
         return output.detach()
     if isinstance(output, dict) and isinstance(output.get("loss"), Tensor):
         return {**output, "loss": output["loss"].detach()}
     return output
+
+
+def _causal_lm_shift(module: torch.nn.Module) -> int:
+    """1 when ``module`` holds a Hugging Face causal LM (its loss shifts labels, as the HF Trainer decides), else 0."""
+    try:
+        from transformers import PreTrainedModel
+        from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
+    except ImportError:
+        return 0
+    causal = set(MODEL_FOR_CAUSAL_LM_MAPPING_NAMES.values())
+    for sub in module.modules():
+        if isinstance(sub, PreTrainedModel):  # the outermost: a causal LM's inner decoder is no LM of its own
+            return int(type(sub).__name__ in causal)
+    return 0
+
+
+def _has_compiled(module: torch.nn.Module) -> bool:
+    """Whether ``module`` runs compiled code: a ``torch.compile``d submodule or a TorchCompile-compiled forward."""
+    from lightning_tune.presets.compile import _compiled
+
+    return any(isinstance(m, torch._dynamo.eval_frame.OptimizedModule) or _compiled(m) for m in module.modules())

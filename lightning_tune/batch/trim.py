@@ -1,0 +1,290 @@
+"""Variable-length batches: order a step's samples by length, trim each micro-batch to its own longest sequence.
+
+A collator pads every sequence of a batch to the batch's longest. When one optimizer step's samples are collated
+together and then cut into micro-batches, every micro-batch carries the padding of the longest sample in the whole
+step. The functions here undo that: :func:`padding_layout` reads the lengths and the padding side from the
+``attention_mask``, :func:`length_order` groups the step's samples by length (the step's gradient is a sum over its
+samples, so their order within the step does not change it), and :func:`trim` cuts a micro-batch's sequence tensors
+down to its own longest sequence. :func:`label_tokens` counts what a token-mean loss averages over.
+"""
+
+from __future__ import annotations
+
+import warnings
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, Literal
+
+import torch
+from torch import Tensor
+
+from lightning_tune.batch.runner import MicroBatch
+
+__all__ = [
+    "TRIM_KEYS",
+    "PaddingLayout",
+    "cut_sequences",
+    "label_tokens",
+    "length_order",
+    "padding_layout",
+    "round_length",
+    "sample_tokens",
+    "take",
+    "trim",
+]
+
+#: Keys of a Hugging Face batch whose second dimension is the padded sequence, trimmed together.
+TRIM_KEYS: tuple[str, ...] = ("input_ids", "attention_mask", "labels", "token_type_ids", "position_ids")
+_MASK = "attention_mask"
+
+
+@dataclass(frozen=True)
+class PaddingLayout:
+    """How a collated batch of sequences is padded.
+
+    Attributes:
+        lengths: Real tokens of each sample (from the attention mask), in batch order.
+        side: ``"right"`` or ``"left"``: where the padding sits.
+        padded: The padded length (the batch's second dimension).
+        keys: The mapping keys whose tensors are cut along the sequence dimension.
+    """
+
+    lengths: tuple[int, ...]
+    side: Literal["right", "left"]
+    padded: int
+    keys: tuple[str, ...]
+
+    def longest(self, indices: Sequence[int]) -> int:
+        """The longest real length among the samples at ``indices``."""
+        return max((self.lengths[i] for i in indices), default=0)
+
+
+def padding_layout(batch: Any, trim_keys: Sequence[str] = ()) -> PaddingLayout | None:
+    """Read a batch's padding from its ``attention_mask``, or ``None`` when it cannot be trimmed safely.
+
+    A batch is left alone (``None``) when it is not a mapping with a 2-D ``attention_mask``, when the mask is padded
+    on both sides or is not contiguous, or when another tensor has the padded length as its second dimension and is
+    neither a known Hugging Face key (:data:`TRIM_KEYS`) nor named in ``trim_keys``; that last case warns once per
+    call, naming the key, so that trimming never makes two tensors disagree in shape.
+
+    Args:
+        batch: A collated batch.
+        trim_keys: Further keys whose tensors have the sequence as their second dimension.
+
+    Returns:
+        The layout, read on the host (one small device-to-host copy when the mask lives on a device).
+
+    Example:
+        >>> mask = torch.tensor([[1, 1, 0, 0], [1, 1, 1, 0]])
+        >>> layout = padding_layout({"input_ids": torch.zeros(2, 4, dtype=torch.long), "attention_mask": mask})
+        >>> layout.lengths, layout.side, layout.padded
+        ((2, 3), 'right', 4)
+    """
+    if not isinstance(batch, Mapping):
+        return None
+    mask = batch.get(_MASK)
+    if not isinstance(mask, Tensor) or mask.dim() != 2 or mask.shape[1] == 0:
+        return None
+    n, padded = mask.shape
+    flags = mask.detach().to("cpu", torch.bool)
+    lengths = flags.sum(1)
+    positions = torch.arange(padded)
+    right = bool((flags == (positions < lengths[:, None])).all())
+    left = bool((flags == (positions >= padded - lengths[:, None])).all())
+    if not (right or left):
+        return None  # padded on both sides, or holes in the mask: nothing is safe to cut
+    named = set(TRIM_KEYS) | set(trim_keys)
+    keys = []
+    for key, value in batch.items():
+        if not isinstance(value, Tensor) or value.dim() < 2 or value.shape[0] != n or value.shape[1] != padded:
+            continue
+        if key not in named:
+            warnings.warn(
+                f"batch key {key!r} has the padded length {padded} as its second dimension but is not a known "
+                f"sequence key; the batch is left untrimmed. Name it in `trim_keys=` to trim it with the others.",
+                stacklevel=2,
+            )
+            return None
+        keys.append(str(key))
+    return PaddingLayout(tuple(int(v) for v in lengths), "right" if right else "left", int(padded), tuple(keys))
+
+
+def length_order(lengths: Sequence[int]) -> list[int]:
+    """Sample indices, longest first (ties keep batch order), so consecutive micro-batches hold similar lengths.
+
+    Example:
+        >>> length_order([3, 9, 3, 7])
+        [1, 3, 0, 2]
+    """
+    return sorted(range(len(lengths)), key=lambda i: -lengths[i])
+
+
+def take(batch: Any, indices: Sequence[int], n: int) -> Any:
+    """The samples at ``indices`` of a collated batch of ``n`` samples, in that order.
+
+    Tensors whose first dimension is ``n`` and flat lists of ``n`` per-sample objects are indexed; mappings,
+    (named) tuples and lists are walked; anything else is passed unchanged.
+
+    Example:
+        >>> take({"x": torch.arange(4), "id": ["a", "b", "c", "d"], "t": 0.5}, [2, 0], 4)
+        {'x': tensor([2, 0]), 'id': ['c', 'a'], 't': 0.5}
+    """
+    index: Tensor | None = None
+
+    def walk(obj: Any) -> Any:
+        nonlocal index
+        if isinstance(obj, Tensor):
+            if obj.dim() == 0 or obj.shape[0] != n:
+                return obj
+            if index is None or index.device != obj.device:
+                index = torch.as_tensor(list(indices), dtype=torch.long, device=obj.device)
+            return obj.index_select(0, index)
+        if isinstance(obj, Mapping):
+            out = {k: walk(v) for k, v in obj.items()}
+            return out if type(obj) is dict else type(obj)(out)  # type: ignore[call-arg]  # e.g. BatchEncoding
+        if isinstance(obj, (list, tuple)) and len(obj) == n and not any(isinstance(x, (Tensor, Mapping)) for x in obj):
+            return type(obj)(obj[i] for i in indices) if isinstance(obj, list) else tuple(obj[i] for i in indices)
+        if isinstance(obj, tuple) and hasattr(obj, "_fields"):
+            return type(obj)(*(walk(x) for x in obj))
+        if isinstance(obj, (list, tuple)):
+            return type(obj)(walk(x) for x in obj)
+        return obj
+
+    return walk(batch)
+
+
+def trim(batch: Mapping[str, Any], layout: PaddingLayout, length: int) -> Any:
+    """Cut the layout's sequence tensors of ``batch`` to ``length`` positions, on the side the padding sits.
+
+    Args:
+        batch: A micro-batch whose samples are no longer than ``length`` (a mapping, as :func:`padding_layout` saw).
+        layout: The step's padding layout.
+        length: The micro-batch's own longest sequence.
+
+    Returns:
+        A batch of the same type with the sequence tensors cut; the batch itself when nothing is cut.
+
+    Example:
+        >>> mask = torch.tensor([[0, 0, 1, 1], [0, 1, 1, 1]])
+        >>> batch = {"input_ids": mask * 7, "attention_mask": mask}
+        >>> trim(batch, padding_layout(batch), 3)["input_ids"].tolist()
+        [[0, 7, 7], [7, 7, 7]]
+    """
+    if length >= layout.padded:
+        return batch
+    cut = slice(0, length) if layout.side == "right" else slice(layout.padded - length, layout.padded)
+    # contiguous: a view of the wider batch has other strides, which a compiled graph guards on (a recompile)
+    out = {k: (v[:, cut].contiguous() if k in layout.keys else v) for k, v in batch.items()}
+    return out if type(batch) is dict else type(batch)(out)  # type: ignore[call-arg]
+
+
+def round_length(length: int, multiple: int, padded: int) -> int:
+    """``length`` rounded up to a multiple of ``multiple``, never past the batch's padded length.
+
+    Example:
+        >>> round_length(65, 64, 1024), round_length(65, 64, 100), round_length(0, 8, 16)
+        (128, 100, 8)
+    """
+    return min(max(-(-length // multiple) * multiple, multiple), padded)
+
+
+def sample_tokens(batch: Any, shift: int = 0) -> list[int]:
+    """Per-sample count of what a token-mean loss averages over (as :func:`label_tokens`), read on the host.
+
+    Example:
+        >>> sample_tokens({"labels": torch.tensor([[-100, 5, 6, -100], [1, 2, 3, 4]])}, shift=1)
+        [2, 3]
+    """
+    counts = label_tokens(batch, shift, per_sample=True)
+    return [int(v) for v in counts.tolist()]  # type: ignore[union-attr]
+
+
+def cut_sequences(
+    batch: Any,
+    n: int,
+    layout: PaddingLayout | None,
+    fits: Callable[[int | None], int],
+    *,
+    sample_weight: float,
+    tail: int = 0,
+    tail_weight: float = 0.0,
+    tokens: Sequence[int] | None = None,
+    multiple: int = 1,
+) -> list[MicroBatch]:
+    """Cut one optimizer step of ``n`` samples into micro-batches grouped by length, each trimmed to its longest.
+
+    The step's samples are ordered longest first (the step's gradient is a sum over them, so order does not change
+    it) and taken greedily: a micro-batch whose longest sample, rounded up to ``multiple``, is ``L`` holds
+    ``fits(L)`` samples (at least one), so long samples go in small micro-batches and short ones in large; it ends
+    early before a sample shorter than ``L / 2``, so that padding never fills more than half of a micro-batch (and
+    a step's micro-batches stay about as many as the doublings of length it spans). Without a layout nothing is
+    reordered or trimmed and ``fits(None)`` is the size.
+
+    Weights make the weighted micro-batch losses add up to the step's loss. With ``tokens`` (each sample's count of
+    label tokens) a micro-batch weighs its share of the step's tokens, so mean-over-tokens losses add up to one
+    token mean over the whole step. Otherwise each sample weighs ``sample_weight``, and the step's last ``tail``
+    samples (a DataLoader's short last batch) weigh ``tail_weight`` each and are kept in micro-batches of their own.
+
+    Example:
+        >>> mask = torch.tensor([[1, 1, 0, 0], [1, 1, 1, 1], [1, 0, 0, 0]])
+        >>> batch = {"input_ids": mask * 5, "attention_mask": mask}
+        >>> parts = cut_sequences(batch, 3, padding_layout(batch), lambda length: 8 // length, sample_weight=1 / 3)
+        >>> [(p.samples, p.seq_len, round(p.weight, 3)) for p in parts]
+        [(2, 4, 0.667), (1, 1, 0.333)]
+    """
+    head, rest = list(range(n - tail)), list(range(n - tail, n))
+    groups = [head + rest] if tokens is not None else [g for g in (head, rest) if g]
+    total = float(sum(tokens)) if tokens is not None else 0.0
+    pieces: list[MicroBatch] = []
+    for group in groups:
+        order = group if layout is None else sorted(group, key=lambda i: -layout.lengths[i])
+        start = 0
+        while start < len(order):
+            length = None if layout is None else round_length(layout.lengths[order[start]], multiple, layout.padded)
+            chosen = order[start : start + max(1, fits(length))]
+            if layout is not None and length is not None:  # no sample less than half the micro-batch's length
+                chosen = [i for k, i in enumerate(chosen) if k == 0 or 2 * layout.lengths[i] >= length]
+            start += len(chosen)
+            part = batch if len(chosen) == n and layout is None else take(batch, chosen, n)
+            if layout is not None and length is not None:
+                part = trim(part, layout, length)
+            if tokens is not None:
+                weight = sum(tokens[i] for i in chosen) / total if total else len(chosen) / n
+            else:
+                weight = len(chosen) * (sample_weight if chosen[0] < n - tail else tail_weight)
+            pieces.append(MicroBatch(part, len(chosen), weight, length))
+    return pieces
+
+
+def label_tokens(batch: Any, shift: int = 0, *, per_sample: bool = False) -> int | Tensor:
+    """Tokens a token-mean loss averages over: labels other than -100, or real tokens when there are no labels.
+
+    Args:
+        batch: A collated batch (a mapping with ``labels`` and/or ``attention_mask``).
+        shift: Leading positions of every row that are never a target (1 for causal LMs, whose loss compares
+            position ``i`` with label ``i + 1``, as Hugging Face's Trainer counts for ``num_items_in_batch``).
+        per_sample: Count each sample apart (a 1-D tensor).
+
+    Returns:
+        The count, as a 0-dim tensor on the batch's device (no host sync), or an ``int`` from shapes.
+
+    Raises:
+        TypeError: If the batch has neither ``labels`` nor an ``attention_mask``.
+
+    Example:
+        >>> label_tokens({"labels": torch.tensor([[-100, 5, 6, -100], [1, 2, 3, 4]])}, shift=1)
+        tensor(5)
+    """
+    if isinstance(batch, Mapping):
+        labels = batch.get("labels")
+        if isinstance(labels, Tensor) and labels.dim() >= 1:
+            found = labels[..., shift:].ne(-100)
+            return found.flatten(1).sum(1) if per_sample else found.sum()
+        mask = batch.get(_MASK)
+        if isinstance(mask, Tensor) and mask.dim() == 2:
+            found = mask[:, shift:].bool()
+            return found.sum(1) if per_sample else found.sum()
+    raise TypeError(
+        '`loss_weight="tokens"` needs batches with `labels` (-100 for ignored positions) or an `attention_mask`, '
+        f"got {type(batch).__name__}" + (f" with keys {sorted(map(str, batch))}" if isinstance(batch, Mapping) else "")
+    )
