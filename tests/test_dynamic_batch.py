@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import collections
 import math
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -432,6 +433,24 @@ def test_module_is_restored_after_fit(tmp_path: Path) -> None:
     fit(model, [lt.DynamicBatchSize(probe=sim())], tmp_path, max_steps=2)
     assert "training_step" not in vars(model)
     assert model.trainer.accumulate_grad_batches == 1
+
+
+def test_an_lr_scheduler_sees_its_own_optimizer_step(tmp_path: Path) -> None:
+    """torch's scheduler marks ``optimizer.step``; the retrying step keeps the mark and gives the step back after."""
+
+    class Scheduled(Net):
+        def configure_optimizers(self) -> Any:
+            opt = torch.optim.SGD(self.parameters(), lr=self.lr)
+            scheduler = torch.optim.lr_scheduler.StepLR(opt, 1, gamma=0.5)
+            return {"optimizer": opt, "lr_scheduler": {"scheduler": scheduler, "interval": "step"}}
+
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        trainer = fit(Scheduled(n=64), [lt.DynamicBatchSize(probe=sim(), adjust_every=2)], tmp_path, max_steps=3)
+    assert not [w for w in caught if "optimizer.step()" in str(w.message)]  # torch's "overridden" warning
+    optimizer = trainer.optimizers[0]
+    assert getattr(optimizer.step, "_wrapped_by_lr_sched", False)  # the scheduler's wrapper is back
+    assert optimizer.param_groups[0]["lr"] == pytest.approx(0.05 * 0.5**3)
 
 
 def test_private_lightning_and_torch_hooks_still_exist() -> None:

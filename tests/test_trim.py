@@ -63,6 +63,32 @@ def test_order_groups_lengths_and_take_keeps_samples_together() -> None:
     assert torch.equal(taken["input_ids"][2], batch["input_ids"][0])
 
 
+def test_take_on_a_device_copies_its_index_without_blocking() -> None:
+    """A blocking host-to-device copy waits for the device's queue: once per micro-batch, it would stall the GPU.
+
+    ``torch.as_tensor(..., device=...)`` copies blocking and out of the dispatcher's sight, so the test sees what it
+    allows: every copy from the host to the batch's device ("meta" stands in for CUDA) is non-blocking.
+    """
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    class Copies(TorchDispatchMode):
+        def __init__(self) -> None:
+            super().__init__()
+            self.seen: list[tuple[str, bool]] = []
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # type: ignore[no-untyped-def]
+            kwargs = kwargs or {}
+            if func is torch.ops.aten._to_copy.default and args[0].device.type == "cpu":
+                self.seen.append((str(kwargs.get("device")), bool(kwargs.get("non_blocking", False))))
+            return func(*args, **kwargs)
+
+    batch = {k: v.to("meta") for k, v in _batch([3, 9, 3, 7]).items()}
+    with Copies() as copies:
+        taken = take(batch, [1, 3], 4)
+    assert taken["input_ids"].shape == (2, batch["input_ids"].shape[1]) and taken["input_ids"].device.type == "meta"
+    assert copies.seen == [("meta", True)]  # one index, copied once for all the batch's tensors, non-blocking
+
+
 def _tiny_gpt2() -> transformers.GPT2LMHeadModel:
     torch.manual_seed(0)
     cfg = transformers.GPT2Config(vocab_size=64, n_positions=64, n_embd=32, n_layer=2, n_head=2)

@@ -379,15 +379,19 @@ def step_with_retry(
     """``optimizer``'s ``step``, retried once after an allocation failure while it was creating its state.
 
     The closure (the step's micro-batches and their backward) runs once, before the update. A failure while the
-    optimizer created state for parameters that had none (its first step) is retried once: the state it had started
-    is dropped (no parameter was updated yet) and memory freed. Otherwise, or when the retry fails too, it raises a
-    clear error: the fixed memory does not fit, whatever the batch size.
+    optimizer created state for parameters that had none (its first step) is retried once, when no parameter was
+    updated yet (their version counters say so: an optimizer steps its groups one after the other, so a failure in
+    the second group's state comes after the first group's update): the state it had started is dropped and memory
+    freed. Otherwise, or when the retry fails too, it raises a clear error: the fixed memory does not fit, whatever
+    the batch size.
 
     Raises:
         torch.OutOfMemoryError: If the step does not fit.
     """
     loss = closure() if closure is not None else None
     before = set(optimizer.state)
+    params = [p for group in optimizer.param_groups for p in group["params"]]
+    versions = [p._version for p in params] if len(before) < len(params) else []  # a retry is possible only then
     message = ""
     for attempt in range(2):
         try:
@@ -399,7 +403,8 @@ def step_with_retry(
         else:
             return loss
         new = [p for p in optimizer.state if p not in before]
-        if attempt or not new:  # a step that had its state may have updated some parameters already
+        updated = any(p._version != v for p, v in zip(params, versions, strict=False))
+        if attempt or not new or updated:  # a parameter already updated must not be updated twice
             break
         for p in new:
             del optimizer.state[p]

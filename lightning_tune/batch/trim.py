@@ -137,7 +137,8 @@ def take(batch: Any, indices: Sequence[int], n: int) -> Any:
             if obj.dim() == 0 or obj.shape[0] != n:
                 return obj
             if index is None or index.device != obj.device:
-                index = torch.as_tensor(list(indices), dtype=torch.long, device=obj.device)
+                # non-blocking: a blocking host-to-device copy waits for the device's queue (a sync per micro-batch)
+                index = torch.as_tensor(list(indices), dtype=torch.long).to(obj.device, non_blocking=True)
             return obj.index_select(0, index)
         if isinstance(obj, Mapping):
             out = {k: walk(v) for k, v in obj.items()}

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import inspect
 import math
 import warnings
 from collections.abc import Callable, Sequence
@@ -341,8 +342,12 @@ class DynamicBatchSize(Callback):
                 delattr(pl_module, name)  # back to the class's method
         self._originals.clear()
         for optimizer in trainer.optimizers:
-            with contextlib.suppress(AttributeError):
-                delattr(optimizer, "step")
+            step = vars(optimizer).get("step")
+            if isinstance(step, functools.partial) and step.func is step_with_retry:
+                if inspect.ismethod(step.args[1]):  # the class's own step
+                    del vars(optimizer)["step"]
+                else:  # an LR scheduler's wrapper
+                    optimizer.step = step.args[1]  # type: ignore[method-assign]
         if self._active:
             trainer.accumulate_grad_batches = self._user_accumulation
         if self._loader is not None and self._original_batch_sampler is not None:
@@ -365,8 +370,12 @@ class DynamicBatchSize(Callback):
         assert self.probe is not None
         for optimizer in trainer.optimizers:
             if not isinstance(optimizer, torch.optim.LBFGS):  # LBFGS runs its closure many times
-                optimizer.step = functools.partial(  # type: ignore[method-assign]
-                    step_with_retry, optimizer, optimizer.step, free=self.probe.free, warn=rank_zero_warn
+                # update_wrapper keeps an LR scheduler's mark on the step, or torch warns it was overridden
+                optimizer.step = functools.update_wrapper(  # type: ignore[method-assign]
+                    functools.partial(
+                        step_with_retry, optimizer, optimizer.step, free=self.probe.free, warn=rank_zero_warn
+                    ),
+                    optimizer.step,
                 )
 
     @override
