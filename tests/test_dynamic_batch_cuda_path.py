@@ -24,7 +24,7 @@ from torch.utils.data import DataLoader
 
 import lightning_tune as lt
 from lightning_tune.batch import CudaMemory, MicroBatchRunner, cut_step, expandable_segments, is_allocation_failure
-from lightning_tune.perf.devices import cuda_memory_metrics
+from lightning_tune.perf.devices import cuda_memory_metrics, reset_run_peak
 from tests.test_dynamic_batch import Indexed, Net, Record, _weights, assert_each_sample_once, fit, sim
 
 GIB = 1 << 30
@@ -399,6 +399,81 @@ def test_optimizer_step_oom_is_retried_once_then_explained(tmp_path: Path) -> No
         fit(MomentumNet(StateOomSGD, batch_size=16), [lt.DynamicBatchSize(probe=sim())], tmp_path, max_steps=5)
 
 
+class GroupOomAdamW(torch.optim.AdamW):
+    """torch's AdamW, out of memory once while creating the state of group ``fail_group`` (its own code runs)."""
+
+    fail_group: int | None = None
+
+    def _init_group(self, group: dict[str, Any], *args: Any, **kwargs: Any) -> Any:  # type: ignore[override]
+        if GroupOomAdamW.fail_group is None or group is not self.param_groups[GroupOomAdamW.fail_group]:
+            return super()._init_group(group, *args, **kwargs)
+        GroupOomAdamW.fail_group = None
+        zeros_like, calls = torch.zeros_like, []
+
+        def full(*a: Any, **k: Any) -> torch.Tensor:  # the second state tensor does not fit
+            calls.append(1)
+            if len(calls) == 2:
+                raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 20.00 MiB (optimizer state)")
+            return zeros_like(*a, **k)
+
+        with mock.patch.object(torch, "zeros_like", full):
+            return super()._init_group(group, *args, **kwargs)
+
+
+class TwoGroupNet(Net):
+    """Weight decay on the weights, none on the biases: the two groups of a usual fine-tune."""
+
+    def __init__(self, optimizer: type[torch.optim.AdamW], **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.optimizer = optimizer
+
+    def configure_optimizers(self) -> torch.optim.Optimizer:
+        weights = [p for n, p in self.named_parameters() if n.endswith("weight")]
+        biases = [p for n, p in self.named_parameters() if n.endswith("bias")]
+        return self.optimizer([{"params": weights}, {"params": biases, "weight_decay": 0.0}], lr=0.01)
+
+
+def test_optimizer_step_oom_after_a_group_was_updated_is_not_retried(tmp_path: Path) -> None:
+    reference = TwoGroupNet(torch.optim.AdamW, batch_size=16)
+    fit(reference, [], tmp_path, max_steps=3)
+    GroupOomAdamW.fail_group = 0  # before any update: retried, the weights are AdamW's own
+    model = TwoGroupNet(GroupOomAdamW, batch_size=16)
+    with pytest.warns(UserWarning, match="retrying once"):
+        fit(model, [lt.DynamicBatchSize(probe=sim())], tmp_path, max_steps=3)
+    for ours, theirs in zip(_weights(model), _weights(reference), strict=True):
+        torch.testing.assert_close(ours, theirs, rtol=1e-6, atol=1e-7)
+    GroupOomAdamW.fail_group = 1  # the weights were updated already: a retry would update them twice
+    with pytest.raises(torch.OutOfMemoryError, match="optimizer step.*does not fit"):
+        fit(TwoGroupNet(GroupOomAdamW, batch_size=16), [lt.DynamicBatchSize(probe=sim())], tmp_path, max_steps=3)
+
+
+def test_only_ddps_reducing_backward_is_called_unrecoverable() -> None:
+    """A micro-batch's backward under ``no_sync`` is recovered by the runner: its OOM must not say training stops."""
+    import types
+
+    import torch.distributed as dist
+
+    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+    try:
+        ddp = nn.parallel.DistributedDataParallel(nn.Linear(2, 1))
+        dyn = lt.DynamicBatchSize(probe=sim())
+        dyn._trainer = types.SimpleNamespace(world_size=2, strategy=types.SimpleNamespace(model=ddp))  # type: ignore[assignment]
+        dyn.runner = mock.Mock()
+
+        def backward(loss: torch.Tensor, *args: Any, **kwargs: Any) -> None:
+            raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 MiB")
+
+        dyn._originals["backward"] = backward
+        loss = ddp(torch.ones(1, 2)).sum()
+        with ddp.no_sync(), pytest.raises(torch.OutOfMemoryError) as inside:  # the runner's micro-batch
+            dyn._backward(loss)
+        assert str(inside.value) == "CUDA out of memory. Tried to allocate 2.00 MiB"
+        with pytest.raises(torch.OutOfMemoryError, match="last micro-batch's backward.*training stops"):
+            dyn._backward(loss)  # Lightning's, which all-reduces: it cannot be agreed
+    finally:
+        dist.destroy_process_group()
+
+
 # -- defects 7 and 8: the monitor's peak and the probe's device ------------------------------------------------------
 def test_interval_resets_keep_the_runs_peak_for_the_monitor() -> None:
     with _fake_cuda() as fake:
@@ -408,6 +483,9 @@ def test_interval_resets_keep_the_runs_peak_for_the_monitor() -> None:
         assert cuda_memory_metrics(torch.device("cuda:0"))["vram_peak_gib"] == 5.0  # the run's peak stays
         fake.allocated = fake.peak = 6 * GIB
         assert cuda_memory_metrics(torch.device("cuda:0"))["vram_peak_gib"] == 6.0
+        reset_run_peak(torch.device("cuda:0"))  # a new run (the bench runner's next batch size): nothing kept
+        fake.peak = 2 * GIB
+        assert cuda_memory_metrics(torch.device("cuda:0"))["vram_peak_gib"] == 2.0
 
 
 def test_a_probe_without_a_device_reads_the_device_set_later() -> None:

@@ -37,7 +37,7 @@ from lightning_tune.bench.settings import BenchSettings
 from lightning_tune.bench.target import BenchTarget, load_target
 from lightning_tune.callbacks.throughput import ThroughputLatencyMonitor
 from lightning_tune.perf.batch import count_samples, count_tokens
-from lightning_tune.perf.devices import cuda_memory_metrics
+from lightning_tune.perf.devices import cuda_memory_metrics, reset_run_peak
 from lightning_tune.perf.flops import FlopCounter, mfu
 from lightning_tune.perf.stats import StepStats, Totals
 from lightning_tune.plugins.tune import TunePlugin
@@ -411,7 +411,7 @@ class BenchRunner:
         pl.seed_everything(self.settings.seed, verbose=False)
         model, datamodule = self.target.build(batch_size)
         if self.device.type == "cuda":
-            torch.cuda.reset_peak_memory_stats(self.device)
+            reset_run_peak(self.device)  # each batch size's own peak, DynamicBatchSize's interval resets included
         if self.settings.mode == "train":
             figures, first = self._train(model, datamodule, bar)
         else:

@@ -765,8 +765,14 @@ class DynamicBatchSize(Callback):
             return self._originals["backward"](loss, *args, **kwargs)
         except (torch.OutOfMemoryError, RuntimeError) as err:
             trainer = self._trainer
-            if self.runner is None or trainer is None or trainer.world_size == 1 or not is_allocation_failure(err):
-                raise  # one process: the runner recovers
+            # DDP's last backward, which reduces the gradients; the runner's own backward passes run without sync
+            reducing = (
+                trainer is not None
+                and trainer.world_size > 1
+                and getattr(trainer.strategy.model, "require_backward_grad_sync", False)
+            )
+            if self.runner is None or not reducing or self._gathered is not None or not is_allocation_failure(err):
+                raise  # the runner recovers
             message = str(err).splitlines()[0]
         raise torch.OutOfMemoryError(
             f"DynamicBatchSize: out of memory in the last micro-batch's backward, where the gradients are reduced "

@@ -26,6 +26,12 @@ def reset_interval_peak(device: torch.device) -> None:
     torch.cuda.reset_peak_memory_stats(device)
 
 
+def reset_run_peak(device: torch.device) -> None:
+    """Start a new run's peak: ``torch.cuda.reset_peak_memory_stats`` and the peak kept across interval resets."""
+    _EARLIER_PEAK.pop(torch.device(device).index or 0, None)
+    torch.cuda.reset_peak_memory_stats(device)
+
+
 def run_peak_allocated(device: torch.device) -> int:
     """Peak allocated bytes of the process, across interval resets made by :func:`reset_interval_peak`."""
     index = torch.device(device).index or 0
