@@ -489,8 +489,8 @@ class DynamicBatchSize(Callback):
                 f"DynamicBatchSize: settled at micro-batch {self.batch_size} ({self.accumulate_grad_batches} per "
                 f"optimizer step of {self.effective_batch_size} samples"
                 + ("" if self.micro_batch_tokens is None else f", {self.micro_batch_tokens} padded tokens at most")
-                + f"); {self.decisions} decisions, "
-                f"{self.oom_recoveries} out-of-memory errors recovered"
+                + f"); {self.decisions} decision{'s' * (self.decisions != 1)}, "
+                f"{self.oom_recoveries} out-of-memory error{'s' * (self.oom_recoveries != 1)} recovered"
             )
 
     def _interval_figures(self) -> list[float]:
