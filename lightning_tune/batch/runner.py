@@ -40,7 +40,7 @@ import torch
 from torch import Tensor
 
 from lightning_tune.batch.split import split_sizes
-from lightning_tune.perf.batch import count_samples
+from lightning_tune.perf.batch import count_samples, sequence_length
 
 __all__ = [
     "ALLOCATION_FAILURE_MESSAGES",
@@ -96,18 +96,6 @@ class MicroBatch:
     seq_len: int | None = None
 
 
-def _seq_len(batch: Any) -> int | None:
-    """Padded sequence length: the second dimension of the first integer tensor of rank 2 or more (token ids)."""
-    if isinstance(batch, Tensor):
-        return int(batch.shape[1]) if batch.dim() >= 2 and not batch.is_floating_point() else None
-    values = batch.values() if isinstance(batch, Mapping) else batch if isinstance(batch, (list, tuple)) else ()
-    for value in values:
-        found = _seq_len(value)
-        if found is not None:
-            return found
-    return None
-
-
 def cut_step(
     batch: Any, micro_batch_size: int, *, sample_weight: float, tail: int = 0, tail_weight: float = 0.0
 ) -> list[MicroBatch]:
@@ -148,7 +136,7 @@ def cut_step(
     sizes = head_sizes + tail_sizes
     weights = [k * sample_weight for k in head_sizes] + [k * tail_weight for k in tail_sizes]
     parts = [batch] if len(sizes) == 1 else split_sizes(batch, sizes)
-    return [MicroBatch(p, k, w, _seq_len(p)) for p, k, w in zip(parts, sizes, weights, strict=True)]
+    return [MicroBatch(p, k, w, sequence_length(p)) for p, k, w in zip(parts, sizes, weights, strict=True)]
 
 
 def loss_of(output: Any) -> Tensor | None:

@@ -516,43 +516,34 @@ class DynamicBatchSize(Callback):
             self._largest_tokens = int(figures[3])
         ran = self.runner.largest_run or self.batch_size  # a short last batch of an epoch may be all it saw
         self.runner.largest_run = 0
+        controller, size, cap = self.controller, self.batch_size, self._cap()
+        tokens = self.micro_batch_tokens is not None and self.token_controller is not None
         if self.micro_batch_tokens is not None and self.token_controller is not None:
+            controller, size, cap = self.token_controller, self.micro_batch_tokens, self._token_cap()
             # the peak read is the reserved memory, whose cached blocks hold the largest micro-batch since the
             # cache was last emptied: that, not this interval's largest, is what the peak is recorded against
-            ran = self._largest_tokens or self.micro_batch_tokens
-            decision = self.token_controller.decide(
-                self.micro_batch_tokens,
-                peak_bytes=peak,
-                total_bytes=self.probe.capacity_bytes(),
-                pressure=pressure,
-                cap=self._token_cap(),
-                observed_size=ran,
-                budget_bytes=budget,
-            )
-            self.last_decision, self.decisions = decision, self.decisions + 1
-            if decision.batch_size != self.micro_batch_tokens:
-                rank_zero_info(
-                    f"DynamicBatchSize: micro-batch {self.micro_batch_tokens} -> {decision.batch_size} padded tokens "
-                    f"({decision.reason})"
-                )
-            shrunk, self.micro_batch_tokens = decision.batch_size < self.micro_batch_tokens, decision.batch_size
-            if shrunk:
-                self.probe.free()
-                self._largest_tokens = 0
-            self.probe.reset_peak()
-            return
-        decision = self.controller.decide(
-            self.batch_size,
+            ran = self._largest_tokens or size
+        decision = controller.decide(
+            size,
             peak_bytes=peak,
             total_bytes=self.probe.capacity_bytes(),
             pressure=pressure,
-            cap=self._cap(),
+            cap=cap,
             observed_size=ran,
             budget_bytes=budget,
         )
         self.last_decision, self.decisions = decision, self.decisions + 1
-        shrunk = decision.batch_size < self.batch_size
-        self._resize(trainer, decision.batch_size, decision.reason)
+        shrunk = decision.batch_size < size
+        if tokens:
+            if decision.batch_size != size:
+                rank_zero_info(
+                    f"DynamicBatchSize: micro-batch {size} -> {decision.batch_size} padded tokens ({decision.reason})"
+                )
+            self.micro_batch_tokens = decision.batch_size
+            if shrunk:
+                self._largest_tokens = 0
+        else:
+            self._resize(trainer, decision.batch_size, decision.reason)
         if shrunk:  # give the larger size's cached blocks back, or the next peak of reserved memory still shows them
             self.probe.free()
         self.probe.reset_peak()
@@ -561,6 +552,10 @@ class DynamicBatchSize(Callback):
         if batch_size == self.batch_size:
             return
         rank_zero_info(f"DynamicBatchSize: micro-batch {self.batch_size} -> {batch_size} ({why})")
+        self._set_batch_size(trainer, batch_size)
+
+    def _set_batch_size(self, trainer: pl.Trainer, batch_size: int) -> None:
+        """Use ``batch_size``; unless the effective batch is held, the sampler's steps and the schedules follow."""
         self.batch_size = batch_size
         if self.keep != "effective" and self._sampler is not None:
             self._sampler.batch_size = self._window_size()
@@ -807,17 +802,10 @@ class DynamicBatchSize(Callback):
                 failed, total_bytes=capacity, cap=self._token_cap(), budget_bytes=budget
             )
             self.micro_batch_tokens = smaller
-            self.last_decision = Decision(smaller, None, "oom")
-            self.probe.reset_peak()
-            self._steps, self._figures, self._val_figures = 0, None, (0, False)
-            return smaller
-        smaller = self.controller.on_oom(failed, total_bytes=capacity, cap=self._cap(), budget_bytes=budget)
-        self.batch_size = smaller
+        else:
+            smaller = self.controller.on_oom(failed, total_bytes=capacity, cap=self._cap(), budget_bytes=budget)
+            self._set_batch_size(trainer, smaller)
         self.last_decision = Decision(smaller, None, "oom")
-        if self.keep != "effective" and self._sampler is not None:
-            self._sampler.batch_size = self._window_size()
-            self._update_epoch_length(trainer)
-            retarget_schedules(trainer, self._sampler.epoch_samples(), self._window_size(), self._batches_done)
         self.probe.reset_peak()
         self._steps, self._figures, self._val_figures = 0, None, (0, False)
         return smaller

@@ -172,6 +172,7 @@ class ThroughputLatencyMonitor(Callback):
         self._pending: list[_Step] = []
         self._current: _Step | None = None
         self._padding: list[Any] = [0, 0]  # the interval's real tokens (an int or a device tensor) and padded tokens
+        self._dynamic: Any = None  # a DynamicBatchSize in the same Trainer
         self._prev_end: Any = None
         self._peak: float | None = None
         #: FLOPs of a training micro-batch by its shape: model FLOPs, and hardware FLOPs when recomputation adds any.
@@ -240,6 +241,11 @@ class ThroughputLatencyMonitor(Callback):
         self.flop_model = self.hardware_flop_model = None  # the model may have changed since the last fit
         self._flops_counted = False
         self.summary = {}
+        from lightning_tune.callbacks.dynamic_batch import DynamicBatchSize
+
+        # the micro-batches DynamicBatchSize runs are trimmed: its figures, not the step batch's, give the padding
+        callbacks = trainer.callbacks  # type: ignore[attr-defined]
+        self._dynamic = next((cb for cb in callbacks if isinstance(cb, DynamicBatchSize)), None)
 
     # ------------------------------------------------------------------ training
 
@@ -329,7 +335,7 @@ class ThroughputLatencyMonitor(Callback):
         if self._timer is None or step is None:
             return
         mark = self._prev_end = self._timer.mark()
-        self._count_padding(trainer, batch)
+        self._count_padding(batch)
         if trainer.global_step == step.global_step:
             return  # accumulating: the optimizer step is still to come
         step.end = mark
@@ -341,15 +347,13 @@ class ThroughputLatencyMonitor(Callback):
             self._last_logged_step = trainer.global_step
             self._log(trainer, self._train_metrics(trainer))
 
-    def _count_padding(self, trainer: pl.Trainer, batch: Any) -> None:
+    def _count_padding(self, batch: Any) -> None:
         """Add the batch's real and padded tokens: as DynamicBatchSize ran them (trimmed), else from the mask."""
-        from lightning_tune.callbacks.dynamic_batch import DynamicBatchSize
-
-        for callback in trainer.callbacks:  # type: ignore[attr-defined]
-            if isinstance(callback, DynamicBatchSize) and callback.runner is not None and callback.step_tokens:
-                self._padding[0] += callback.step_tokens[0]
-                self._padding[1] += callback.step_tokens[1]
-                return
+        dynamic = self._dynamic
+        if dynamic is not None and dynamic.runner is not None and dynamic.step_tokens:
+            self._padding[0] += dynamic.step_tokens[0]
+            self._padding[1] += dynamic.step_tokens[1]
+            return
         mask = batch.get("attention_mask") if isinstance(batch, Mapping) else None
         if isinstance(mask, Tensor) and mask.dim() == 2:
             self._padding[0] = mask.detach().sum() + self._padding[0]  # on the device: read at logging time
