@@ -18,6 +18,14 @@ from lightning_tune.bench.files import write_atomically
 #: Header fields every result file carries (checked by the suite's smoke test).
 HEADER_FIELDS = ("benchmark", "device", "date", "commit", "command", "torch", "lightning_tune", "versions")
 
+#: Trainer arguments of every timed run: it writes nothing of its own (no logs, checkpoints, progress bar or summary).
+QUIET_TRAINER: dict[str, Any] = {
+    "logger": False,
+    "enable_checkpointing": False,
+    "enable_progress_bar": False,
+    "enable_model_summary": False,
+}
+
 # distributions whose versions change the figures; a missing one is recorded as "not installed"
 _DISTRIBUTIONS = ("torch", "lightning", "transformers", "bitsandbytes", "flash-attn", "flash-attn-4", "triton")
 

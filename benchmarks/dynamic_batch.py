@@ -43,7 +43,7 @@ from lightning.pytorch.callbacks import BatchSizeFinder
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from _data import RandomTokenDataModule, RandomTokens, window_sizes  # noqa: E402
-from _results import device_name, header_lines, run_header, write_results  # noqa: E402
+from _results import QUIET_TRAINER, device_name, header_lines, run_header, write_results  # noqa: E402
 
 import lightning_tune as lt  # noqa: E402
 from lightning_tune.demos import DemoGPT, GPTConfig, SyntheticTokenDataModule  # noqa: E402
@@ -128,10 +128,7 @@ def _trainer(
         max_steps=steps,
         accumulate_grad_batches=accumulate,
         callbacks=callbacks,
-        logger=False,
-        enable_checkpointing=False,
-        enable_progress_bar=False,
-        enable_model_summary=False,
+        **QUIET_TRAINER,
         limit_val_batches=0,
     )
 
@@ -459,10 +456,7 @@ def _overhead_run(args: argparse.Namespace, name: str) -> tuple[float, float | N
     trainer = Trainer(
         max_steps=args.steps,
         callbacks=callbacks,
-        logger=False,
-        enable_checkpointing=False,
-        enable_progress_bar=False,
-        enable_model_summary=False,
+        **QUIET_TRAINER,
         limit_val_batches=0,
         **_strategy(distributed),
     )

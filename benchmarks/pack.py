@@ -31,7 +31,7 @@ from typing import Any
 import lightning.pytorch as pl
 import torch
 from _data import RandomTokenDataModule, window_sizes
-from _results import device_name, header_lines, run_header, write_results
+from _results import QUIET_TRAINER, device_name, header_lines, run_header, write_results
 from lightning.pytorch.callbacks import Callback
 from swaps import Probe, _free
 from torch.nn.attention import SDPBackend, sdpa_kernel
@@ -124,10 +124,7 @@ def fit(
             max_steps=steps,
             accumulate_grad_batches=accumulate,
             callbacks=callbacks,
-            logger=False,
-            enable_checkpointing=False,
-            enable_progress_bar=False,
-            enable_model_summary=False,
+            **QUIET_TRAINER,
             limit_val_batches=0,
         )
         try:

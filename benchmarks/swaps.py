@@ -30,7 +30,7 @@ from typing import Any
 
 import lightning.pytorch as pl
 import torch
-from _results import device_name, header_lines, run_header, write_results
+from _results import QUIET_TRAINER, device_name, header_lines, run_header, write_results
 from lightning.pytorch.callbacks import Callback
 
 import lightning_tune as lt
@@ -103,10 +103,7 @@ def run(
         precision=precision,  # type: ignore[arg-type]
         max_steps=steps,
         callbacks=callbacks,
-        logger=False,
-        enable_checkpointing=False,
-        enable_progress_bar=False,
-        enable_model_summary=False,
+        **QUIET_TRAINER,
         limit_val_batches=0,
     )
     model = DemoGPT(dataclasses.replace(config, attention=setting.get("model_attention", config.attention)))

@@ -33,7 +33,7 @@ from torch.utils.data import DataLoader, Dataset
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from _results import device_name, header_lines, run_header, write_results  # noqa: E402
+from _results import QUIET_TRAINER, device_name, header_lines, run_header, write_results  # noqa: E402
 
 import lightning_tune as lt  # noqa: E402
 
@@ -130,10 +130,7 @@ def run(args: argparse.Namespace, lengths: list[int], dynamic: bool) -> dict[str
             max_steps=args.steps,
             accumulate_grad_batches=args.accumulate,
             callbacks=callbacks,
-            logger=False,
-            enable_checkpointing=False,
-            enable_progress_bar=False,
-            enable_model_summary=False,
+            **QUIET_TRAINER,
         )
         oom_at_half: list[int] = []
 
