@@ -11,6 +11,7 @@ import torch
 
 import lightning_tune as lt
 from lightning_tune._compat import check_lightning_version
+from lightning_tune.batch import BatchSizeController
 from lightning_tune.bench import LatencyBudget
 from lightning_tune.config import lightning_precision
 from lightning_tune.demos import SyntheticTokenDataModule
@@ -349,6 +350,18 @@ CASES = [
         ValueError,
         "`bytes_per_token` must be an integer >= 0, got -1",
         id="sim-bytes-per-token",
+    ),
+    pytest.param(
+        lambda: lt.SimulatedMemory(100, 0, 1, fragmentation=1.0),
+        ValueError,
+        "`fragmentation` must be in [0, 1), got 1.0",
+        id="sim-fragmentation",
+    ),
+    pytest.param(
+        lambda: BatchSizeController(target=0.9, min_batch_size=1, max_batch_size=None, multiple_of=8, probe_growth=0.0),
+        ValueError,
+        "`probe_growth` must be in (0, inf], got 0.0",
+        id="controller-probe-growth",
     ),
     pytest.param(
         lambda: lt.SimulatedMemory(100, 50, 1, outside_bytes=50),
