@@ -122,10 +122,6 @@ class ResizableBatchSampler(Sampler[list[int]]):
         check_int("batches_done", batches_done, minimum=0)
         self._resume = (order, consumed, batches_done)
 
-    def epoch_order(self) -> list[int] | None:
-        """The running epoch's order (kept after the last batch is handed out, until :meth:`new_epoch`)."""
-        return self._order
-
     def __iter__(self) -> Iterator[list[int]]:
         if self._resume is not None:
             saved, consumed, batches_done = self._resume
