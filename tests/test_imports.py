@@ -94,3 +94,21 @@ def test_every_module_imports_first_and_in_any_order() -> None:
         [sys.executable, "-c", _FRESH_IMPORTS, *modules], capture_output=True, text=True, timeout=300, check=False
     )
     assert result.returncode == 0, result.stderr[-3000:]
+
+
+ENGINES = tuple(f"lightning_tune.{room}" for room in ("batch", "lr", "perf", "plan", "swaps", "_surgery", "vocab"))
+# runs a LightningModule's own configure_optimizers/training_step on fake tensors; it still knows no Trainer
+_READS_LIGHTNING_MODULE = {"lightning_tune.plan.measured"}
+
+
+def test_engines_and_surgery_know_no_lightning() -> None:
+    offences = []
+    for module, path in MODULES.items():
+        if not module.startswith(ENGINES) or module in _READS_LIGHTNING_MODULE:
+            continue
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            names = [a.name for a in node.names] if isinstance(node, ast.Import) else []
+            if isinstance(node, ast.ImportFrom):
+                names = [node.module or ""]
+            offences += [f"{module}:{node.lineno} imports {n}" for n in names if n.split(".")[0] == "lightning"]
+    assert offences == []
