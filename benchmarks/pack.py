@@ -198,7 +198,7 @@ def pack(args: argparse.Namespace) -> tuple[dict[str, Any], str]:
 
     per_sample = flops_per_sample(config)
     device = device_name()
-    peak = peak_flops(device, "bf16") if torch.cuda.is_available() else None
+    peak = peak_flops(device, torch.bfloat16) if torch.cuda.is_available() else None
     summary: dict[str, dict[str, Any]] = {}
     for kind, results in runs.items():
         ok = [r for r in results if not r.get("oom")]

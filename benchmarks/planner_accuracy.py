@@ -104,8 +104,7 @@ def accuracy(
         analytic = estimate_memory(
             _shape(config),
             sequence_length=config.seq_len,
-            precision="fp32" if precision == "32-true" else "bf16",
-            master_weights=None if precision == "32-true" else True,
+            precision=precision,
         )
         for batch_size in batch_sizes:
             peaks = real_peak(config, batch_size, precision, steps, device)

@@ -147,7 +147,8 @@ def _interleave(
 
 def _flash_check(config: GPTConfig, accelerator: str, precision: str) -> str | None:
     """Why ``AttentionSwap("flash")`` would not run flash-attn on this model here, or ``None`` when it does."""
-    from lightning_tune.swaps.attention import precision_dtype, swap_attention
+    from lightning_tune.swaps.attention import swap_attention
+    from lightning_tune.vocab import precision_dtype
 
     device = torch.device("cuda" if accelerator in ("gpu", "cuda") else accelerator)
     try:

@@ -8,6 +8,7 @@ Add them to a ``Trainer``; the module itself is not edited::
 
 from lightning_tune.batch import SimulatedMemory
 from lightning_tune.callbacks import (
+    ActivationCheckpointing,
     AdaptiveLROnPlateau,
     AttentionSwap,
     DynamicBatchSize,
@@ -15,6 +16,7 @@ from lightning_tune.callbacks import (
     OneCycle,
     OptimizerSwap,
     ThroughputLatencyMonitor,
+    TorchCompile,
     WarmupCosine,
 )
 from lightning_tune.config import InitialLR, TrainingConfig, from_config
@@ -28,8 +30,7 @@ from lightning_tune.plan import (
     measure_memory,
     plan_zero,
 )
-from lightning_tune.plugins import TunePlugin
-from lightning_tune.presets import ActivationCheckpointing, TorchCompile, deepspeed_strategy
+from lightning_tune.plugins import TunePlugin, deepspeed_strategy
 
 try:
     from importlib.metadata import PackageNotFoundError, version

@@ -25,6 +25,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeAlias
 
+from lightning_tune import keys
 from lightning_tune._validation import check_int
 
 if TYPE_CHECKING:
@@ -39,6 +40,8 @@ __all__ = [
     "ReportError",
     "Runs",
     "Series",
+    "check_output",
+    "default_title",
     "read_scalars",
     "render_report",
     "summarise",
@@ -56,31 +59,18 @@ DEFAULT_DPI = 100
 MIN_DPI, MAX_DPI = 10, 400
 
 _EVENT_FILE_PREFIX = "events.out.tfevents."
-_PREFIXES = ("perf/", "tune/")
 _FIG_WIDTH_IN = 16.0
 _PANEL_HEIGHT_IN = 3.8
 _MARKER_MAX_POINTS = 30  # series with this many points or fewer also get markers, so single points show
 _GUIDE_COLOUR = "0.3"
 
-_SAMPLES = "perf/train/samples_per_sec"
-_TOKENS = "perf/train/tokens_per_sec"
-_STEP_MS = ("perf/train/step_ms_p50", "perf/train/step_ms_p95", "perf/train/step_ms_p99")
-_STEP_MS_MAX = "perf/train/step_ms_max"
-_VAL_MS = ("perf/val/batch_ms_p50", "perf/val/batch_ms_p95", "perf/val/batch_ms_p99")
-_MFU = "perf/train/mfu"
-_DATA_WAIT = "perf/train/data_wait_frac"
-_GPU_UTIL = "perf/gpu_util_pct"
-_VRAM_FRAC = "perf/vram_used_frac"
-_VRAM_ALLOCATED = "perf/vram_allocated_gib"
-_VRAM_RESERVED = "perf/vram_reserved_gib"
-_VRAM_PEAK = "perf/vram_peak_gib"
-_LR = "tune/lr"
-_LR_GROUP = re.compile(r"^tune/lr/pg([1-9]\d*)$")
-_BATCH = "tune/batch_size"
-_EFFECTIVE_BATCH = "tune/effective_batch_size"
+_STEP_MS = tuple(keys.STEP_MS.format(q=q) for q in (50, 95, 99))
+_VAL_MS = tuple(keys.BATCH_MS.format(stage="val", q=q) for q in (50, 95, 99))
+_LR_GROUP = keys.pattern(keys.LR_GROUP)
+_VRAM = (keys.VRAM_USED_FRAC, keys.VRAM_ALLOCATED_GIB, keys.VRAM_RESERVED_GIB, keys.VRAM_PEAK_GIB)
 _PLOTTED = frozenset(  # the keys some panel draws (besides tune/lr/pg{i})
-    (_SAMPLES, _TOKENS, *_STEP_MS, _STEP_MS_MAX, *_VAL_MS, _MFU, _DATA_WAIT, _GPU_UTIL, _LR, _BATCH, _EFFECTIVE_BATCH)
-    + (_VRAM_FRAC, _VRAM_ALLOCATED, _VRAM_RESERVED, _VRAM_PEAK)
+    (keys.SAMPLES_PER_SEC, keys.TOKENS_PER_SEC, *_STEP_MS, keys.STEP_MS_MAX, *_VAL_MS, keys.MFU, keys.DATA_WAIT_FRAC)
+    + (keys.GPU_UTIL_PCT, keys.LR, keys.BATCH_SIZE, keys.EFFECTIVE_BATCH_SIZE, *_VRAM)
 )
 _PERCENTILE_STYLES = ("-", "--", "-.")  # p50, p95, p99
 _MAX_STYLE = ":"
@@ -126,10 +116,10 @@ def read_scalars(logdir: str | os.PathLike[str]) -> Runs:
     for directory in run_dirs:
         name = directory.relative_to(root).as_posix()
         runs[name] = _read_run(directory)
-    keys = sorted({key for scalars in runs.values() for key in scalars})
-    if not any(key.startswith(_PREFIXES) for key in keys):
-        shown = ", ".join(keys[:10]) + (f" and {len(keys) - 10} more" if len(keys) > 10 else "")
-        found = f"found only: {shown}" if keys else "found no scalars at all"
+    names = sorted({key for scalars in runs.values() for key in scalars})
+    if not any(key.startswith(keys.PREFIXES) for key in names):
+        shown = ", ".join(names[:10]) + (f" and {len(names) - 10} more" if len(names) > 10 else "")
+        found = f"found only: {shown}" if names else "found no scalars at all"
         raise ReportError(
             f"no perf/ or tune/ scalars in the {len(runs)} run(s) under {str(root)!r} ({found}); "
             "they are logged by the lightning_tune callbacks"
@@ -202,17 +192,17 @@ def _ms(value: float) -> str:
 _STEP_GROUP = "step ms (median)"
 _GAP = 2  # spaces between columns
 _COLUMNS: tuple[_Column, ...] = (
-    _Column("samples/s", "last", _SAMPLES, _last, _rate),
-    _Column("samples/s", "median", _SAMPLES, statistics.median, _rate),
-    _Column("tokens/s", "last", _TOKENS, _last, _rate),
-    _Column("tokens/s", "median", _TOKENS, statistics.median, _rate),
+    _Column("samples/s", "last", keys.SAMPLES_PER_SEC, _last, _rate),
+    _Column("samples/s", "median", keys.SAMPLES_PER_SEC, statistics.median, _rate),
+    _Column("tokens/s", "last", keys.TOKENS_PER_SEC, _last, _rate),
+    _Column("tokens/s", "median", keys.TOKENS_PER_SEC, statistics.median, _rate),
     _Column(_STEP_GROUP, "p50", _STEP_MS[0], statistics.median, _ms),
     _Column(_STEP_GROUP, "p95", _STEP_MS[1], statistics.median, _ms),
     _Column(_STEP_GROUP, "p99", _STEP_MS[2], statistics.median, _ms),
-    _Column("VRAM frac", "peak", _VRAM_FRAC, max, "{:.2f}".format),
-    _Column("LR", "final", _LR, _last, "{:.2e}".format),
-    _Column("batch size", "last", _BATCH, _last, "{:.0f}".format),
-    _Column("batch size", "effective", _EFFECTIVE_BATCH, _last, "{:.0f}".format),
+    _Column("VRAM frac", "peak", keys.VRAM_USED_FRAC, max, "{:.2f}".format),
+    _Column("LR", "final", keys.LR, _last, "{:.2e}".format),
+    _Column("batch size", "last", keys.BATCH_SIZE, _last, "{:.0f}".format),
+    _Column("batch size", "effective", keys.EFFECTIVE_BATCH_SIZE, _last, "{:.0f}".format),
 )
 
 
@@ -309,12 +299,12 @@ class _Canvas:
             return None
         return [s for s, _ in points], [v if math.isfinite(v) else math.nan for _, v in points]
 
-    def has(self, *keys: str) -> bool:
-        return any(_finite(scalars.get(key, ())) for scalars in self.runs.values() for key in keys)
+    def has(self, *names: str) -> bool:
+        return any(_finite(scalars.get(key, ())) for scalars in self.runs.values() for key in names)
 
     def lr_group_keys(self) -> list[str]:
-        keys = {k for scalars in self.runs.values() for k in scalars if _LR_GROUP.match(k)}
-        return sorted(keys, key=_natural_key)
+        groups = {k for scalars in self.runs.values() for k in scalars if _LR_GROUP.match(k)}
+        return sorted(groups, key=_natural_key)
 
     def line(self, ax: Axes, run: str, key: str, *, style: str = "-", scale: float = 1.0, steps: bool = False) -> bool:
         data = self.points(run, key)
@@ -368,7 +358,7 @@ def render_report(
             file cannot be written.
     """
     data = _normalise_runs(runs)
-    path = _check_output(output)
+    path = check_output(output)
     if title is not None and not isinstance(title, str):
         raise TypeError(f"`title` must be a string or None, got {title!r} ({type(title).__name__})")
     check_int("dpi", dpi, minimum=MIN_DPI)
@@ -376,7 +366,7 @@ def render_report(
         raise ValueError(f"`dpi` must be an integer from {MIN_DPI} to {MAX_DPI}, got {dpi!r}")
 
     canvas = _Canvas(data)
-    panels = [(name, draw) for name, keys, draw in _PANELS if keys(canvas)]
+    panels = [(name, draw) for name, shown, draw in _PANELS if shown(canvas)]
     if not panels:
         found = sorted({k for scalars in data.values() for k in scalars})
         shown = ", ".join(found[:10]) + (f" and {len(found) - 10} more" if len(found) > 10 else "")
@@ -389,12 +379,13 @@ def render_report(
     return [name for name, _ in panels]
 
 
-def _default_title(logdir: str | os.PathLike[str]) -> str:
+def default_title(logdir: str | os.PathLike[str]) -> str:
     """``"lightning_tune report: <name of the log directory>"``."""
     return f"lightning_tune report: {Path(logdir).resolve().name or str(logdir)}"
 
 
-def _check_output(output: Any) -> Path:
+def check_output(output: Any) -> Path:
+    """``output`` as a Path, or a ReportError saying why no PNG can be written there."""
     path = _as_path("output", output)
     if path.suffix.lower() != ".png":
         raise ReportError(f"`output` must be a path ending in .png, got {str(output)!r}")
@@ -488,8 +479,8 @@ def _style_legend(ax: Axes, entries: Sequence[tuple[str, str]]) -> None:
 def _draw_throughput(ax: Axes, canvas: _Canvas) -> None:
     from matplotlib.ticker import EngFormatter
 
-    has_samples, has_tokens = canvas.has(_SAMPLES), canvas.has(_TOKENS)
-    primary = _SAMPLES if has_samples else _TOKENS
+    has_samples, has_tokens = canvas.has(keys.SAMPLES_PER_SEC), canvas.has(keys.TOKENS_PER_SEC)
+    primary = keys.SAMPLES_PER_SEC if has_samples else keys.TOKENS_PER_SEC
     ax.set_ylabel("samples/s" if has_samples else "tokens/s")
     for run in canvas.runs:
         canvas.line(ax, run, primary)
@@ -498,16 +489,16 @@ def _draw_throughput(ax: Axes, canvas: _Canvas) -> None:
     if has_samples and has_tokens:
         right = ax.twinx()
         for run in canvas.runs:
-            canvas.line(right, run, _TOKENS, style="--")
+            canvas.line(right, run, keys.TOKENS_PER_SEC, style="--")
         right.set_ylabel("tokens/s")
         right.set_ylim(bottom=0)
         right.yaxis.set_major_formatter(EngFormatter(sep=""))
         _style_legend(right, [("-", "samples/s (left axis)"), ("--", "tokens/s (right axis)")])
 
 
-def _draw_percentiles(ax: Axes, canvas: _Canvas, keys: Sequence[str], max_key: str | None, ylabel: str) -> None:
+def _draw_percentiles(ax: Axes, canvas: _Canvas, names: Sequence[str], max_key: str | None, ylabel: str) -> None:
     entries = []
-    for key, style in zip(keys, _PERCENTILE_STYLES, strict=True):
+    for key, style in zip(names, _PERCENTILE_STYLES, strict=True):
         if canvas.has(key):
             entries.append((style, key.rsplit("_", 1)[-1]))
             for run in canvas.runs:
@@ -523,7 +514,7 @@ def _draw_percentiles(ax: Axes, canvas: _Canvas, keys: Sequence[str], max_key: s
 
 
 def _draw_step_time(ax: Axes, canvas: _Canvas) -> None:
-    _draw_percentiles(ax, canvas, _STEP_MS, _STEP_MS_MAX, "step time (ms)")
+    _draw_percentiles(ax, canvas, _STEP_MS, keys.STEP_MS_MAX, "step time (ms)")
 
 
 def _draw_val_latency(ax: Axes, canvas: _Canvas) -> None:
@@ -533,16 +524,16 @@ def _draw_val_latency(ax: Axes, canvas: _Canvas) -> None:
 
 def _draw_lr(ax: Axes, canvas: _Canvas) -> None:
     groups = canvas.lr_group_keys()
-    keys = [_LR, *groups]
+    names = [keys.LR, *groups]
     styles = ["-", "--", "-.", ":"]
     entries = []
-    for i, key in enumerate(keys):
+    for i, key in enumerate(names):
         if canvas.has(key):
             style = styles[i % len(styles)]
             entries.append((style, f"param group {i}"))
             for run in canvas.runs:
                 canvas.line(ax, run, key, style=style)
-    lrs = [v for scalars in canvas.runs.values() for k in keys for v in _finite(scalars.get(k, ()))]
+    lrs = [v for scalars in canvas.runs.values() for k in names for v in _finite(scalars.get(k, ()))]
     values = [v for v in lrs if v > 0]
     if values and max(values) > 10 * min(values):
         for line in ax.get_lines():  # LR 0 (a warm-up's first step) has no place on a log axis: leave it out
@@ -563,7 +554,10 @@ def _draw_batch_size(ax: Axes, canvas: _Canvas) -> None:
     from matplotlib.ticker import MaxNLocator
 
     entries = []
-    for key, style, label in ((_BATCH, "-", "batch size"), (_EFFECTIVE_BATCH, "--", "effective batch size")):
+    for key, style, label in (
+        (keys.BATCH_SIZE, "-", "batch size"),
+        (keys.EFFECTIVE_BATCH_SIZE, "--", "effective batch size"),
+    ):
         if canvas.has(key):
             entries.append((style, label))
             for run in canvas.runs:
@@ -579,12 +573,12 @@ def _draw_batch_size(ax: Axes, canvas: _Canvas) -> None:
 def _draw_memory(ax: Axes, canvas: _Canvas) -> None:
     from matplotlib.lines import Line2D
 
-    if not canvas.has(_VRAM_FRAC):  # no device total known: plot GiB
+    if not canvas.has(keys.VRAM_USED_FRAC):  # no device total known: plot GiB
         entries = []
         for key, style, label in (
-            (_VRAM_ALLOCATED, "-", "allocated"),
-            (_VRAM_RESERVED, "--", "reserved"),
-            (_VRAM_PEAK, ":", "peak allocated"),
+            (keys.VRAM_ALLOCATED_GIB, "-", "allocated"),
+            (keys.VRAM_RESERVED_GIB, "--", "reserved"),
+            (keys.VRAM_PEAK_GIB, ":", "peak allocated"),
         ):
             if canvas.has(key):
                 entries.append((style, label))
@@ -597,15 +591,15 @@ def _draw_memory(ax: Axes, canvas: _Canvas) -> None:
         return
     top = 1.0
     for run in canvas.runs:
-        canvas.line(ax, run, _VRAM_FRAC)
-        top = max([top, *_finite(canvas.runs[run].get(_VRAM_FRAC, ()))])
+        canvas.line(ax, run, keys.VRAM_USED_FRAC)
+        top = max([top, *_finite(canvas.runs[run].get(keys.VRAM_USED_FRAC, ()))])
     ax.axhline(1.0, color=_GUIDE_COLOUR, linestyle=":", linewidth=1.4)
     ax.set_ylim(0, top * 1.08)
     ax.set_ylabel("device memory used (fraction)")
     handles = [Line2D([], [], color=_GUIDE_COLOUR, linestyle=":", linewidth=1.4)]
     labels = ["device total (1.0)"]
     for run in canvas.runs:
-        peaks = _finite(canvas.runs[run].get(_VRAM_PEAK, ()))
+        peaks = _finite(canvas.runs[run].get(keys.VRAM_PEAK_GIB, ()))
         if peaks:
             handles.append(Line2D([], [], color=canvas.colours[run], linewidth=1.6))
             labels.append(f"{_run_label(run)}: peak allocated {max(peaks):.1f} GiB")
@@ -615,27 +609,27 @@ def _draw_memory(ax: Axes, canvas: _Canvas) -> None:
 def _draw_utilisation(ax: Axes, canvas: _Canvas) -> None:
     entries = []
     for key, style, label, scale in (
-        (_MFU, "-", "MFU", 100.0),
-        (_DATA_WAIT, "--", "waiting for data", 100.0),
-        (_GPU_UTIL, ":", "GPU busy (NVML)", 1.0),
+        (keys.MFU, "-", "MFU", 100.0),
+        (keys.DATA_WAIT_FRAC, "--", "waiting for data", 100.0),
+        (keys.GPU_UTIL_PCT, ":", "GPU busy (NVML)", 1.0),
     ):
         if canvas.has(key):
             entries.append((style, label))
             for run in canvas.runs:
                 canvas.line(ax, run, key, style=style, scale=scale)
-    top = max([100.0, *(v for scalars in canvas.runs.values() for v in _finite(scalars.get(_GPU_UTIL, ())))])
+    top = max([100.0, *(v for scalars in canvas.runs.values() for v in _finite(scalars.get(keys.GPU_UTIL_PCT, ())))])
     ax.set_ylim(0, top * 1.05)
     ax.set_ylabel("% of peak FLOP/s (MFU) or of time")
     _style_legend(ax, entries)
 
 
 _PANELS: tuple[tuple[str, Callable[[_Canvas], bool], Callable[[Axes, _Canvas], None]], ...] = (
-    ("Throughput", lambda c: c.has(_SAMPLES, _TOKENS), _draw_throughput),
-    ("Step time", lambda c: c.has(*_STEP_MS, _STEP_MS_MAX), _draw_step_time),
-    ("Learning rate", lambda c: c.has(_LR, *c.lr_group_keys()), _draw_lr),
-    ("Batch size", lambda c: c.has(_BATCH, _EFFECTIVE_BATCH), _draw_batch_size),
-    ("GPU memory", lambda c: c.has(_VRAM_FRAC, _VRAM_ALLOCATED, _VRAM_RESERVED, _VRAM_PEAK), _draw_memory),
-    ("Utilisation", lambda c: c.has(_MFU, _DATA_WAIT, _GPU_UTIL), _draw_utilisation),
+    ("Throughput", lambda c: c.has(keys.SAMPLES_PER_SEC, keys.TOKENS_PER_SEC), _draw_throughput),
+    ("Step time", lambda c: c.has(*_STEP_MS, keys.STEP_MS_MAX), _draw_step_time),
+    ("Learning rate", lambda c: c.has(keys.LR, *c.lr_group_keys()), _draw_lr),
+    ("Batch size", lambda c: c.has(keys.BATCH_SIZE, keys.EFFECTIVE_BATCH_SIZE), _draw_batch_size),
+    ("GPU memory", lambda c: c.has(*_VRAM), _draw_memory),
+    ("Utilisation", lambda c: c.has(keys.MFU, keys.DATA_WAIT_FRAC, keys.GPU_UTIL_PCT), _draw_utilisation),
     ("Validation latency", lambda c: c.has(*_VAL_MS), _draw_val_latency),
 )
 

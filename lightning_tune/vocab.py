@@ -14,7 +14,7 @@ Example:
 from __future__ import annotations
 
 from collections.abc import Collection, Mapping
-from typing import Final, Literal, get_args
+from typing import Final, Literal, cast, get_args
 
 import torch
 
@@ -126,7 +126,7 @@ def _canonical(
     raise ValueError(f"`{arg}` must be one of {shown}{also}, got {value!r}{why}")
 
 
-def canonical_precision(value: object, *, arg: str = "precision", allowed: Collection[str] = PRECISIONS) -> str:
+def canonical_precision(value: object, *, arg: str = "precision", allowed: Collection[str] = PRECISIONS) -> Precision:
     """The canonical (Lightning) name of a precision, or a clear error.
 
     Args:
@@ -142,27 +142,29 @@ def canonical_precision(value: object, *, arg: str = "precision", allowed: Colle
         >>> canonical_precision("fp16"), canonical_precision("32")
         ('16-mixed', '32-true')
     """
-    return _canonical("a precision", value, PRECISIONS, _PRECISION_ALIASES, arg, allowed)
+    return cast(Precision, _canonical("a precision", value, PRECISIONS, _PRECISION_ALIASES, arg, allowed))
 
 
-def canonical_optimizer(value: object, *, arg: str = "optimizer", allowed: Collection[str] = OPTIMIZERS) -> str:
+def canonical_optimizer(
+    value: object, *, arg: str = "optimizer", allowed: Collection[str] = OPTIMIZERS
+) -> OptimizerName:
     """The canonical name of an optimizer (Hugging Face's ``optim`` names are aliases); see :func:`canonical_precision`.
 
     Example:
         >>> canonical_optimizer("paged_adamw_8bit"), canonical_optimizer("adamw_torch_fused")
         ('paged_adamw8bit', 'adamw_fused')
     """
-    return _canonical("an optimizer", value, OPTIMIZERS, _OPTIMIZER_ALIASES, arg, allowed)
+    return cast(OptimizerName, _canonical("an optimizer", value, OPTIMIZERS, _OPTIMIZER_ALIASES, arg, allowed))
 
 
-def canonical_attention(value: object, *, arg: str = "attention", allowed: Collection[str] = ATTENTIONS) -> str:
+def canonical_attention(value: object, *, arg: str = "attention", allowed: Collection[str] = ATTENTIONS) -> Attention:
     """The canonical name of an attention backend (``attn_implementation`` names are aliases).
 
     Example:
         >>> canonical_attention("flash_attention_2"), canonical_attention("sdpa")
         ('flash', 'sdpa')
     """
-    return _canonical("an attention backend", value, ATTENTIONS, _ATTENTION_ALIASES, arg, allowed)
+    return cast(Attention, _canonical("an attention backend", value, ATTENTIONS, _ATTENTION_ALIASES, arg, allowed))
 
 
 def precision_dtype(precision: str) -> torch.dtype:

@@ -20,7 +20,8 @@ PACKAGES = [
     "lightning_tune.plan",
     "lightning_tune.bench",
     "lightning_tune.config",
-    "lightning_tune.presets",
+    "lightning_tune.plugins",
+    "lightning_tune.swaps",
 ]
 
 

@@ -13,19 +13,17 @@ import lightning_tune as lt
 from lightning_tune._compat import check_lightning_version
 from lightning_tune.batch import BatchSizeController
 from lightning_tune.bench import LatencyBudget
+from lightning_tune.callbacks import TorchCompile
 from lightning_tune.config import lightning_precision
 from lightning_tune.demos import SyntheticTokenDataModule
 from lightning_tune.lr import OneCycleSchedule, PlateauDetector, WarmupCosineSchedule
 from lightning_tune.lr.scheduler import ScheduleLR
 from lightning_tune.lr.schedules import LinearWarmupSchedule
 from lightning_tune.plan import MemoryEstimate, TransformerShape, ZeroPlan, estimate_memory, measure_memory
-from lightning_tune.plugins.tune import PRECISIONS
-from lightning_tune.presets import TorchCompile, compile_modules
-from lightning_tune.swaps.optimizer import OPTIMIZERS, swap_optimizers
+from lightning_tune.swaps.compile import compile_modules
+from lightning_tune.swaps.optimizer import swap_optimizers
 
 _MAP = "a mapping of argument names to values"
-_PRECISIONS = ", ".join(repr(p) for p in PRECISIONS)
-_OPTIMIZERS = ", ".join(repr(o) for o in OPTIMIZERS)
 _ZERO: dict[str, Any] = {
     "stage": 0,
     "offload_optimizer": False,
@@ -391,8 +389,14 @@ CASES = [
     pytest.param(
         lambda: lt.ThroughputLatencyMonitor(window=10**30),
         ValueError,
-        "`window` must be an integer in [2, 1000000], got 1000000000000000000000000000000",
+        "`window` must be an integer from 2 to 1000000, got 1000000000000000000000000000000",
         id="monitor-window-huge",
+    ),
+    pytest.param(
+        lambda: lt.ThroughputLatencyMonitor(warmup_steps=-1),
+        ValueError,
+        "`warmup_steps` must be an integer >= 0, got -1",
+        id="monitor-warmup-negative",
     ),
     pytest.param(
         lambda: lt.ThroughputLatencyMonitor(peak_flops=-1e12),
@@ -429,7 +433,14 @@ CASES = [
     *[
         pytest.param(lambda kw=kw: lt.TrainingConfig(**kw), error, message, id=f"config-{name}")
         for name, kw, error, message in [
-            ("precision", {"precision": "bf16"}, ValueError, f"`precision` must be one of {_PRECISIONS}, got 'bf16'"),
+            (
+                "precision",
+                {"precision": "fp8"},
+                ValueError,
+                "`precision` must be one of 'auto', '32-true', '16-mixed', 'bf16-mixed', '16-true', 'bf16-true', "
+                "'64-true', 'transformer-engine', 'transformer-engine-float16' (or an alias: '16', '32', '64', 'bf16', "
+                "'bfloat16', 'float16', 'float32', 'fp16', 'fp32', 'fp64'), got 'fp8'",
+            ),
             ("micro-batch", {"micro_batch_size": 0}, ValueError, "`micro_batch_size` must be an integer >= 1, got 0"),
             (
                 "sequence-length",
@@ -471,12 +482,18 @@ CASES = [
                 TypeError,
                 f"`dynamic_batch_kwargs` must be {_MAP} or None, got {{1: 2}} (dict)",
             ),
-            ("optimizer", {"optimizer": "adamw"}, ValueError, f"`optimizer` must be one of {_OPTIMIZERS}, got 'adamw'"),
+            (
+                "optimizer",
+                {"optimizer": "adamw"},
+                ValueError,
+                "got 'adamw'; 'adamw' is an optimizer but not one this accepts",
+            ),
             (
                 "attention",
                 {"attention": "flash2"},
                 ValueError,
-                "`attention` must be one of 'auto', 'flash', 'sdpa', 'eager', got 'flash2'",
+                "`attention` must be one of 'auto', 'flash', 'sdpa', 'eager' (or an alias: 'flash-attn', "
+                "'flash_attention_2', 'flash_attention_3', 'scaled_dot_product_attention'), got 'flash2'",
             ),
             (
                 "blocks",
@@ -636,6 +653,23 @@ CASES = [
         id="estimate-lora-rank-above-hidden",
     ),
     pytest.param(
+        lambda: estimate_memory("gpt2", sequence_length=128, precision="auto"),
+        ValueError,
+        "`precision` must be one of '32-true', '16-mixed', 'bf16-mixed', '16-true', 'bf16-true', '64-true' (or an "
+        "alias: '16', '32', '64', 'bf16', 'bfloat16', 'float16', 'float32', 'fp16', 'fp32', 'fp64'), got 'auto'; "
+        "'auto' is a precision but not one this accepts",
+        id="estimate-precision-auto",
+    ),
+    pytest.param(
+        lambda: lt.TunePlugin("bf16", optimizer="sgd"),
+        ValueError,
+        "`optimizer` must be one of 'adamw_fused', 'adam8bit', 'adamw8bit', 'lion8bit', 'sgd8bit', 'paged_adam8bit', "
+        "'paged_adamw8bit', 'paged_lion8bit' (or an alias: 'adam_8bit', 'adamw_8bit', 'adamw_bnb_8bit', "
+        "'adamw_torch_fused', 'lion_8bit', 'paged_adam_8bit', 'paged_adamw_8bit', 'paged_lion_8bit', 'sgd_8bit'), "
+        "got 'sgd'; 'sgd' is an optimizer but not one this accepts",
+        id="plugin-optimizer-not-a-swap",
+    ),
+    pytest.param(
         lambda: measure_memory(torch.nn.Linear(4, 2), [1, 2, 3]),
         TypeError,
         "`batch` must be a tensor, or a tuple, list or dict holding tensors (first dimension: the batch), or a "
@@ -675,13 +709,13 @@ CASES = [
         ]
     ],
     pytest.param(
-        lambda: swap_optimizers(5, [], None, optimizer_name="adamw_fused"),  # type: ignore[arg-type]
+        lambda: swap_optimizers(5, [], None, optimizer="adamw_fused"),  # type: ignore[arg-type]
         TypeError,
         "`optimizers` must be a sequence (a list of them), got 5 (int)",
         id="swap-optimizers-not-a-sequence",
     ),
     pytest.param(
-        lambda: swap_optimizers([], None, None, optimizer_name="adamw_fused"),  # type: ignore[arg-type]
+        lambda: swap_optimizers([], None, None, optimizer="adamw_fused"),  # type: ignore[arg-type]
         TypeError,
         "`lr_scheduler_configs` must be a sequence (a list of them), got None (NoneType)",
         id="swap-optimizers-configs-none",
@@ -726,16 +760,10 @@ CASES = [
         id="precision-mixed-type",
     ),
     pytest.param(
-        lambda: lightning_precision("bf16", None, key=3),  # type: ignore[arg-type]
-        TypeError,
-        "`key` must be a string, got 3 (int)",
-        id="precision-key-type",
-    ),
-    pytest.param(
-        lambda: lightning_precision("bf16", None, mixed_key=""),
+        lambda: lightning_precision("bf16-mixed", False),
         ValueError,
-        "`mixed_key` must be a non-empty string, got ''",
-        id="precision-mixed-key-empty",
+        "`training.precision` 'bf16-mixed' is a mixed precision, but `training.mixed_precision.enabled` is false",
+        id="precision-mixed-contradiction",
     ),
     pytest.param(
         lambda: SyntheticTokenDataModule(predict_sequences=0),

@@ -16,7 +16,8 @@ import pytest
 import torch
 
 from lightning_tune import _imports, cli
-from lightning_tune.cli import PROG, _ArgumentParser
+from lightning_tune.commands import bench
+from lightning_tune.commands.args import PROG, ArgumentParser
 from lightning_tune.commands.bench import add_parser
 from tests.test_bench_modules import CLOCK
 
@@ -32,9 +33,9 @@ SHOWN = {
 }
 
 
-def parser() -> _ArgumentParser:
+def parser() -> ArgumentParser:
     """The ``lightning-tune`` parser with the bench command registered as ``cli.build_parser`` registers it."""
-    root = _ArgumentParser(prog=PROG)
+    root = ArgumentParser(prog=PROG)
     add_parser(root.add_subparsers(title="commands", dest="command", metavar="<command>"))
     return root
 
@@ -77,7 +78,7 @@ def test_demo_sweep_prints_one_table_and_writes_the_same_figures(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     out_dir, png = tmp_path / "results", tmp_path / "plots" / "tradeoff.png"
-    argv = ["--seq-len", "16", "--batch-size", "1,2", "--steps", "3", "--warmup", "1", "--model-args", TINY_GPT]
+    argv = ["--sequence-length", "16", "--batch-size", "1,2", "--steps", "3", "--warmup", "1", "--model-args", TINY_GPT]
     argv += ["--accelerator", "cpu", "--output-dir", str(out_dir), "--plot", str(png), "--no-progress-bar"]
     assert run_bench(argv) == 0
     captured = capsys.readouterr()
@@ -128,7 +129,7 @@ def test_demo_sweep_prints_one_table_and_writes_the_same_figures(
     assert record["settings"]["batch_sizes"] == [1, 2] and record["settings"]["seq_len"] == 16
     # the recorded command spells out every option and parses back to the same sweep
     words = shlex.split(record["command"])
-    assert words[:2] == ["lightning-tune", "bench"]
+    assert words[:2] == ["lightning-tune", "bench"] and "--sequence-length" in words and "--precision" in words
     again = vars(parser().parse_args(words[1:]))
     first = vars(parser().parse_args(["bench", *argv]))
     assert {k: v for k, v in again.items() if k != "handler"} == {k: v for k, v in first.items() if k != "handler"}
@@ -195,8 +196,11 @@ def _flash_message() -> str:
             ["--model", f"{MODULES}:ClockedModule", "--seq-len", "64"], "`seq_len` applies only", id="seq-len-user"
         ),
         pytest.param(["--plot", "out.jpg"], "`plot` must be a path ending in .png, got 'out.jpg'", id="plot"),
-        pytest.param(["--optimizer", "sgd9"], "`optimizer` must be one of 'adam8bit'", id="optimizer"),
-        pytest.param(["--attention", "fast"], "`attention` must be one of 'auto', 'flash'", id="attention"),
+        pytest.param(
+            ["--optimizer", "sgd9"], "--optimizer: must be one of 'adamw', 'sgd', 'adamw_fused'", id="optimizer"
+        ),
+        pytest.param(["--attention", "fast"], "--attention: must be one of 'auto', 'flash'", id="attention"),
+        pytest.param(["--precision", "fp8"], "--precision: must be one of 'auto', '32-true'", id="precision"),
         pytest.param(["--attention", "flash", "--accelerator", "cpu"], _flash_message(), id="flash-on-cpu"),
         pytest.param(["--precision", "16-mixed", "--accelerator", "cpu"], "needs a CUDA GPU", id="fp16-on-cpu"),
         pytest.param(["--no-such-flag"], "unrecognized arguments: --no-such-flag", id="unknown-flag"),
@@ -238,6 +242,14 @@ def test_missing_bitsandbytes_is_a_usage_error_naming_the_extra(
     assert err.count("\n") == 1 and "pip install 'lightning-tune[bnb]'" in err
 
 
+def test_flags_take_the_vocabularys_aliases_and_give_the_canonical_names() -> None:
+    argv = ["--precision", "fp32", "--optimizer", "adamw_torch_fused", "--attention", "scaled_dot_product_attention"]
+    args = parser().parse_args(["bench", *argv, "--seq-len", "8"])
+    assert (args.precision, args.optimizer, args.attention) == ("32-true", "adamw_fused", "sdpa")
+    assert args.sequence_length == 8  # --seq-len is the short form of --sequence-length
+    assert parser().parse_args(["bench"]).precision == "auto"
+
+
 def test_output_dir_must_not_be_a_file(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     taken = tmp_path / "results"
     taken.write_text("")
@@ -246,7 +258,7 @@ def test_output_dir_must_not_be_a_file(tmp_path: Path, capsys: pytest.CaptureFix
 
 
 def test_bench_is_a_command_of_lightning_tune(capsys: pytest.CaptureFixture[str]) -> None:
-    assert cli._add_bench_parser in cli._COMMANDS
+    assert bench in cli.COMMANDS
     assert run_bench(["--help"]) == 0
     out = capsys.readouterr().out
     assert "--batch-size LIST" in out and "--plot PNG" in out

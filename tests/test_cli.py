@@ -1,11 +1,13 @@
 from __future__ import annotations
 
+import ast
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
+from lightning_tune import cli
 from lightning_tune.cli import main
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
@@ -34,7 +36,7 @@ def test_demo_command_trains_and_prints_a_summary(tmp_path: Path, capsys: pytest
         pytest.param(["demo", "--batch-size", "-4"], "--batch-size: must be an integer >= 1", id="negative-batch"),
         pytest.param(["demo", "--seed", "-1"], "--seed: must be an integer >= 0", id="negative-seed"),
         pytest.param(["demo", "--accelerator", "tpu"], "invalid choice: 'tpu'", id="accelerator"),
-        pytest.param(["demo", "--precision", "8-bit"], "invalid choice: '8-bit'", id="precision"),
+        pytest.param(["demo", "--precision", "8-bit"], "--precision: must be one of 'auto', '32-true'", id="precision"),
         pytest.param(["demo", "--devices", "0"], "--devices: must be a device count >= 1", id="zero-devices"),
         pytest.param(["demo", "--no-such-flag"], "unrecognized arguments: --no-such-flag", id="unknown-flag"),
         pytest.param(["frobnicate"], "invalid choice: 'frobnicate'", id="unknown-command"),
@@ -103,3 +105,31 @@ def test_python_dash_m_prints_the_version() -> None:
     assert result.returncode == 0, result.stderr
     assert result.stdout.startswith("lightning-tune ")
     assert len(result.stdout.split()) == 2
+
+
+def test_a_bad_precision_is_one_line_naming_the_flag_and_the_canonical_names(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    assert main(["demo", "--precision", "bf17"]) == 2
+    lines = capsys.readouterr().err.strip().splitlines()
+    assert len(lines) == 1
+    assert lines[0].startswith("lightning-tune demo: error: argument --precision: must be one of 'auto', '32-true', ")
+    assert "'bf16-mixed'" in lines[0] and "alias: " in lines[0] and "got 'bf17'" in lines[0]
+
+
+@pytest.mark.parametrize("command", ["demo", "calc", "bench", "report"])
+def test_cli_only_assembles_the_parser_each_command_lives_in_its_module(command: str) -> None:
+    """``cli`` holds no command code: every handler and sub-parser comes from ``lightning_tune.commands.<command>``."""
+    argv = {"calc": ["calc", "batch-size", "--model", "gpt2", "--gpu-memory", "1", "--sequence-length", "8"]}
+    args = cli.build_parser().parse_args(argv.get(command, [command]))
+    assert args.handler.__module__ == f"lightning_tune.commands.{command}"
+    tree = ast.parse(Path(cli.__file__).read_text())
+    assert [node.name for node in tree.body if isinstance(node, (ast.FunctionDef, ast.ClassDef))] == [
+        "build_parser",
+        "main",
+    ]
+
+
+def test_demo_precision_takes_an_alias_and_gives_the_canonical_name() -> None:
+    assert cli.build_parser().parse_args(["demo", "--precision", "bf16"]).precision == "bf16-mixed"
+    assert cli.build_parser().parse_args(["demo"]).precision == "auto"

@@ -32,7 +32,7 @@ def test_prints_the_breakdown_and_the_recommendation(capsys: pytest.CaptureFixtu
     status, out, err = run(argv, capsys)
     assert status == 0 and err == ""
     assert "Parameters              6.75 B (6,746,804,224; 8,388,608 trainable)" in out
-    assert "Model size              12.57 GiB (bf16, 2 bytes each)" in out
+    assert "Model size              12.57 GiB (bf16-mixed, 2 bytes each)" in out
     for label in ("Gradients", "Optimizer states", "Activations per sample"):
         assert f"  {label}" in out
     estimate = estimate_memory("llama-2-7b", sequence_length=2048, lora_rank=8, gradient_checkpointing=True)
@@ -45,7 +45,7 @@ def test_prints_the_breakdown_and_the_recommendation(capsys: pytest.CaptureFixtu
 def test_says_plainly_when_nothing_fits_and_what_would(capsys: pytest.CaptureFixture[str]) -> None:
     status, out, _ = run([*BASE, "--gpu-memory", "24576", "--precision", "fp16"], capsys)
     assert status == 1
-    assert "Model size              12.55 GiB (fp16, 2 bytes each)" in out
+    assert "Model size              12.55 GiB (16-mixed, 2 bytes each)" in out
     assert "Nothing fits: batch 1 needs 110.43 GiB and 21.60 GiB is usable at the optimal margin" in out
     assert "  --optimizer adamw8bit: still does not fit: batch 1 needs 73.71 GiB" in out
     assert "  --lora-rank 16: fits batch 1 (optimal margin)" in out
@@ -60,7 +60,7 @@ def test_reads_a_hugging_face_config(tmp_path: Path, capsys: pytest.CaptureFixtu
     argv = ["calc", "batch-size", "--model", str(tmp_path / "config.json"), "--gpu-memory", "8192"]
     status, out, _ = run([*argv, "--sequence-length", "512", "--precision", "fp32", "--optimizer", "sgd"], capsys)
     assert status == 0
-    assert "Model size              " in out and "(fp32, 4 bytes each)" in out
+    assert "Model size              " in out and "(32-true, 4 bytes each)" in out
     assert "Master weights" not in out  # fp32 has none
 
 
@@ -89,17 +89,23 @@ def test_reads_a_hugging_face_config(tmp_path: Path, capsys: pytest.CaptureFixtu
         ),
         pytest.param(
             ["--model", "gpt2", "--gpu-memory", "1", "--sequence-length", "-1"],
-            "--sequence-length: must be an integer >= 1",
+            "argument --sequence-length/--seq-len: must be an integer >= 1",
             id="sequence",
         ),
         pytest.param(
             ["--model", "gpt2", "--gpu-memory", "1", "--sequence-length", "8", "--precision", "fp8"],
-            "argument --precision: invalid choice: 'fp8'",
+            "argument --precision: must be one of '32-true', '16-mixed', 'bf16-mixed', '16-true', 'bf16-true', "
+            "'64-true' (or an alias: ",
             id="precision",
         ),
         pytest.param(
+            ["--model", "gpt2", "--gpu-memory", "1", "--sequence-length", "8", "--precision", "auto"],
+            "argument --precision: must be one of '32-true',",
+            id="auto-needs-a-gpu",
+        ),
+        pytest.param(
             ["--model", "gpt2", "--gpu-memory", "1", "--sequence-length", "8", "--optimizer", "adam"],
-            "argument --optimizer: invalid choice: 'adam'",
+            "argument --optimizer: must be one of 'adamw', 'sgd', 'adamw_fused', 'adam8bit',",
             id="optimizer",
         ),
         pytest.param(
@@ -114,7 +120,7 @@ def test_reads_a_hugging_face_config(tmp_path: Path, capsys: pytest.CaptureFixtu
         ),
         pytest.param(
             ["--model", "gpt2", "--gpu-memory", "1", "--sequence-length", "8", "--attention", "flash3"],
-            "argument --attention: invalid choice: 'flash3'",
+            "argument --attention: must be one of 'auto', 'flash', 'sdpa', 'eager' (or an alias: ",
             id="attention",
         ),
         pytest.param(
@@ -159,6 +165,28 @@ def test_bad_arguments_exit_2_with_one_line_message(
     assert len(lines) == 1, err
     assert "error:" in lines[0] and expected in lines[0]
     assert "Traceback" not in err
+
+
+@pytest.mark.parametrize(
+    ("alias", "canonical"),
+    [
+        (["--precision", "bf16"], {"precision": "bf16-mixed"}),
+        (["--precision", "fp32", "--optimizer", "adamw_8bit"], {"precision": "32-true", "optimizer": "adamw8bit"}),
+        (["--attention", "flash_attention_2", "--precision", "16"], {"attention": "flash", "precision": "16-mixed"}),
+    ],
+    ids=["bf16", "fp32-adamw_8bit", "flash_attention_2-16"],
+)
+def test_aliases_give_the_same_plan_as_the_canonical_names(
+    alias: list[str], canonical: dict[str, str], capsys: pytest.CaptureFixture[str]
+) -> None:
+    argv = ["calc", "batch-size", "--model", "llama-2-7b", "--gpu-memory", "81920", "--lora-rank", "8"]
+    status, out, err = run([*argv, "--sequence-length", "1024", *alias], capsys)
+    assert (status, err) == (0, "")
+    spelled = [word for key, value in canonical.items() for word in (f"--{key}", value)]
+    assert run([*argv, "--seq-len", "1024", *spelled], capsys) == (status, out, err)  # --seq-len: the short form
+    estimate = estimate_memory("llama-2-7b", sequence_length=1024, lora_rank=8, **canonical)  # type: ignore[arg-type]
+    assert recommended(out) == tuple(estimate.batch_sizes(81920 * 2**20).values())
+    assert f"({canonical['precision']}, " in out  # the breakdown names the canonical precision
 
 
 def test_calc_without_a_calculation_prints_its_help(capsys: pytest.CaptureFixture[str]) -> None:

@@ -9,8 +9,8 @@ from typing import Any
 import pytest
 
 import lightning_tune as lt
+from lightning_tune.callbacks import ActivationCheckpointing
 from lightning_tune.config import InitialLR
-from lightning_tune.presets import ActivationCheckpointing
 from tests.helpers import LRRecorder
 
 EXAMPLE = Path(__file__).resolve().parents[1] / "examples" / "lightning_cli"

@@ -19,6 +19,7 @@ from lightning_tune.demos import (
     SyntheticTokenDataset,
     run_demo,
 )
+from lightning_tune.demos.run import prepare_demo
 
 SMALL = GPTConfig(vocab_size=20, seq_len=16, d_model=32, n_layers=2, n_heads=4)
 
@@ -209,7 +210,7 @@ def test_run_demo_trains_and_writes_tensorboard_logs(tmp_path: Path) -> None:
     )
     assert isinstance(summary, DemoSummary)
     assert summary.steps == 40
-    assert summary.device == "cpu"
+    assert summary.device.startswith("cpu (") and "thread" in summary.device
     assert summary.start_loss > 3.0  # close to ln(64) = 4.16 at the start
     assert summary.final_loss < summary.start_loss - 1.0
     assert summary.loss_drop > 0.25
@@ -249,7 +250,8 @@ def test_run_demo_trains_and_writes_tensorboard_logs(tmp_path: Path) -> None:
         ),
         pytest.param({"accelerator": 1}, TypeError, r"`accelerator` must be a string", id="accelerator-type"),
         pytest.param({"devices": 1.5}, TypeError, r"`devices` must be an integer or a string", id="devices-type"),
-        pytest.param({"precision": 16}, TypeError, r"`precision` must be a string such as '32-true'", id="precision"),
+        pytest.param({"precision": 16}, TypeError, r"`precision` must be a string naming a precision", id="precision"),
+        pytest.param({"precision": "fp8"}, ValueError, r"`precision` must be one of 'auto', '32-true'", id="fp8"),
         pytest.param(
             {"enable_progress_bar": "no"}, TypeError, r"`enable_progress_bar` must be True or False", id="bar"
         ),
@@ -276,6 +278,14 @@ def test_run_demo_rejects_bad_arguments(
         kwargs = {**kwargs, "default_root_dir": kwargs["default_root_dir"].replace("{file}", str(tmp_path / "a-file"))}
     with pytest.raises(error, match=match):
         run_demo(**kwargs)
+
+
+@pytest.mark.parametrize(("precision", "expected"), [("auto", "32-true"), ("bf16", "bf16-mixed"), ("64", "64-true")])
+def test_precision_takes_aliases_and_auto_is_decided_for_the_device(
+    precision: str, expected: str, tmp_path: Path
+) -> None:
+    demo = prepare_demo(max_steps=1, accelerator="cpu", precision=precision, default_root_dir=tmp_path)
+    assert demo.trainer.precision == expected  # "auto" is 32-true on a CPU
 
 
 @pytest.mark.slow

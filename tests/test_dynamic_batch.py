@@ -482,7 +482,7 @@ BAD = [
     ({"lr_rule": "cubic"}, ValueError, "`lr_rule` must be one of 'sqrt', 'linear', got 'cubic'"),
     ({"min_batch_size": 2.5}, TypeError, "`min_batch_size` must be an integer, got 2.5 (float)"),
     ({"probe": "cuda"}, TypeError, "`probe` must be a memory probe"),
-    ({"prior": 3}, TypeError, "`prior` must have integer `fixed_bytes` and `bytes_per_sample`"),
+    ({"prior": 3}, TypeError, "`prior` must be a MemoryEstimate (estimate_memory, measure_memory) or None, got 3"),
     ({"min_change": -0.1}, ValueError, "`min_change` must be in [0, inf], got -0.1"),
     ({"sync_oom": "yes"}, TypeError, "`sync_oom` must be True or False, got 'yes' (str)"),
 ]
@@ -512,6 +512,11 @@ def test_simulated_memory_bad_arguments(kwargs: dict[str, Any], message: str) ->
     with pytest.raises(ValueError) as info:
         lt.SimulatedMemory(**kwargs)
     assert message in str(info.value)
+
+
+def test_arguments_past_target_vram_are_keyword_only() -> None:
+    with pytest.raises(TypeError, match="positional argument"):
+        lt.DynamicBatchSize(0.9, 1)  # type: ignore[misc]
 
 
 def test_a_memory_plan_is_the_starting_point(tmp_path: Path) -> None:

@@ -323,7 +323,7 @@ def test_the_monitor_reports_the_padding_of_the_micro_batches_run(tmp_path: Path
 
 def test_label_shift_and_compiled_modules_are_found_as_hugging_face_and_torch_see_them() -> None:
     from lightning_tune.callbacks.dynamic_batch import _causal_lm_shift, _has_compiled
-    from lightning_tune.presets.compile import compile_modules
+    from lightning_tune.swaps.compile import compile_modules
 
     bert = transformers.BertForSequenceClassification(
         transformers.BertConfig(vocab_size=VOCAB, hidden_size=8, num_hidden_layers=1, num_attention_heads=2)

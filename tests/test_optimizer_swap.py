@@ -25,13 +25,14 @@ from lightning_tune.callbacks.optimizer_swap import STATE_BYTES_KEY, OptimizerSw
 from lightning_tune.demos import DemoGPT, GPTConfig, SyntheticTokenDataModule
 from lightning_tune.lr import warmup_cosine_lr
 from lightning_tune.swaps.optimizer import (
-    OPTIMIZERS,
+    TARGETS,
     estimate_state_bytes,
     optimizer_state_bytes,
     repoint_schedulers,
     swap_optimizer,
     swap_optimizers,
 )
+from lightning_tune.vocab import OPTIMIZERS
 from tests.helpers import LRRecorder, Regressor, csv_rows, make_trainer
 
 with warnings.catch_warnings():
@@ -90,7 +91,7 @@ class _TiedNet(nn.Module):
 @needs_bnb
 def test_swapped_state_is_uint8_for_large_params_and_float32_for_embeddings_tied_ones_included() -> None:
     net = _TiedNet()
-    result = swap_optimizer(torch.optim.AdamW(net.parameters(), lr=1e-3), optimizer_name="adamw8bit", module=net)
+    result = swap_optimizer(torch.optim.AdamW(net.parameters(), lr=1e-3), optimizer="adamw8bit", module=net)
     assert type(result.new) is bnb.optim.AdamW8bit
     ids = torch.randint(0, 80, (4, 6))
     net(ids).square().mean().backward()
@@ -120,7 +121,7 @@ def test_non_embedding_state_of_the_demo_gpt_is_at_most_30_percent_of_torch_adam
     _one_step(reference, adamw)
     torch.manual_seed(0)
     model = DemoGPT(BIG)
-    result = swap_optimizer(model.configure_optimizers(), optimizer_name="adamw8bit", module=model)
+    result = swap_optimizer(model.configure_optimizers(), optimizer="adamw8bit", module=model)
     _one_step(model, result.new)
 
     torch_bytes = optimizer_state_bytes(adamw, _others(reference, _embedding_params(reference)))
@@ -171,7 +172,7 @@ def test_every_group_and_hyperparameter_is_carried_over_and_the_update_matches_t
     # min_8bit_size above every tensor: 32-bit state, so the update must equal torch's step for step
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", UserWarning)  # paged optimizers on CPU fall back, with a warning
-        result = swap_optimizer(old, optimizer_name=name, module=net, min_8bit_size=10**6)
+        result = swap_optimizer(old, optimizer=name, module=net, min_8bit_size=10**6)
     assert result.changes == ()
     for old_group, new_group in zip(old.param_groups, result.new.param_groups, strict=True):
         assert all(a is b for a, b in zip(old_group["params"], new_group["params"], strict=True))
@@ -209,7 +210,7 @@ def test_sgd_momentum_maps_to_bitsandbytes_betas_and_matches_torch_sgd() -> None
         momentum=0.9,
         weight_decay=0.01,
     )
-    result = swap_optimizer(old, optimizer_name="sgd8bit", module=net, min_8bit_size=10**6)
+    result = swap_optimizer(old, optimizer="sgd8bit", module=net, min_8bit_size=10**6)
     assert type(result.new) is bnb.optim.SGD8bit
     assert [g["betas"][0] for g in result.new.param_groups] == [0.5, 0.9]
     assert "momentum: 0.9" not in result.describe() and "0.5" in result.describe()
@@ -228,7 +229,7 @@ def test_a_swap_across_families_warns_and_lists_what_changed() -> None:
     net, _ = _two_group_model()
     old = torch.optim.SGD(net.parameters(), lr=0.1, momentum=0.9, nesterov=True)
     with pytest.warns(UserWarning, match=r"swapping SGD into 'adamw8bit' \(AdamW8bit\) changes the algorithm") as rec:
-        result = swap_optimizer(old, optimizer_name="adamw8bit", module=net)
+        result = swap_optimizer(old, optimizer="adamw8bit", module=net)
     message = str(rec[0].message)
     assert "dropped (no counterpart in AdamW8bit): momentum=0.9, nesterov=True" in message
     assert "AdamW8bit defaults: betas=(0.9, 0.999), eps=1e-08" in message
@@ -237,7 +238,7 @@ def test_a_swap_across_families_warns_and_lists_what_changed() -> None:
     assert result.new.param_groups[0]["lr"] == 0.1 and result.new.param_groups[0]["weight_decay"] == 0.0
     assert "changes:" in result.describe()
     with pytest.warns(UserWarning, match=r"dropped \(no counterpart in Lion8bit\): eps=1e-08"):
-        lion = swap_optimizer(torch.optim.AdamW(net.parameters()), optimizer_name="lion8bit", module=net)
+        lion = swap_optimizer(torch.optim.AdamW(net.parameters()), optimizer="lion8bit", module=net)
     assert type(lion.new) is bnb.optim.Lion8bit
 
 
@@ -295,12 +296,12 @@ def test_settings_the_target_cannot_honour_are_errors(
 ) -> None:
     net = nn.Linear(4, 4)
     with pytest.raises(ValueError, match=re.escape(message)):
-        swap_optimizer(make(net.parameters()), optimizer_name=name, module=net)
+        swap_optimizer(make(net.parameters()), optimizer=name, module=net)
 
 
 def test_fused_adamw_honours_amsgrad_and_needs_no_module() -> None:
     w = nn.Parameter(torch.zeros(10))
-    result = swap_optimizer(torch.optim.Adam([w], amsgrad=True, maximize=True), optimizer_name="adamw_fused")
+    result = swap_optimizer(torch.optim.Adam([w], amsgrad=True, maximize=True), optimizer="adamw_fused")
     assert type(result.new) is torch.optim.AdamW
     group = result.new.param_groups[0]
     assert group["fused"] is True and group["amsgrad"] is True and group["maximize"] is True
@@ -310,7 +311,7 @@ def test_fused_adamw_honours_amsgrad_and_needs_no_module() -> None:
 def test_fused_adamw_falls_back_to_foreach_with_a_warning_where_fused_cannot_step() -> None:
     w = nn.Parameter(torch.zeros(4, dtype=torch.complex64))
     with pytest.warns(UserWarning, match="torch's fused AdamW cannot step these parameters"):
-        result = swap_optimizer(torch.optim.AdamW([w]), optimizer_name="adamw_fused")
+        result = swap_optimizer(torch.optim.AdamW([w]), optimizer="adamw_fused")
     assert result.new.param_groups[0]["fused"] is None and result.new.param_groups[0]["foreach"] is True
     w.grad = torch.ones_like(w)
     result.new.step()
@@ -319,16 +320,16 @@ def test_fused_adamw_falls_back_to_foreach_with_a_warning_where_fused_cannot_ste
 @needs_bnb
 def test_already_8bit_or_stepped_optimizers_are_refused() -> None:
     net = nn.Linear(4, 4)
-    with pytest.raises(ValueError, match=r"`optimizer` is already a bitsandbytes optimizer \(AdamW8bit\)"):
-        swap_optimizer(bnb.optim.AdamW8bit(net.parameters()), optimizer_name="adamw8bit", module=net)
+    with pytest.raises(ValueError, match=r"`old` is already a bitsandbytes optimizer \(AdamW8bit\)"):
+        swap_optimizer(bnb.optim.AdamW8bit(net.parameters()), optimizer="adamw8bit", module=net)
     opt = torch.optim.AdamW(net.parameters())
     net(torch.ones(1, 4)).sum().backward()
     opt.step()
     with pytest.raises(ValueError, match=r"already holds state for 2 parameter\(s\); swap it before its first step"):
-        swap_optimizer(opt, optimizer_name="adamw8bit", module=net)
+        swap_optimizer(opt, optimizer="adamw8bit", module=net)
     with pytest.raises(ValueError, match=r"`module` must be given with keep_32bit='embeddings'"):
-        swap_optimizer(torch.optim.AdamW(net.parameters()), optimizer_name="adamw8bit")
-    swap_optimizer(torch.optim.AdamW(net.parameters()), optimizer_name="adamw8bit", keep_32bit="none")
+        swap_optimizer(torch.optim.AdamW(net.parameters()), optimizer="adamw8bit")
+    swap_optimizer(torch.optim.AdamW(net.parameters()), optimizer="adamw8bit", keep_32bit="none")
 
 
 @needs_bnb
@@ -338,12 +339,12 @@ def test_overrides_stay_private_to_the_new_optimizer(monkeypatch: pytest.MonkeyP
     shared = manager_cls.get_instance()
     net = _TiedNet()
     shared.override_config(net.body.weight, "optim_bits", 32)  # the user's own global override is honoured
-    result = swap_optimizer(torch.optim.AdamW(net.parameters()), optimizer_name="adamw8bit", module=net)
+    result = swap_optimizer(torch.optim.AdamW(net.parameters()), optimizer="adamw8bit", module=net)
     assert result.new.mng is not shared
     assert set(shared.pid2config) == {id(net.body.weight)} and shared.index2config == {}
     # the same parameter positions in another optimizer get no 32-bit override
     other = _TiedNet()
-    plain = swap_optimizer(torch.optim.AdamW(other.parameters()), optimizer_name="adamw8bit", keep_32bit="none")
+    plain = swap_optimizer(torch.optim.AdamW(other.parameters()), optimizer="adamw8bit", keep_32bit="none")
     for model, opt in ((net, result.new), (other, plain.new)):
         model(torch.randint(0, 80, (2, 3))).sum().backward()
         opt.step()
@@ -361,9 +362,7 @@ def test_keep_32bit_callable_sees_every_name_of_a_parameter() -> None:
         seen.append(name)
         return name == "head.weight"
 
-    result = swap_optimizer(
-        torch.optim.AdamW(net.parameters()), optimizer_name="adamw8bit", module=net, keep_32bit=rule
-    )
+    result = swap_optimizer(torch.optim.AdamW(net.parameters()), optimizer="adamw8bit", module=net, keep_32bit=rule)
     assert "head.weight" in seen and "holder.table.weight" in seen
     assert result.kept_32bit == ("holder.table.weight", "head.weight")
     assert result.kept_params[0] is net.head.weight
@@ -401,8 +400,11 @@ def test_swap_optimizers_returns_new_optimizers_configs_and_results() -> None:
     net, groups = _two_group_model()
     old = torch.optim.AdamW(groups)
     sched = torch.optim.lr_scheduler.StepLR(old, step_size=1)
-    new, configs, results = swap_optimizers([old], [sched], net, optimizer_name="adamw8bit", min_8bit_size=16)
+    new, configs, results = swap_optimizers([old], [sched], net, optimizer="adamw8bit", min_8bit_size=16)
     assert new == [results[0].new] and configs == [sched] and sched.optimizer is new[0]
+    assert not results[0].restored
+    results[0].restore()  # a swap undone before the first step: the scheduler drives the old optimizer again
+    assert sched.optimizer is old and results[0].restored
 
 
 # ---------------------------------------------------------------------------------------------- the callback
@@ -455,6 +457,22 @@ def test_a_modules_own_step_lr_steps_the_new_optimizer(tmp_path: Path) -> None:
     assert type(scheduler) is torch.optim.lr_scheduler.StepLR and scheduler.optimizer is trainer.optimizers[0]
     assert [lrs[0] for lrs in rec.lrs] == pytest.approx([0.05] * 10 + [0.005] * 2)
     assert scheduler.last_epoch == 6 and trainer.optimizers[0].param_groups[0]["lr"] == pytest.approx(0.005)
+
+
+@needs_bnb
+def test_an_alias_builds_adamw8bit_and_a_second_fit_swaps_once_again(tmp_path: Path) -> None:
+    swap = OptimizerSwap("adamw_8bit", min_8bit_size=16)  # Hugging Face's `optim` spelling
+    assert swap.optimizer == "adamw8bit"
+    model = Regressor(optimizer="adamw", n=8)
+    for _ in range(2):
+        probe = _OptimizerProbe()
+        trainer = make_trainer(tmp_path, [swap, probe], max_steps=2)
+        trainer.fit(model)
+        assert probe.types == {"AdamW8bit"}
+        # each fit swaps the fresh torch AdamW that configure_optimizers built, never the 8-bit one of the last fit
+        assert [type(r.old) for r in swap.results] == [torch.optim.AdamW]
+        # nothing is undone at teardown: the trained 8-bit state stays where trainer.save_checkpoint reads it
+        assert trainer.optimizers[0] is swap.results[0].new and optimizer_state_bytes(trainer.optimizers[0]) > 0
 
 
 @needs_bnb
@@ -580,24 +598,35 @@ def test_missing_bitsandbytes_names_the_extra(monkeypatch: pytest.MonkeyPatch) -
         OptimizerSwap("paged_lion8bit")
     net = nn.Linear(2, 2)
     with pytest.raises(ModuleNotFoundError, match=extra):
-        swap_optimizer(torch.optim.AdamW(net.parameters()), optimizer_name="adamw8bit", module=net)
+        swap_optimizer(torch.optim.AdamW(net.parameters()), optimizer="adamw8bit", module=net)
     OptimizerSwap("adamw_fused")  # needs no bitsandbytes
-    swap_optimizer(torch.optim.AdamW(net.parameters()), optimizer_name="adamw_fused")
+    swap_optimizer(torch.optim.AdamW(net.parameters()), optimizer="adamw_fused")
 
 
-ALLOWED = ", ".join(repr(name) for name in OPTIMIZERS)
+ALLOWED = ", ".join(repr(name) for name in OPTIMIZERS if name in TARGETS)  # the vocabulary's order
+ALIASES = (
+    "(or an alias: 'adam_8bit', 'adamw_8bit', 'adamw_bnb_8bit', 'adamw_torch_fused', 'lion_8bit', 'paged_adam_8bit', "
+    "'paged_adamw_8bit', 'paged_lion_8bit', 'sgd_8bit')"
+)
 
 BAD_INPUTS = [
     pytest.param(
         lambda: OptimizerSwap("adam"),
         ValueError,
-        f"`optimizer` must be one of {ALLOWED}, got 'adam'",
+        f"`optimizer` must be one of {ALLOWED} {ALIASES}, got 'adam'",
         id="unknown-optimizer",
     ),
     pytest.param(
-        lambda: OptimizerSwap(torch.optim.AdamW),  # type: ignore[arg-type]
+        lambda: OptimizerSwap("adamw"),
         ValueError,
-        f"`optimizer` must be one of {ALLOWED}, got <class 'torch.optim.adamw.AdamW'>",
+        f"`optimizer` must be one of {ALLOWED} {ALIASES}, got 'adamw'; 'adamw' is an optimizer but not one this "
+        "accepts",
+        id="module-own-optimizer",
+    ),
+    pytest.param(
+        lambda: OptimizerSwap(torch.optim.AdamW),  # type: ignore[arg-type]
+        TypeError,
+        "`optimizer` must be a string naming an optimizer, got <class 'torch.optim.adamw.AdamW'> (type)",
         id="optimizer-class",
     ),
     pytest.param(
@@ -625,21 +654,21 @@ BAD_INPUTS = [
         id="keep-unknown-name",
     ),
     pytest.param(
-        lambda: swap_optimizer(torch.optim.AdamW([nn.Parameter(torch.zeros(1))]), optimizer_name="lion"),  # type: ignore[arg-type]
+        lambda: swap_optimizer(torch.optim.AdamW([nn.Parameter(torch.zeros(1))]), optimizer="lion"),  # type: ignore[arg-type]
         ValueError,
-        f"`optimizer_name` must be one of {ALLOWED}, got 'lion'",
+        f"`optimizer` must be one of {ALLOWED} {ALIASES}, got 'lion'",
         id="engine-unknown-optimizer",
     ),
     pytest.param(
-        lambda: swap_optimizer("adamw", optimizer_name="adamw8bit"),  # type: ignore[arg-type]
+        lambda: swap_optimizer("adamw", optimizer="adamw8bit"),  # type: ignore[arg-type]
         TypeError,
-        "`optimizer` must be a torch.optim.Optimizer, got 'adamw' (str)",
+        "`old` must be a torch.optim.Optimizer, got 'adamw' (str)",
         id="engine-not-an-optimizer",
     ),
     pytest.param(
         lambda: swap_optimizer(
             torch.optim.AdamW([nn.Parameter(torch.zeros(1))]),
-            optimizer_name="adamw8bit",
+            optimizer="adamw8bit",
             module="net",  # type: ignore[arg-type]
         ),
         TypeError,
@@ -692,7 +721,7 @@ def test_lora_adapters_under_min_8bit_size_are_reported_as_saving_nothing_and_fr
     assert adapters and max(p.numel() for p in adapters) == 512 and frozen
     old = torch.optim.AdamW(model.parameters(), lr=1e-3)  # the module passes its frozen weights too, as many do
     with pytest.warns(UserWarning, match="stores no optimizer state in 8 bits") as rec:
-        result = swap_optimizer(old, optimizer_name="adamw8bit", module=model)
+        result = swap_optimizer(old, optimizer="adamw8bit", module=model)
     message = str(rec[0].message)
     assert f"of the {len(adapters)} trainable tensor(s), {len(adapters)} are under min_8bit_size=4,096" in message
     assert f"({len(frozen)} frozen tensor(s) get no state at all)" in message
@@ -712,7 +741,7 @@ def test_lora_adapters_under_min_8bit_size_are_reported_as_saving_nothing_and_fr
         warnings.simplefilter("error")
         lowered = swap_optimizer(
             torch.optim.AdamW([p for p in model.parameters() if p.requires_grad]),
-            optimizer_name="adamw8bit",
+            optimizer="adamw8bit",
             module=model,
             min_8bit_size=512,
         )
@@ -725,7 +754,7 @@ def test_lora_adapters_under_min_8bit_size_are_reported_as_saving_nothing_and_fr
 def test_nothing_in_8bit_is_said_in_the_callback_summary() -> None:
     net = nn.Linear(8, 8)
     with pytest.warns(UserWarning, match="stores no optimizer state in 8 bits"):
-        result = swap_optimizer(torch.optim.AdamW(net.parameters()), optimizer_name="adamw8bit", module=net)
+        result = swap_optimizer(torch.optim.AdamW(net.parameters()), optimizer="adamw8bit", module=net)
     swap = OptimizerSwap()
     swap.results, swap.state_bytes_before, swap.state_bytes_after = [result], 1000, 999
     assert swap.summary().endswith(
@@ -738,11 +767,11 @@ def test_nothing_in_8bit_is_said_in_the_callback_summary() -> None:
 def test_an_sgd_learning_rate_carried_into_adamw8bit_gets_advice() -> None:
     net, _ = _two_group_model()
     with pytest.warns(UserWarning, match="changes the algorithm") as rec:
-        swap_optimizer(torch.optim.SGD(net.parameters(), lr=0.1, momentum=0.9), optimizer_name="adamw8bit", module=net)
+        swap_optimizer(torch.optim.SGD(net.parameters(), lr=0.1, momentum=0.9), optimizer="adamw8bit", module=net)
     assert (
         "group 0: lr=0.1 was chosen for SGD; AdamW8bit usually trains with a much smaller one (its default is 0.001)"
     ) in str(rec[0].message)
     with warnings.catch_warnings(record=True) as quiet:  # an LR already in Adam's range gets no advice
         warnings.simplefilter("always")
-        swap_optimizer(torch.optim.SGD(net.parameters(), lr=1e-3, momentum=0.9), optimizer_name="adamw8bit", module=net)
+        swap_optimizer(torch.optim.SGD(net.parameters(), lr=1e-3, momentum=0.9), optimizer="adamw8bit", module=net)
     assert not any("was chosen for SGD" in str(w.message) for w in quiet)

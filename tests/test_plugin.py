@@ -25,8 +25,11 @@ def _weights(module: torch.nn.Module) -> dict[str, torch.Tensor]:
     return {k: v.detach().clone() for k, v in module.state_dict().items()}
 
 
-@pytest.mark.parametrize("precision", ["32-true", "bf16-mixed", "bf16-true"])
-def test_plugin_without_swaps_trains_exactly_like_trainer_precision(tmp_path: Path, precision: str) -> None:
+@pytest.mark.parametrize(
+    ("precision", "alias"),
+    [("32-true", "32-true"), ("bf16-mixed", "bf16-mixed"), ("bf16-true", "bf16-true"), ("bf16-mixed", "bf16")],
+)
+def test_plugin_without_swaps_trains_exactly_like_trainer_precision(tmp_path: Path, precision: str, alias: str) -> None:
     torch.manual_seed(0)
     reference = DemoGPT(SMALL)
     ours = DemoGPT(SMALL)
@@ -34,7 +37,7 @@ def test_plugin_without_swaps_trains_exactly_like_trainer_precision(tmp_path: Pa
     torch.manual_seed(1)  # same shuffling in both runs
     make_trainer(tmp_path, [], max_steps=5, precision=precision).fit(reference, datamodule=_data())
     torch.manual_seed(1)
-    trainer = make_trainer(tmp_path, [], max_steps=5, plugins=[lt.TunePlugin(precision)])
+    trainer = make_trainer(tmp_path, [], max_steps=5, plugins=[lt.TunePlugin(alias)])  # type: ignore[arg-type]
     trainer.fit(ours, datamodule=_data())
     assert trainer.precision == precision
     for key, value in _weights(reference).items():
@@ -73,6 +76,12 @@ def test_auto_precision_is_decided_in_the_training_process_not_at_construction(m
     # a CUDA device asks the GPU, once
     gpu = lt.TunePlugin()
     assert gpu.precision == "bf16-mixed" and gpu.device == "cuda" and calls == ["is_bf16_supported"]
+
+
+def test_aliases_are_accepted_and_shown_by_their_canonical_name() -> None:
+    plugin = lt.TunePlugin("fp16", optimizer="adamw_torch_fused", attention="flash_attention_2")  # type: ignore[arg-type]
+    assert repr(plugin) == "TunePlugin(precision='16-mixed', optimizer='adamw_fused', attention='flash')"
+    assert repr(lt.TunePlugin("bf16")) == repr(lt.TunePlugin("bf16-mixed"))  # type: ignore[arg-type]
 
 
 def test_repr_is_plain_and_only_the_conflict_error_carries_the_hint() -> None:
@@ -146,6 +155,18 @@ def test_checkpoint_round_trip_with_swaps(tmp_path: Path) -> None:
     [
         pytest.param({"precision": "fp8"}, ValueError, "`precision` must be one of 'auto', '32-true'", id="precision"),
         pytest.param({"optimizer": "adam16"}, ValueError, "`optimizer` must be one of", id="optimizer"),
+        pytest.param(
+            {"optimizer": "adamw"},
+            ValueError,
+            "`optimizer` must be one of 'adamw_fused', 'adam8bit', 'adamw8bit', 'lion8bit', 'sgd8bit',",
+            id="not-a-swap",
+        ),
+        pytest.param(
+            {"precision": "transformer-engine"},
+            ValueError,
+            "got 'transformer-engine'; 'transformer-engine' is a precision but not one this accepts",
+            id="transformer-engine",
+        ),
         pytest.param(
             {"attention": "fast"},
             ValueError,

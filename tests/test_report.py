@@ -12,7 +12,7 @@ from lightning_tune.report import (
     PANEL_TITLES,
     ReportError,
     Runs,
-    _default_title,
+    default_title,
     read_scalars,
     render_report,
     summarise,
@@ -304,7 +304,7 @@ def test_render_report_rejects_bad_arguments(
 
 
 def test_default_title_names_the_log_directory(tmp_path: Path) -> None:
-    assert _default_title(tmp_path / "lightning_logs") == "lightning_tune report: lightning_logs"
+    assert default_title(tmp_path / "lightning_logs") == "lightning_tune report: lightning_logs"
 
 
 # ------------------------------------------------------------------------------------------------ summarise

@@ -243,7 +243,7 @@ def test_mfu_counts_flops_on_the_first_batch_when_not_given(tmp_path: Path) -> N
 @pytest.mark.parametrize(
     ("kwargs", "error", "message"),
     [
-        pytest.param({"window": 1}, ValueError, "`window` must be an integer >= 2, got 1", id="window"),
+        pytest.param({"window": 1}, ValueError, "`window` must be an integer from 2 to 1000000, got 1", id="window"),
         pytest.param(
             {"percentiles": (50, 100)}, ValueError, "`percentiles[1]` must be in (0, 100), got 100", id="p100"
         ),
@@ -281,6 +281,11 @@ def test_bad_arguments(kwargs: dict, error: type[Exception], message: str) -> No
 
     with pytest.raises(error, match=re.escape(message)):
         lt.ThroughputLatencyMonitor(**kwargs)
+
+
+def test_arguments_past_window_are_keyword_only() -> None:
+    with pytest.raises(TypeError, match="positional argument"):
+        lt.ThroughputLatencyMonitor(50, 10)  # type: ignore[misc]
 
 
 def test_trainer_that_never_logs_per_step_does_not_break_the_monitor(tmp_path: Path) -> None:
@@ -615,7 +620,7 @@ def test_nvml_failing_in_sample_is_disabled_after_one_message(tmp_path: Path) ->
 
 
 def test_window_too_large_is_a_value_error() -> None:
-    with pytest.raises(ValueError, match=r"`window` must be an integer in \[2, 1000000\], got 10{30}"):
+    with pytest.raises(ValueError, match=r"`window` must be an integer from 2 to 1000000, got 10{30}"):
         lt.ThroughputLatencyMonitor(window=10**30)
 
 

@@ -26,21 +26,12 @@ from lightning_tune.bench.files import (
 from lightning_tune.bench.plot import check_png_path, plot_tradeoff
 from lightning_tune.bench.progress import SweepProgress
 from lightning_tune.bench.result import COLUMNS, PERCENTILES, STATUSES, BenchResult, Status
-from lightning_tune.bench.runner import BenchRunner, SettingFailed, describe_device
-from lightning_tune.bench.settings import (
-    ACCELERATORS,
-    DEFAULT_SEQ_LEN,
-    DEMO,
-    MODES,
-    BenchSettings,
-    Mode,
-    parse_batch_sizes,
-)
+from lightning_tune.bench.runner import BenchRunner, SettingFailed
+from lightning_tune.bench.settings import DEFAULT_SEQ_LEN, DEMO, MODES, BenchSettings, Mode, parse_batch_sizes
 from lightning_tune.bench.table import format_table
 from lightning_tune.bench.target import BenchTarget, load_class, load_target, set_batch_size
 
 __all__ = [
-    "ACCELERATORS",
     "BenchResult",
     "BenchRunner",
     "BenchSettings",
@@ -62,7 +53,6 @@ __all__ = [
     "Status",
     "SweepProgress",
     "check_png_path",
-    "describe_device",
     "format_recommendation",
     "format_table",
     "load_class",

@@ -1,12 +1,10 @@
 """Run a sweep: each batch size in a fresh Trainer with :class:`~lightning_tune.ThroughputLatencyMonitor`.
 
-Train mode fits ``warmup + steps`` optimizer steps. The monitor logs once at the end of the warm-up, which resolves
-the warm-up's step records; a small callback copies the monitor's running totals there, and the figures are the
-totals at the end minus that copy. The percentile window holds exactly the last ``steps`` steps.
-
-Predict mode runs ``Trainer.predict`` twice in the same Trainer: ``warmup`` batches, then ``steps`` batches. The
-monitor measures each predict run on its own and writes the figures to the Trainer's loggers; the runner gives it
-an in-memory logger and keeps the second run's figures.
+Every figure is the monitor's own (its :attr:`~lightning_tune.ThroughputLatencyMonitor.summary`). Train mode fits
+``warmup + steps`` optimizer steps with ``warmup_steps=warmup``, so the monitor's totals and its window of exactly
+``steps`` steps start after the warm-up. Predict mode runs ``Trainer.predict`` twice in the same Trainer, ``warmup``
+batches, then ``steps`` batches; the monitor measures each predict run on its own and the second one's figures are
+kept.
 
 A setting that raises ``torch.OutOfMemoryError`` becomes an ``"oom"`` result, its memory is freed and the sweep goes
 on; any other error stops the sweep as :class:`SettingFailed`.
@@ -17,32 +15,28 @@ from __future__ import annotations
 import contextlib
 import gc
 import logging
-import platform
 import warnings
-from collections.abc import Callable, Iterator, Mapping
-from dataclasses import fields
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import lightning.pytorch as pl
 import torch
 from lightning.fabric.utilities.exceptions import MisconfigurationException
 from lightning.pytorch.callbacks import Callback
-from lightning.pytorch.loggers import Logger
 from typing_extensions import override
 
 from lightning_tune._validation import check_bool, check_int
 from lightning_tune.bench.progress import SweepProgress
-from lightning_tune.bench.result import BenchResult
+from lightning_tune.bench.result import PERCENTILES, BenchResult
 from lightning_tune.bench.settings import BenchSettings
 from lightning_tune.bench.target import BenchTarget, load_target
 from lightning_tune.callbacks.throughput import ThroughputLatencyMonitor
-from lightning_tune.perf.batch import count_samples, count_tokens
-from lightning_tune.perf.devices import cuda_memory_metrics, reset_run_peak
-from lightning_tune.perf.flops import FlopCounter, mfu
-from lightning_tune.perf.stats import StepStats, Totals
+from lightning_tune.perf.batch import count_samples
+from lightning_tune.perf.devices import cuda_memory_metrics, describe_device, reset_run_peak
+from lightning_tune.perf.window import percentile_suffix
 from lightning_tune.plugins.tune import TunePlugin
 
-__all__ = ["BenchRunner", "SettingFailed", "describe_device"]
+__all__ = ["BenchRunner", "SettingFailed"]
 
 # Lightning announces the accelerators at every Trainer and the monitor prints a summary at every fit end: a
 # sweep builds one Trainer per batch size and prints its own table instead.
@@ -64,147 +58,35 @@ class SettingFailed(RuntimeError):
         self.error = error
 
 
-def describe_device(device: torch.device) -> str:
-    """Name a device for the results: ``"cuda:0 (NVIDIA H100 80GB HBM3)"``, ``"cpu (<CPU model>)"``.
-
-    Args:
-        device: The device.
-
-    Returns:
-        The description.
-    """
-    if device.type == "cuda":
-        return f"{device} ({torch.cuda.get_device_name(device)})"
-    if device.type == "cpu":
-        threads = torch.get_num_threads()
-        return f"cpu ({_cpu_model()}, {threads} thread{'s' if threads != 1 else ''})"
-    return str(device)
-
-
-def _cpu_model() -> str:
-    with contextlib.suppress(OSError), open("/proc/cpuinfo") as handle:
-        for line in handle:
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    return platform.processor() or platform.machine() or "unknown model"
-
-
-class _MemoryLogger(Logger):
-    """Keeps the latest value of every metric written to it (the monitor writes predict figures to loggers)."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.metrics: dict[str, float] = {}
-
-    @property
-    @override
-    def name(self) -> str:
-        return "bench"
-
-    @property
-    @override
-    def version(self) -> int:
-        return 0
-
-    @override
-    def log_metrics(self, metrics: Mapping[str, float], step: int | None = None) -> None:
-        self.metrics.update(metrics)
-
-    @override
-    def log_hyperparams(self, params: Any, *args: Any, **kwargs: Any) -> None:
-        pass
-
-
 class _FirstBatch(Callback):
     """Remembers the samples of the first batch, to catch a module whose dataloader ignores ``batch_size``."""
 
     def __init__(self) -> None:
-        self.first_samples: int | None = None
-
-    def _see(self, batch: Any) -> None:
-        if self.first_samples is None:
-            self.first_samples = count_samples(batch)
-
-
-class _WarmupMark(_FirstBatch):
-    """Copies the monitor's running totals when the warm-up's last step ends (the monitor has just logged)."""
-
-    def __init__(self, monitor: ThroughputLatencyMonitor, warmup: int) -> None:
-        super().__init__()
-        self.monitor = monitor
-        self.warmup = warmup
-        self.totals: Totals | None = Totals() if warmup == 0 else None
+        self.samples: int | None = None
 
     @override
     def on_train_batch_start(
         self, trainer: pl.Trainer, pl_module: pl.LightningModule, batch: Any, batch_idx: int
     ) -> None:
-        self._see(batch)
-
-    @override
-    def on_train_batch_end(
-        self, trainer: pl.Trainer, pl_module: pl.LightningModule, outputs: Any, batch: Any, batch_idx: int
-    ) -> None:
-        if self.totals is None and trainer.global_step == self.warmup:
-            total = self.monitor.stats.total
-            self.totals = Totals(**{f.name: getattr(total, f.name) for f in fields(Totals)})
-
-
-class _PredictCounter(_FirstBatch):
-    """Counts the samples, tokens and batches of a predict run; optionally the FLOPs of its first batch."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.count_flops = False
-        self.flops_per_sample: float | None = None
-        self._counter: FlopCounter | None = None
-        self.reset()
-
-    def reset(self) -> None:
-        """Start counting a new predict run (FLOPs per sample are kept)."""
-        self.batches = 0
-        self.samples = 0
-        self.tokens: int | torch.Tensor = 0
+        self.samples = count_samples(batch) if self.samples is None else self.samples
 
     @override
     def on_predict_batch_start(
         self, trainer: pl.Trainer, pl_module: pl.LightningModule, batch: Any, batch_idx: int, dataloader_idx: int = 0
     ) -> None:
-        self._see(batch)
-        samples = count_samples(batch) or 0
-        tokens = count_tokens(batch)
-        self.batches += 1
-        self.samples += samples
-        if tokens is not None:
-            self.tokens = self.tokens + tokens
-        if self.count_flops and self.flops_per_sample is None and self._counter is None and samples:
-            self._counter = FlopCounter()
-            self._counter.start()
-
-    @override
-    def on_predict_batch_end(
-        self,
-        trainer: pl.Trainer,
-        pl_module: pl.LightningModule,
-        outputs: Any,
-        batch: Any,
-        batch_idx: int,
-        dataloader_idx: int = 0,
-    ) -> None:
-        if self._counter is not None:
-            samples = count_samples(batch) or 1
-            self.flops_per_sample = self._counter.stop() / samples
-            self._counter = None
-
-    @override
-    def on_exception(self, trainer: pl.Trainer, pl_module: pl.LightningModule, exception: BaseException) -> None:
-        if self._counter is not None:
-            self._counter.stop()
-            self._counter = None
+        self.samples = count_samples(batch) if self.samples is None else self.samples
 
 
-def _minus(total: Totals, before: Totals) -> Totals:
-    return Totals(**{f.name: getattr(total, f.name) - getattr(before, f.name) for f in fields(Totals)})
+def _figures(summary: dict[str, float], count: str, latency: str) -> dict[str, Any]:
+    """A result's figures from the monitor's summary of a fit (``steps``, ``step_ms``) or predict run (``batches``)."""
+    return {
+        "steps": int(summary[count]),
+        "seconds": summary["seconds"],
+        "samples_per_sec": summary["samples_per_sec"],
+        "tokens_per_sec": summary.get("tokens_per_sec"),
+        "mfu": summary.get("mfu"),
+        **{f"p{q:g}_ms": summary.get(f"{latency}_{percentile_suffix(q)}") for q in PERCENTILES},
+    }
 
 
 def _free_memory(device: torch.device) -> None:
@@ -270,7 +152,8 @@ class BenchRunner:
         #: The attention backend that runs (``"auto"`` resolved), or ``None`` when attention is left alone.
         self.attention: str | None = None
         if settings.attention is not None:
-            from lightning_tune.swaps.attention import precision_dtype, resolve_backend
+            from lightning_tune.swaps.attention import resolve_backend
+            from lightning_tune.vocab import precision_dtype
 
             try:
                 self.attention = resolve_backend(
@@ -385,12 +268,12 @@ class BenchRunner:
         settings = self.settings
         return TunePlugin(
             settings.precision,
-            optimizer=settings.optimizer,  # type: ignore[arg-type]
+            optimizer=settings.optimizer,
             attention=settings.attention,
             device=self._plugin_device,  # type: ignore[arg-type]
         )
 
-    def _trainer(self, callbacks: list[Callback], *, max_steps: int = -1, logger: Logger | None = None) -> pl.Trainer:
+    def _trainer(self, callbacks: list[Callback], *, max_steps: int = -1) -> pl.Trainer:
         settings = self.settings
         plugin = self._plugin()
         return pl.Trainer(
@@ -398,7 +281,7 @@ class BenchRunner:
             devices=1,
             plugins=[plugin],
             max_steps=max_steps,
-            logger=logger if logger is not None else False,
+            logger=False,
             callbacks=callbacks,
             enable_checkpointing=False,
             enable_model_summary=False,
@@ -430,61 +313,30 @@ class BenchRunner:
         self, model: pl.LightningModule, datamodule: pl.LightningDataModule | None, bar: SweepProgress
     ) -> tuple[dict[str, Any], int | None]:
         warmup, steps = self.settings.warmup, self.settings.steps
-        # logging exactly at the end of the warm-up resolves the warm-up's records before the mark copies them
-        monitor = ThroughputLatencyMonitor(window=steps, log_every_n_steps=warmup or None, gpu_stats=False)
-        mark = _WarmupMark(monitor, warmup)
-        trainer = self._trainer([monitor, mark, bar], max_steps=warmup + steps)
+        # one log, at the last step: no resolution of the step records in between but the warm-up's end
+        monitor = ThroughputLatencyMonitor(
+            window=steps, warmup_steps=warmup, log_every_n_steps=warmup + steps, gpu_stats=False
+        )
+        first = _FirstBatch()
+        trainer = self._trainer([monitor, first, bar], max_steps=warmup + steps)
         trainer.fit(model, datamodule=datamodule)
-        if mark.totals is None:
-            raise RuntimeError(f"training stopped after {trainer.global_step} steps, within the {warmup} warm-up steps")
-        measured = _minus(monitor.stats.total, mark.totals)
-        rates = StepStats.rates(measured)
-        if not measured.steps or "samples_per_sec" not in rates:
-            raise RuntimeError(f"training stopped after {trainer.global_step} steps, with no measured step")
-        figures: dict[str, Any] = {
-            "steps": measured.steps,
-            "seconds": measured.wall_ms / 1000.0,
-            "samples_per_sec": rates["samples_per_sec"],
-            "tokens_per_sec": rates.get("tokens_per_sec"),
-            **self._percentiles(monitor.summary, "step_ms"),
-        }
-        if "flops_per_sec" in rates:  # counted only where the device's peak is known
-            peak = monitor.device_peak_flops(trainer)
-            figures["mfu"] = mfu(rates["flops_per_sec"], peak) if peak else None
-        return figures, mark.first_samples
+        if trainer.global_step <= warmup or not monitor.summary.get("samples_per_sec"):
+            raise RuntimeError(
+                f"training stopped after {trainer.global_step} steps, with no step measured after the {warmup} "
+                "warm-up steps"
+            )
+        return _figures(monitor.summary, "steps", "step_ms"), first.samples
 
     def _predict(
         self, model: pl.LightningModule, datamodule: pl.LightningDataModule | None, bar: SweepProgress
     ) -> tuple[dict[str, Any], int | None]:
-        warmup, steps = self.settings.warmup, self.settings.steps
-        monitor = ThroughputLatencyMonitor(window=steps, gpu_stats=False)
-        counter = _PredictCounter()
-        logger = _MemoryLogger()
-        trainer = self._trainer([monitor, counter, bar], logger=logger)
-        peak = monitor.device_peak_flops(trainer)
-        if warmup:
-            counter.count_flops = peak is not None  # on the first warm-up batch, where its cost does not count
-            trainer.limit_predict_batches = warmup
-            trainer.predict(model, datamodule=datamodule, return_predictions=False)
-            counter.reset()
-            logger.metrics.clear()
-        trainer.limit_predict_batches = steps
-        trainer.predict(model, datamodule=datamodule, return_predictions=False)
-        rate = logger.metrics.get("perf/predict/samples_per_sec")
-        if not counter.batches or not rate:
+        monitor = ThroughputLatencyMonitor(window=self.settings.steps, gpu_stats=False)
+        first = _FirstBatch()
+        trainer = self._trainer([monitor, first, bar])
+        for batches in (self.settings.warmup, self.settings.steps):  # the monitor measures each run on its own
+            if batches:
+                trainer.limit_predict_batches = batches
+                trainer.predict(model, datamodule=datamodule, return_predictions=False)
+        if not monitor.summary.get("samples_per_sec"):
             raise RuntimeError("the predict dataloader yielded no batch with samples")
-        tokens = int(counter.tokens)
-        figures: dict[str, Any] = {
-            "steps": counter.batches,
-            "seconds": counter.samples / rate,
-            "samples_per_sec": rate,
-            "tokens_per_sec": rate * tokens / counter.samples if tokens else None,
-            **self._percentiles({k.removeprefix("perf/predict/"): v for k, v in logger.metrics.items()}, "batch_ms"),
-        }
-        if peak is not None and counter.flops_per_sample is not None:
-            figures["mfu"] = mfu(counter.flops_per_sample * rate, peak)
-        return figures, counter.first_samples
-
-    @staticmethod
-    def _percentiles(metrics: Mapping[str, float], prefix: str) -> dict[str, float | None]:
-        return {f"p{q}_ms": metrics.get(f"{prefix}_p{q}") for q in (50, 95, 99)}
+        return _figures(monitor.summary, "batches", "batch_ms"), first.samples

@@ -8,9 +8,18 @@ from dataclasses import dataclass, field
 from typing import Any, Final, Literal, get_args
 
 from lightning_tune._validation import check_choice, check_int
+from lightning_tune.vocab import (
+    ACCELERATORS,
+    Accelerator,
+    Attention,
+    OptimizerName,
+    Precision,
+    canonical_attention,
+    canonical_optimizer,
+    canonical_precision,
+)
 
 __all__ = [
-    "ACCELERATORS",
     "BenchSettings",
     "DEFAULT_SEQ_LEN",
     "DEMO",
@@ -27,8 +36,6 @@ MODES: Final[tuple[str, ...]] = get_args(Mode)
 DEMO: Final = "demo"
 #: Tokens per sequence of the demo when none is given.
 DEFAULT_SEQ_LEN: Final = 512
-#: Lightning accelerator names a sweep accepts (it runs on one device of that kind).
-ACCELERATORS: Final[tuple[str, ...]] = ("auto", "cpu", "gpu", "cuda", "mps")
 
 # "package.module:Class", the class possibly nested ("module:Outer.Inner")
 _SPEC = re.compile(r"^[A-Za-z_]\w*(\.[A-Za-z_]\w*)*:[A-Za-z_]\w*(\.[A-Za-z_]\w*)*$")
@@ -77,7 +84,7 @@ def _check_kwargs(name: str, value: Any) -> dict[str, Any]:
     return dict(value)
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class BenchSettings:
     """One sweep: the model, the batch sizes to try, and how each setting is run.
 
@@ -100,10 +107,12 @@ class BenchSettings:
         steps: Measured optimizer steps (train) or predict batches (predict) per batch size, >= 2.
         warmup: Steps (or predict batches) run first and left out of the figures, >= 0.
         precision: Precision of :class:`~lightning_tune.TunePlugin` (``"auto"``, ``"32-true"``, ``"bf16-mixed"``,
-            ...); ``"auto"`` is bf16-mixed or 16-mixed on a CUDA GPU and 32-true elsewhere.
-        optimizer: Optimizer swap of :class:`~lightning_tune.TunePlugin` (e.g. ``"adamw8bit"``), or ``None``.
+            ...); ``"auto"`` is bf16-mixed or 16-mixed on a CUDA GPU and 32-true elsewhere. Aliases of
+            :mod:`lightning_tune.vocab` (``"bf16"``, ``"fp16"``) are stored as their canonical name.
+        optimizer: Optimizer swap of :class:`~lightning_tune.TunePlugin` (e.g. ``"adamw8bit"`` or its alias
+            ``"adamw_8bit"``), or ``None``.
         attention: Attention backend of :class:`~lightning_tune.TunePlugin` (``"auto"``, ``"flash"``, ``"sdpa"``,
-            ``"eager"``), or ``None`` to leave attention alone.
+            ``"eager"``, or an alias such as ``"flash_attention_2"``), or ``None`` to leave attention alone.
         accelerator: Lightning accelerator: ``"auto"``, ``"cpu"``, ``"gpu"``, ``"cuda"`` or ``"mps"``. A sweep
             runs on one device.
         seed: Seed set before each setting, >= 0, so every batch size starts from the same weights.
@@ -126,16 +135,14 @@ class BenchSettings:
     seq_len: int | None = None
     steps: int = 100
     warmup: int = 10
-    precision: str = "auto"
-    optimizer: str | None = None
-    attention: str | None = None
-    accelerator: str = "auto"
+    precision: Precision = "auto"
+    optimizer: OptimizerName | None = None
+    attention: Attention | None = None
+    accelerator: Accelerator = "auto"
     seed: int = 0
 
     def __post_init__(self) -> None:
-        from lightning_tune.plugins.tune import PRECISIONS
-        from lightning_tune.swaps.attention import BACKENDS
-        from lightning_tune.swaps.optimizer import OPTIMIZERS
+        from lightning_tune.swaps.optimizer import TARGETS
 
         sizes = self.batch_sizes
         if isinstance(sizes, (str, bytes)) or not isinstance(sizes, Sequence):
@@ -172,11 +179,11 @@ class BenchSettings:
             raise ValueError("`model_args` must not hold 'seq_len' for the demo; give `seq_len` itself")
         check_int("steps", self.steps, minimum=2)
         check_int("warmup", self.warmup, minimum=0)
-        check_choice("precision", self.precision, PRECISIONS)
+        object.__setattr__(self, "precision", canonical_precision(self.precision))
         if self.optimizer is not None:
-            check_choice("optimizer", self.optimizer, OPTIMIZERS)
+            object.__setattr__(self, "optimizer", canonical_optimizer(self.optimizer, allowed=TARGETS))
         if self.attention is not None:
-            check_choice("attention", self.attention, BACKENDS)
+            object.__setattr__(self, "attention", canonical_attention(self.attention))
         check_choice("accelerator", self.accelerator, ACCELERATORS)
         check_int("seed", self.seed, minimum=0)
 

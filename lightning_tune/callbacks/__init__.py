@@ -1,13 +1,14 @@
 """Lightning callbacks of lightning_tune."""
 
-from lightning_tune.callbacks.attention_swap import AttentionSwap
 from lightning_tune.callbacks.dynamic_batch import DynamicBatchSize
 from lightning_tune.callbacks.lr_plateau import AdaptiveLROnPlateau
 from lightning_tune.callbacks.lr_schedule import LinearWarmup, OneCycle, ScheduleCallback, WarmupCosine
 from lightning_tune.callbacks.optimizer_swap import OptimizerSwap
+from lightning_tune.callbacks.surgery import ActivationCheckpointing, AttentionSwap, SurgeryCallback, TorchCompile
 from lightning_tune.callbacks.throughput import ThroughputLatencyMonitor
 
 __all__ = [
+    "ActivationCheckpointing",
     "AdaptiveLROnPlateau",
     "AttentionSwap",
     "DynamicBatchSize",
@@ -15,6 +16,8 @@ __all__ = [
     "OneCycle",
     "OptimizerSwap",
     "ScheduleCallback",
+    "SurgeryCallback",
     "ThroughputLatencyMonitor",
+    "TorchCompile",
     "WarmupCosine",
 ]

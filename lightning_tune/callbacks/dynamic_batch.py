@@ -24,6 +24,7 @@ from torch import Tensor
 from torch.utils.data import BatchSampler, DataLoader
 from typing_extensions import override
 
+from lightning_tune import keys
 from lightning_tune._validation import check_bool, check_choice, check_float, check_int
 from lightning_tune.batch.control import BatchSizeController, Decision
 from lightning_tune.batch.memory import MemoryModel
@@ -39,6 +40,7 @@ from lightning_tune.batch.runner import (
 from lightning_tune.batch.sampler import ResizableBatchSampler
 from lightning_tune.batch.sharded import GatheredStep
 from lightning_tune.batch.trim import PaddingLayout, cut_sequences, padding_layout, sample_tokens
+from lightning_tune.callbacks._logging import log_every_n_steps
 from lightning_tune.callbacks._resizable_loader import (
     attach,
     loader_parts,
@@ -51,6 +53,7 @@ from lightning_tune.callbacks._resizable_loader import (
 )
 from lightning_tune.lr.scaling import SCALE_RULES, ScaleRule, scale_lr
 from lightning_tune.perf.batch import count_samples
+from lightning_tune.plan.estimate import MemoryEstimate
 
 if TYPE_CHECKING:
     import lightning.pytorch as pl
@@ -88,9 +91,8 @@ class DynamicBatchSize(Callback):
         multiple_of: Micro-batch sizes at or above this are multiples of it.
         probe: Where memory is read: ``None`` for :class:`~lightning_tune.batch.CudaMemory` on a CUDA device, or a
             :class:`~lightning_tune.SimulatedMemory` to try the callback without one.
-        prior: A memory estimate with ``fixed_bytes`` and ``bytes_per_sample`` (such as
-            :func:`lightning_tune.plan.estimate_memory`'s) that starts the memory model, so the first decision
-            need not probe.
+        prior: A :class:`~lightning_tune.MemoryEstimate` (from :func:`~lightning_tune.estimate_memory` or
+            :func:`~lightning_tune.measure_memory`) that starts the memory model, so the first decision need not probe.
         min_change: Smallest relative growth worth a change.
         sync_oom: Under DDP and FSDP2, agree on allocation failures across ranks: one small all-reduce per optimizer
             step (DDP: before the last micro-batch's backward; FSDP2: after every backward, before the gradients are
@@ -108,6 +110,7 @@ class DynamicBatchSize(Callback):
         pad_to_multiple_of: Trimmed sequence lengths are rounded up to a multiple of this (few distinct shapes for
             ``torch.compile``, tensor-core friendly), as the collator's argument of that name.
 
+    Raises:
         TypeError: If an argument has the wrong type.
         ValueError: If an argument is out of range, or ``min_batch_size > max_batch_size``.
 
@@ -120,6 +123,7 @@ class DynamicBatchSize(Callback):
     def __init__(
         self,
         target_vram: float = 0.9,
+        *,
         min_batch_size: int = 1,
         max_batch_size: int | None = None,
         adjust_every: int = 100,
@@ -127,8 +131,7 @@ class DynamicBatchSize(Callback):
         lr_rule: ScaleRule = "sqrt",
         multiple_of: int = 8,
         probe: MemoryProbe | None = None,
-        *,
-        prior: Any = None,
+        prior: MemoryEstimate | None = None,
         min_change: float = 0.1,
         sync_oom: bool = True,
         reserve_gib: float = 0.0,
@@ -162,14 +165,9 @@ class DynamicBatchSize(Callback):
                 f"capacity_bytes, reset_peak, peak_bytes, pressure, before_micro_batch and free), got "
                 f"{type(probe).__name__}"
             )
-        prior_fixed, prior_per_sample = getattr(prior, "fixed_bytes", None), getattr(prior, "bytes_per_sample", None)
-        if prior is not None and (
-            not isinstance(prior_fixed, int) or not isinstance(prior_per_sample, int) or prior_per_sample < 1
-        ):
-            raise TypeError(
-                "`prior` must have integer `fixed_bytes` and `bytes_per_sample` (>= 1) attributes, such as "
-                f"lightning_tune.plan.estimate_memory's result, got {prior!r}"
-            )
+        if prior is not None and not isinstance(prior, MemoryEstimate):
+            raise TypeError(f"`prior` must be a MemoryEstimate (estimate_memory, measure_memory) or None, got {prior}")
+        fixed, per_sample = (None, None) if prior is None else (prior.fixed_bytes, prior.bytes_per_sample)
         self.target_vram, self.min_batch_size, self.max_batch_size = target_vram, min_batch_size, max_batch_size
         self.adjust_every, self.keep, self.lr_rule, self.multiple_of = adjust_every, keep, lr_rule, multiple_of
         self.sync_oom, self.reserve_gib, self.agree_timeout = sync_oom, reserve_gib, agree_timeout
@@ -182,7 +180,7 @@ class DynamicBatchSize(Callback):
             max_batch_size=max_batch_size,
             multiple_of=multiple_of,
             min_change=min_change,
-            model=MemoryModel(prior_fixed_bytes=prior_fixed, prior_bytes_per_sample=prior_per_sample),
+            model=MemoryModel(prior_fixed_bytes=fixed, prior_bytes_per_sample=per_sample),
         )
         #: Micro-batch size in use (``None`` before training starts).
         self.batch_size: int | None = None
@@ -480,7 +478,7 @@ class DynamicBatchSize(Callback):
         self._steps += 1
         if self._steps >= self.adjust_every:
             self._decide(trainer)
-        self._log(trainer)
+        log_every_n_steps(trainer, self._metrics)
 
     @override
     def on_train_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
@@ -562,27 +560,19 @@ class DynamicBatchSize(Callback):
             self._update_epoch_length(trainer)
             retarget_schedules(trainer, self._sampler.epoch_samples(), self._window_size(), self._batches_done)
 
-    def _log(self, trainer: pl.Trainer) -> None:
-        """Write the decision keys to the loggers every ``log_every_n_steps`` optimizer steps.
-
-        Straight to the loggers rather than through ``self.log``, which would copy each value to the device (a
-        host-device synchronisation per key and step on a GPU).
-        """
-        every = trainer.log_every_n_steps  # type: ignore[attr-defined]  # set at runtime by the logger connector
-        if not trainer.loggers or not every or trainer.global_step % every:
-            return
+    def _metrics(self) -> dict[str, float]:
+        """The decision keys, logged every ``log_every_n_steps`` optimizer steps."""
         metrics = {
-            "tune/batch_size": float(self.batch_size or 0),
-            "tune/accumulate_grad_batches": float(self.accumulate_grad_batches or 0),
-            "tune/effective_batch_size": float(self.effective_batch_size or 0),
-            "tune/oom_recoveries": float(self.oom_recoveries),
+            keys.BATCH_SIZE: float(self.batch_size or 0),
+            keys.ACCUMULATE_GRAD_BATCHES: float(self.accumulate_grad_batches or 0),
+            keys.EFFECTIVE_BATCH_SIZE: float(self.effective_batch_size or 0),
+            keys.OOM_RECOVERIES: float(self.oom_recoveries),
         }
         if self.micro_batch_tokens is not None:
-            metrics["tune/micro_batch_tokens"] = float(self.micro_batch_tokens)
+            metrics[keys.MICRO_BATCH_TOKENS] = float(self.micro_batch_tokens)
         if self.last_decision is not None and self.last_decision.predicted_fraction is not None:
-            metrics["tune/predicted_vram_frac"] = self.last_decision.predicted_fraction
-        for logger in trainer.loggers:
-            logger.log_metrics(metrics, step=trainer.global_step)
+            metrics[keys.PREDICTED_VRAM_FRAC] = self.last_decision.predicted_fraction
+        return metrics
 
     # -- what the runner calls, and the module's wrapped hooks ------------------------------------------------------
     def _training_step(self, batch: Any, batch_idx: int, *args: Any, **kwargs: Any) -> Any:
@@ -948,6 +938,6 @@ def _causal_lm_shift(module: torch.nn.Module) -> int:
 
 def _has_compiled(module: torch.nn.Module) -> bool:
     """Whether ``module`` runs compiled code: a ``torch.compile``d submodule or a TorchCompile-compiled forward."""
-    from lightning_tune.presets.compile import _compiled
+    from lightning_tune.swaps.compile import is_compiled
 
-    return any(isinstance(m, torch._dynamo.eval_frame.OptimizedModule) or _compiled(m) for m in module.modules())
+    return any(isinstance(m, torch._dynamo.eval_frame.OptimizedModule) or is_compiled(m) for m in module.modules())

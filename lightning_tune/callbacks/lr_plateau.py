@@ -1,14 +1,7 @@
 """Reduce the learning rate when a monitored metric stops improving, for any LightningModule.
 
-Logged keys (at every evaluation of the metric, straight to the Trainer's loggers):
-
-=============================  =================================================================
-Key                            Meaning
-=============================  =================================================================
-``tune/plateau/reductions``    Reductions made so far in this run
-``tune/plateau/bad_evals``     Evaluations since the last improvement (the patience counter)
-``tune/lr`` (and ``.../pg*``)  Per optimizer step, only when no lightning_tune schedule logs them
-=============================  =================================================================
+Logs ``tune/plateau/...`` at every evaluation of the metric, and ``tune/lr...`` per optimizer step when no
+lightning_tune schedule logs them (``docs/logged_keys.md``).
 """
 
 from __future__ import annotations
@@ -23,8 +16,9 @@ from torch import Tensor
 from torch.optim import Optimizer
 from typing_extensions import override
 
+from lightning_tune import keys
 from lightning_tune._validation import check_bool, check_float
-from lightning_tune.callbacks._lr_logging import log_learning_rates
+from lightning_tune.callbacks._logging import learning_rates, log, log_every_n_steps
 from lightning_tune.callbacks.lr_schedule import ScheduleCallback, base_lrs
 from lightning_tune.lr.plateau import PlateauDetector, PlateauMode, ThresholdMode
 from lightning_tune.lr.scheduler import ScheduleLR
@@ -73,6 +67,7 @@ class AdaptiveLROnPlateau(Callback):
         self,
         monitor: str = "val_loss",
         mode: PlateauMode = "min",
+        *,
         factor: float = 0.5,
         patience: int = 5,
         threshold: float = 1e-4,
@@ -80,7 +75,6 @@ class AdaptiveLROnPlateau(Callback):
         cooldown: int = 0,
         min_lr: float | Sequence[float] = 1e-6,
         eps: float = 1e-8,
-        *,
         check_on_train_epoch_end: bool | None = None,
     ) -> None:
         if not isinstance(monitor, str) or not monitor:
@@ -158,7 +152,7 @@ class AdaptiveLROnPlateau(Callback):
         self, trainer: pl.Trainer, pl_module: pl.LightningModule, optimizer: Optimizer
     ) -> None:
         if self._log_lr and optimizer is trainer.optimizers[0]:
-            log_learning_rates(trainer)
+            log_every_n_steps(trainer, lambda: learning_rates(trainer))
 
     @override
     def on_train_epoch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
@@ -187,12 +181,7 @@ class AdaptiveLROnPlateau(Callback):
             return
         if self.detector.update(current):
             self._reduce(trainer)
-        metrics = {
-            "tune/plateau/reductions": float(self.reductions),
-            "tune/plateau/bad_evals": float(self.detector.num_bad_evals),
-        }
-        for logger in trainer.loggers:
-            logger.log_metrics(metrics, step=trainer.global_step)
+        log(trainer, {keys.PLATEAU_REDUCTIONS: self.reductions, keys.PLATEAU_BAD_EVALS: self.detector.num_bad_evals})
 
     def _reduce(self, trainer: pl.Trainer) -> None:
         schedulers = {

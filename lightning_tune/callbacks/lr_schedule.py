@@ -5,16 +5,8 @@ each optimizer and registers it with the Trainer as a step-interval scheduler, s
 step (gradient accumulation does not speed it up), saved in checkpoints and restored on resume, and shown by
 ``LearningRateMonitor``.
 
-Logged keys (with ``log_lr=True``, straight to the loggers every ``log_every_n_steps`` optimizer steps, at
-``global_step``; the value is the LR the step uses):
-
-=========================  ==========================================================================
-Key                        Meaning
-=========================  ==========================================================================
-``tune/lr``                LR used by the optimizer step, parameter group 0
-``tune/lr/pg{i}``          LR of parameter group ``i`` (``i >= 1``)
-``tune/lr/opt{j}/pg{i}``   LR of group ``i`` of optimizer ``j`` (``j >= 1``; manual optimization)
-=========================  ==========================================================================
+With ``log_lr=True`` each group's LR is logged (``tune/lr...``, ``docs/logged_keys.md``) every
+``log_every_n_steps`` optimizer steps, at ``global_step``: the value is the LR the step uses.
 """
 
 from __future__ import annotations
@@ -33,7 +25,7 @@ from torch.optim import Optimizer
 from typing_extensions import override
 
 from lightning_tune._validation import check_bool, check_choice, check_float, check_int
-from lightning_tune.callbacks._lr_logging import log_learning_rates
+from lightning_tune.callbacks._logging import learning_rates, log_every_n_steps
 from lightning_tune.lr.scheduler import ScheduleLR
 from lightning_tune.lr.schedules import (
     ANNEAL_STRATEGIES,
@@ -241,7 +233,7 @@ class ScheduleCallback(Callback, ABC):
         self, trainer: pl.Trainer, pl_module: pl.LightningModule, optimizer: Optimizer
     ) -> None:
         if self.log_lr and optimizer is trainer.optimizers[0]:
-            log_learning_rates(trainer)
+            log_every_n_steps(trainer, lambda: learning_rates(trainer))
 
     @override
     def on_fit_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:

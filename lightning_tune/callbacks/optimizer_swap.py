@@ -3,7 +3,9 @@
 At fit start, after ``configure_optimizers`` has run and before a checkpoint's optimizer state is restored, every
 optimizer of the Trainer is rebuilt by :func:`~lightning_tune.swaps.optimizer.swap_optimizers` over the same
 parameters and groups, and the Trainer's learning-rate schedulers are re-pointed to the new optimizers. A resumed run
-therefore loads its saved state straight into the swapped optimizer.
+therefore loads its saved state straight into the swapped optimizer. Unlike the other surgery callbacks it undoes
+nothing at teardown: the swapped optimizer holds the trained state, which ``trainer.save_checkpoint`` after ``fit``
+must save, and the next ``fit`` swaps the fresh optimizers ``configure_optimizers`` returns, so swaps never stack.
 
 Logged keys (straight to the Trainer's loggers, once, after the first optimizer step):
 
@@ -26,23 +28,22 @@ from lightning.pytorch.utilities.exceptions import MisconfigurationException
 from typing_extensions import override
 
 from lightning_tune import _imports
-from lightning_tune._validation import check_choice, check_int
+from lightning_tune._validation import check_int
+from lightning_tune.keys import OPTIMIZER_STATE_BYTES as STATE_BYTES_KEY  # logged once, after the first step
 from lightning_tune.swaps.optimizer import (
-    OPTIMIZERS,
+    TARGETS,
     Keep32bit,
-    OptimizerName,
-    SwapResult,
+    OptimizerSwapResult,
     check_keep_32bit,
     estimate_state_bytes,
     optimizer_state_bytes,
     swap_optimizers,
 )
+from lightning_tune.vocab import OptimizerName, canonical_optimizer
 
 if TYPE_CHECKING:
     import lightning.pytorch as pl
 
-#: The key logged once after the first optimizer step.
-STATE_BYTES_KEY = "tune/optimizer_state_bytes"
 #: State keys that only bitsandbytes optimizers write (``__bnb_optimizer_quant_state__`` wraps them in checkpoints).
 _BNB_STATE_KEYS = frozenset({"state1", "__bnb_optimizer_quant_state__"})
 
@@ -59,8 +60,8 @@ class OptimizerSwap(Callback):
     measured state size next to the estimate for the optimizers it replaced.
 
     Args:
-        optimizer: What to swap in, one of :data:`~lightning_tune.swaps.optimizer.OPTIMIZERS`. ``"adamw_fused"``
-            needs no bitsandbytes.
+        optimizer: What to swap in, one of :data:`~lightning_tune.swaps.optimizer.TARGETS` or an alias
+            (``"adamw_8bit"``, ``"adamw_torch_fused"``). ``"adamw_fused"`` needs no bitsandbytes.
         keep_32bit: Which parameters keep 32-bit state: ``"embeddings"`` (parameters of any ``nn.Embedding`` or
             ``nn.EmbeddingBag``, tied ones included), ``"none"``, or ``fn(name, param) -> bool`` over the names of
             ``pl_module.named_parameters()``.
@@ -73,7 +74,7 @@ class OptimizerSwap(Callback):
             names ``pip install 'lightning-tune[bnb]'``.
 
     Attributes:
-        results: One :class:`~lightning_tune.swaps.optimizer.SwapResult` per optimizer of the current fit.
+        results: One :class:`~lightning_tune.swaps.optimizer.OptimizerSwapResult` per optimizer of the current fit.
         state_bytes_before: Estimated state bytes of the replaced optimizers (``None`` if a class is unknown).
         state_bytes_after: Measured state bytes after the first optimizer step (``None`` until then).
 
@@ -85,15 +86,14 @@ class OptimizerSwap(Callback):
     def __init__(
         self, optimizer: OptimizerName = "adamw8bit", *, keep_32bit: Keep32bit = "embeddings", min_8bit_size: int = 4096
     ) -> None:
-        check_choice("optimizer", optimizer, OPTIMIZERS)
+        self.optimizer = canonical_optimizer(optimizer, allowed=TARGETS)
         check_keep_32bit(keep_32bit)
         check_int("min_8bit_size", min_8bit_size, minimum=1)
-        if optimizer != "adamw_fused" and not _imports.is_available("bitsandbytes"):
+        if self.optimizer != "adamw_fused" and not _imports.is_available("bitsandbytes"):
             _imports.require("bitsandbytes", feature="OptimizerSwap")
-        self.optimizer: OptimizerName = optimizer
         self.keep_32bit: Keep32bit = keep_32bit
         self.min_8bit_size = min_8bit_size
-        self.results: list[SwapResult] = []
+        self.results: list[OptimizerSwapResult] = []
         self.state_bytes_before: int | None = None
         self.state_bytes_after: int | None = None
         self._pending = False
@@ -132,7 +132,7 @@ class OptimizerSwap(Callback):
             optimizers,
             trainer.strategy.lr_scheduler_configs,
             pl_module,
-            optimizer_name=self.optimizer,
+            optimizer=self.optimizer,
             keep_32bit=self.keep_32bit,
             min_8bit_size=self.min_8bit_size,
         )
@@ -145,7 +145,7 @@ class OptimizerSwap(Callback):
     def on_train_batch_end(
         self, trainer: pl.Trainer, pl_module: pl.LightningModule, outputs: Any, batch: Any, batch_idx: int
     ) -> None:
-        if not self._pending or not any(_has_state(optimizer) for optimizer in trainer.optimizers):
+        if not self._pending or not any(any(opt.state.values()) for opt in trainer.optimizers):
             return
         self._pending = False
         after = sum(optimizer_state_bytes(optimizer) for optimizer in trainer.optimizers)
@@ -175,10 +175,6 @@ class OptimizerSwap(Callback):
         if any(result.saves_nothing for result in self.results):
             before += "; nothing is stored in 8 bits: every trainable tensor is under `min_8bit_size` or kept 32-bit"
         return f"OptimizerSwap: optimizer state {after} after the first step ({before})"
-
-
-def _has_state(optimizer: Any) -> bool:
-    return any(state for state in optimizer.state.values())
 
 
 def _mib(value: int) -> str:

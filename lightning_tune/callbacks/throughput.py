@@ -4,30 +4,8 @@ Per step the monitor only takes two timestamps (CUDA events on a GPU: no host-de
 the batch's shape; durations are resolved, percentiles computed and device counters read once per logging
 interval, with a single wait on the newest event and, under DDP, one small collective.
 
-Logged keys (straight to the Trainer's loggers; see ``docs/throughput.md`` for the full table):
-
-=================================  ===================================================================
-Key                                Meaning
-=================================  ===================================================================
-``perf/train/samples_per_sec``     Samples per second since the last log, summed over ranks
-``perf/train/tokens_per_sec``      Input tokens per second (padding excluded), summed over ranks
-``perf/train/batches_per_sec``     Micro-batches per second, summed over ranks
-``perf/train/step_ms_p{q}``        Optimizer-step time percentiles over the last ``window`` steps
-``perf/train/step_ms_max``         Longest step in the window
-``perf/train/data_wait_frac``      Share of training wall time spent waiting for the next batch
-``perf/train/padding_frac``        Share of padding among the tokens of the micro-batches run (batches with a mask)
-``perf/train/mfu``                 Model FLOPs utilisation (known GPUs, or an explicit ``peak_flops``)
-``perf/train/hfu``                 Hardware FLOPs utilisation, recomputation included (activation checkpointing)
-``perf/train/straggler_ratio``     Slowest rank's p50 own time per step / median rank's (multi-device)
-``perf/val/batch_ms_p{q}``         Validation batch latency percentiles, per validation run
-``perf/val/samples_per_sec``       Validation samples per second
-``perf/predict/batch_ms_p{q}``     Predict batch latency percentiles, per predict run
-``perf/predict/samples_per_sec``   Predict samples per second
-``perf/val/over_budget_frac``      Share of the window's validation batches over ``latency_budget_ms``
-``perf/predict/over_budget_frac``  Share of the window's predict batches over ``latency_budget_ms``
-``perf/vram_*``, ``perf/alloc_*``  CUDA memory (GPU only)
-``perf/gpu_util_pct``, ...         NVML utilisation (GPU with nvidia-ml-py only)
-=================================  ===================================================================
+Logs straight to the Trainer's loggers the ``perf/...`` keys of :mod:`lightning_tune.keys` (table in
+``docs/logged_keys.md``).
 """
 
 from __future__ import annotations
@@ -45,20 +23,23 @@ from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
 from torch import Tensor, nn
 from typing_extensions import override
 
+from lightning_tune import keys
 from lightning_tune._validation import check_bool, check_float, check_int
 from lightning_tune.perf.batch import count_samples, count_tokens, sequence_length
 from lightning_tune.perf.counting import FlopModel, count_step_flops
 from lightning_tune.perf.devices import NvmlSampler, cuda_memory_metrics
-from lightning_tune.perf.flops import mfu, peak_flops, precision_dtype
+from lightning_tune.perf.flops import mfu, peak_flops
 from lightning_tune.perf.stats import StepStats
 from lightning_tune.perf.timing import Timer, compiled_graphs, timer_for
 from lightning_tune.perf.window import MAX_WINDOW, LatencyWindow, check_percentiles, percentile_suffix
+from lightning_tune.vocab import precision_dtype
 
 if TYPE_CHECKING:
     import lightning.pytorch as pl
 
 #: A data-wait share above this gets a hint in the end-of-fit summary.
 DATA_WAIT_HINT = 0.10
+_STEP_HOOKS = {"train": "training_step", "val": "validation_step", "predict": "predict_step"}
 # strategies whose module holds parameter shards: the FLOP count's meta copy cannot stand for the model there
 _SHARDED_STRATEGIES = (FSDPStrategy, ModelParallelStrategy, DeepSpeedStrategy)
 #: A share of validation or predict batches over ``latency_budget_ms`` above this gets a warning at the end.
@@ -92,6 +73,8 @@ class _Inference:
 
     marks: list[tuple[Any, Any]] = field(default_factory=list)
     samples: int = 0
+    tokens: Any = 0  # an int, or a device tensor read at the end
+    flops: float = 0.0
     start: Any = None
 
 
@@ -107,6 +90,9 @@ class ThroughputLatencyMonitor(Callback):
         window: Number of recent steps (and, for validation/predict, batches) the percentiles cover, >= 2.
         log_every_n_steps: Log every this many optimizer steps; ``None`` follows the Trainer's
             ``log_every_n_steps``.
+        warmup_steps: Optimizer steps of each fit left out of the figures, >= 0 (cuDNN autotuning, the allocator's
+            growth and compilation make the first ones slow): when global step ``warmup_steps`` ends, the totals,
+            rates and percentile window start afresh, so :attr:`summary` covers only the steps after it.
         percentiles: Percentiles to report, each in (0, 100).
         batch_size_fn: ``fn(batch) -> int`` giving the samples in a batch; default: the leading dimension of the
             first tensor in it.
@@ -135,7 +121,9 @@ class ThroughputLatencyMonitor(Callback):
     def __init__(
         self,
         window: int = 100,
+        *,
         log_every_n_steps: int | None = None,
+        warmup_steps: int = 0,
         percentiles: Sequence[float] = (50, 95, 99),
         batch_size_fn: Callable[[Any], int] | None = None,
         tokens_fn: Callable[[Any], int | Tensor] | None = None,
@@ -144,10 +132,10 @@ class ThroughputLatencyMonitor(Callback):
         gpu_stats: bool = True,
         latency_budget_ms: float | None = None,
     ) -> None:
-        check_int("window", window, minimum=2)
-        if window > MAX_WINDOW:
-            raise ValueError(f"`window` must be an integer in [2, {MAX_WINDOW}], got {window!r}")
+        check_int("window", window, minimum=2, maximum=MAX_WINDOW)
         check_int("log_every_n_steps", log_every_n_steps, minimum=1, allow_none=True)
+        check_int("warmup_steps", warmup_steps, minimum=0)
+        self.warmup_steps = warmup_steps
         self.percentiles = check_percentiles("percentiles", percentiles)
         for name, fn in (("batch_size_fn", batch_size_fn), ("tokens_fn", tokens_fn)):
             if fn is not None and not callable(fn):
@@ -167,8 +155,12 @@ class ThroughputLatencyMonitor(Callback):
         self.peak_flops = peak_flops
         self.gpu_stats = gpu_stats
         self.stats = StepStats(window=window, percentiles=self.percentiles)
+        #: Figures of the latest run, keys without their ``perf/<stage>/`` prefix: a fit's (at its end, after
+        #: ``warmup_steps``; ``steps``, ``seconds``, rates, ``step_ms_p{q}``, ``mfu``) or a validation or predict
+        #: run's (``batches``, ``seconds``, ``samples_per_sec``, ``tokens_per_sec``, ``batch_ms_p{q}``, ``mfu``).
         self.summary: dict[str, float] = {}
         self._timer: Timer | None = None
+        self._inference_flops: dict[str, FlopModel | None] = {}  # per stage, counted once per Trainer call
         self._pending: list[_Step] = []
         self._current: _Step | None = None
         self._padding: list[Any] = [0, 0]  # the interval's real tokens (an int or a device tensor) and padded tokens
@@ -200,9 +192,9 @@ class ThroughputLatencyMonitor(Callback):
             self._nvml = NvmlSampler(device)
             self._nvml_off = False
         except ModuleNotFoundError as err:
-            rank_zero_warn(f"{err} Until then `perf/gpu_util_pct` is not logged.", category=RuntimeWarning)
+            rank_zero_warn(f"{err} Until then `{keys.GPU_UTIL_PCT}` is not logged.", category=RuntimeWarning)
         except Exception as err:  # noqa: BLE001 - NVML present but unusable (e.g. no driver access)
-            rank_zero_warn(f"NVML could not be read ({err}); `perf/gpu_util_pct` is not logged.")
+            rank_zero_warn(f"NVML could not be read ({err}); `{keys.GPU_UTIL_PCT}` is not logged.")
 
     def device_peak_flops(self, trainer: pl.Trainer) -> float | None:
         """Dense peak FLOP/s of the training device at the training precision, ``None`` when unknown.
@@ -219,11 +211,11 @@ class ThroughputLatencyMonitor(Callback):
         if device.type != "cuda":
             return None
         name = torch.cuda.get_device_name(device)
-        dtype = precision_dtype(str(trainer.precision), float32_matmul_precision=torch.get_float32_matmul_precision())
-        peak = peak_flops(name, dtype)
+        dtype = precision_dtype(str(trainer.precision))
+        peak = peak_flops(name, dtype, float32_matmul_precision=torch.get_float32_matmul_precision())
         if peak is None:
             rank_zero_warn(
-                f"ThroughputLatencyMonitor has no peak {dtype} FLOP/s for {name!r}, so `perf/train/mfu` is not logged. "
+                f"ThroughputLatencyMonitor has no peak {dtype} FLOP/s for {name!r}, so `{keys.MFU}` is not logged. "
                 "Known devices are listed in lightning_tune.perf.flops.PEAK_FLOPS.",
                 category=RuntimeWarning,
             )
@@ -271,7 +263,8 @@ class ThroughputLatencyMonitor(Callback):
         if step is None:
             before = (self._prev_end, mark) if self._prev_end is not None else None
             if self._peak is not None and self.flops_per_batch is None and not self._flops_counted:
-                self._count_flops(pl_module, batch, batch_idx, samples)
+                self._flops_counted = True
+                self.flop_model, self.hardware_flop_model = self._count_flops(pl_module, batch, batch_idx, samples)
                 mark = self._timer.mark()  # the count is neither waiting for data nor training
             step = self._current = _Step(
                 start=mark, before=before, global_step=trainer.global_step, compiled=compiled_graphs()
@@ -293,32 +286,35 @@ class ThroughputLatencyMonitor(Callback):
         elif tokens is not None:
             step.tokens += int(tokens)
 
-    def _count_flops(self, pl_module: pl.LightningModule, batch: Any, batch_idx: int, samples: int) -> None:
-        """Count the step's FLOPs once, on a meta-device copy: the model that is timed never runs under a counter."""
-        self._flops_counted = True
+    def _count_flops(
+        self, pl_module: pl.LightningModule, batch: Any, batch_idx: int, samples: int, stage: str = "train"
+    ) -> tuple[FlopModel | None, FlopModel | None]:
+        """Count a step's FLOPs on a meta-device copy: the model that is timed never runs under a counter."""
+        hook, key = _STEP_HOOKS[stage], keys.STAGE_MFU.format(stage=stage)
+        give = " Pass `flops_per_batch=` (FLOPs of one batch on one rank, forward and backward) to give them."
+        give = give if stage == "train" else ""
         strategy = pl_module.trainer.strategy
         if isinstance(strategy, _SHARDED_STRATEGIES):  # parameters are shards (DTensor, flat handles), not the model
             rank_zero_warn(
                 f"ThroughputLatencyMonitor cannot count FLOPs on a copy of a model sharded by "
-                f"{type(strategy).__name__}, so `perf/train/mfu` is not logged. Pass `flops_per_batch=` (FLOPs of "
-                "one batch on one rank, forward and backward) to give them.",
+                f"{type(strategy).__name__}, so `{key}` is not logged.{give}",
                 category=RuntimeWarning,
             )
-            return
+            return None, None
 
         def step(copied: nn.Module, meta_batch: Any) -> Any:
-            return type(copied).training_step(copied, meta_batch, batch_idx)  # type: ignore[attr-defined]
+            with torch.set_grad_enabled(stage == "train"):  # validation and predict run no backward
+                return getattr(type(copied), hook)(copied, meta_batch, batch_idx)
 
         try:
-            self.flop_model, self.hardware_flop_model = count_step_flops(pl_module, batch, step, samples=samples)
+            return count_step_flops(pl_module, batch, step, samples=samples)
         except Exception as err:  # noqa: BLE001 - any failure of the copy only costs the MFU figure
-            self.flop_model = self.hardware_flop_model = None
             rank_zero_warn(
-                f"ThroughputLatencyMonitor could not count the training step's FLOPs on a meta-device copy of the "
-                f"model ({type(err).__name__}: {err}), so `perf/train/mfu` is not logged. Pass `flops_per_batch=` "
-                "to give them.",
+                f"ThroughputLatencyMonitor could not count the {hook.replace('_', ' ')}'s FLOPs on a meta-device copy "
+                f"of the model ({type(err).__name__}: {err}), so `{key}` is not logged.{give}",
                 category=RuntimeWarning,
             )
+            return None, None
 
     @override
     def on_before_backward(self, trainer: pl.Trainer, pl_module: pl.LightningModule, loss: Tensor) -> None:
@@ -346,6 +342,9 @@ class ThroughputLatencyMonitor(Callback):
         if every and trainer.global_step % every == 0 and trainer.global_step != self._last_logged_step:
             self._last_logged_step = trainer.global_step
             self._log(trainer, self._train_metrics(trainer))
+        if trainer.global_step == self.warmup_steps:  # the warm-up ends: resolve its steps (one wait), forget them
+            self._resolve_pending()
+            self.stats = StepStats(window=self.window, percentiles=self.percentiles)
 
     def _count_padding(self, batch: Any) -> None:
         """Add the batch's real and padded tokens: as DynamicBatchSize ran them (trimmed), else from the mask."""
@@ -362,7 +361,7 @@ class ThroughputLatencyMonitor(Callback):
     def _padding_metrics(self) -> dict[str, float]:
         real, padded = self._padding
         self._padding = [0, 0]
-        return {"perf/train/padding_frac": 1.0 - float(real) / padded} if padded else {}
+        return {keys.PADDING_FRAC: 1.0 - float(real) / padded} if padded else {}
 
     def _resolve_pending(self) -> None:
         """Turn the recorded marks into durations (one wait, on the newest mark)."""
@@ -398,15 +397,15 @@ class ThroughputLatencyMonitor(Callback):
     def _train_metrics(self, trainer: pl.Trainer) -> dict[str, float]:
         self._resolve_pending()
         local = self.last_interval = self.stats.interval_metrics()
-        metrics = {f"perf/train/{k}": v for k, v in local.items() if not k.endswith("flops_per_sec")}
+        metrics = {keys.TRAIN + k: v for k, v in local.items() if not k.endswith("flops_per_sec")}
         metrics.update(self._padding_metrics())
         if trainer.world_size > 1:
             metrics.update(self._gather(trainer, local))
         else:
             metrics.update(self._utilisation(local))
         if self.gpu_stats:
-            metrics.update({f"perf/{k}": v for k, v in cuda_memory_metrics(trainer.strategy.root_device).items()})
-            metrics.update({f"perf/{k}": v for k, v in self._sample_nvml().items()})
+            device = {**cuda_memory_metrics(trainer.strategy.root_device), **self._sample_nvml()}
+            metrics.update({keys.DEVICE + k: v for k, v in device.items()})
         return metrics
 
     def _sample_nvml(self) -> dict[str, float]:
@@ -417,8 +416,8 @@ class ThroughputLatencyMonitor(Callback):
         except Exception as err:  # noqa: BLE001 - e.g. NVMLError_NotSupported on a MIG device: stop asking
             self._nvml, self._nvml_off = None, True
             rank_zero_warn(
-                f"NVML could not read GPU utilisation ({type(err).__name__}: {err}); `perf/gpu_util_pct` and "
-                "`perf/gpu_mem_bw_pct` are not logged from now on.",
+                f"NVML could not read GPU utilisation ({type(err).__name__}: {err}); `{keys.GPU_UTIL_PCT}` and "
+                f"`{keys.GPU_MEM_BW_PCT}` are not logged from now on.",
                 category=RuntimeWarning,
             )
             return {}
@@ -427,9 +426,9 @@ class ThroughputLatencyMonitor(Callback):
         """MFU, and HFU when recomputation adds hardware FLOPs, from FLOP rates."""
         if not self._peak or "flops_per_sec" not in rates:
             return {}
-        out = {"perf/train/mfu": mfu(rates["flops_per_sec"], self._peak)}
+        out = {keys.MFU: mfu(rates["flops_per_sec"], self._peak)}
         if self.hardware_flop_model is not None and "hardware_flops_per_sec" in rates:
-            out["perf/train/hfu"] = mfu(rates["hardware_flops_per_sec"], self._peak)
+            out[keys.HFU] = mfu(rates["hardware_flops_per_sec"], self._peak)
         return out
 
     def _gather(self, trainer: pl.Trainer, local: dict[str, float]) -> dict[str, float]:
@@ -445,12 +444,12 @@ class ThroughputLatencyMonitor(Callback):
         out: dict[str, float] = {}
         for index, name in enumerate(names[:3]):
             if name in local:
-                out[f"perf/train/{name}"] = float(gathered[:, index].sum())
+                out[keys.TRAIN + name] = float(gathered[:, index].sum())
         out.update(self._utilisation({n: float(gathered[:, i].mean()) for i, n in enumerate(names) if n in local}))
         medians = [float(v) for v in gathered[:, -1]]
         middle = statistics.median(medians)
         if middle > 0:
-            out["perf/train/straggler_ratio"] = max(medians) / middle
+            out[keys.STRAGGLER_RATIO] = max(medians) / middle
         return out
 
     @override
@@ -471,16 +470,24 @@ class ThroughputLatencyMonitor(Callback):
             self._setup_device(trainer)
         if trainer.sanity_checking:
             return
+        if trainer.state.fn != TrainerFn.FITTING:
+            self._peak, self.summary = self.device_peak_flops(trainer), {}
         self._inference[stage] = _Inference()
 
-    def _inference_batch_start(self, stage: str, batch: Any) -> None:
+    def _inference_batch_start(self, stage: str, pl_module: pl.LightningModule, batch: Any, batch_idx: int) -> None:
         run = self._inference.get(stage)
         if run is None or self._timer is None:
             return
+        samples, tokens = self._count(batch)
+        if self._peak is not None and stage not in self._inference_flops:
+            self._inference_flops[stage] = self._count_flops(pl_module, batch, batch_idx, samples, stage)[0]
+        flop_model = self._inference_flops.get(stage)
+        run.flops += flop_model.flops(samples, sequence_length(batch)) if flop_model is not None else 0.0
+        run.samples += samples
+        run.tokens = run.tokens + (tokens.detach() if isinstance(tokens, Tensor) else tokens or 0)
         mark = self._timer.mark()
         run.start = run.start if run.start is not None else mark
         run.marks.append((mark, None))
-        run.samples += self._count(batch)[0]
 
     def _inference_batch_end(self, stage: str) -> None:
         run = self._inference.get(stage)
@@ -498,26 +505,31 @@ class ThroughputLatencyMonitor(Callback):
         durations = [timer.elapsed_ms(a, b) for a, b in run.marks if b is not None]
         window = LatencyWindow(self.window)
         window.extend(durations)
-        metrics = {
-            f"perf/{stage}/batch_ms_{percentile_suffix(p)}": v for p, v in window.percentiles(self.percentiles).items()
-        }
+        percentiles = window.percentiles(self.percentiles)
+        metrics = {keys.BATCH_MS.format(stage=stage, q=f"{p:g}"): v for p, v in percentiles.items()}
         seconds = timer.elapsed_ms(run.start, run.marks[-1][1]) / 1000.0
         if seconds > 0:
-            metrics[f"perf/{stage}/samples_per_sec"] = run.samples / seconds
+            metrics[keys.STAGE_SAMPLES_PER_SEC.format(stage=stage)] = run.samples / seconds
+            if run.tokens:
+                metrics[keys.STAGE_TOKENS_PER_SEC.format(stage=stage)] = float(run.tokens) / seconds
+            if run.flops and self._peak:
+                metrics[keys.STAGE_MFU.format(stage=stage)] = mfu(run.flops / seconds, self._peak)
         if self.latency_budget_ms is not None and durations:
             over = [ms > self.latency_budget_ms for ms in durations]
             recent = over[-self.window :]
-            metrics[f"perf/{stage}/over_budget_frac"] = sum(recent) / len(recent)
+            metrics[keys.OVER_BUDGET_FRAC.format(stage=stage)] = sum(recent) / len(recent)
             tally = self._over_budget.setdefault(stage, [0, 0])
             tally[0] += sum(over)
             tally[1] += len(over)
         self._log(trainer, metrics)
+        self.summary = {key.rpartition("/")[2]: v for key, v in metrics.items()}
+        self.summary.update(batches=float(len(durations)), seconds=seconds)
 
     @override
     def on_validation_batch_start(
         self, trainer: pl.Trainer, pl_module: pl.LightningModule, batch: Any, batch_idx: int, dataloader_idx: int = 0
     ) -> None:
-        self._inference_batch_start("val", batch)
+        self._inference_batch_start("val", pl_module, batch, batch_idx)
 
     @override
     def on_validation_batch_end(
@@ -539,7 +551,7 @@ class ThroughputLatencyMonitor(Callback):
     def on_predict_batch_start(
         self, trainer: pl.Trainer, pl_module: pl.LightningModule, batch: Any, batch_idx: int, dataloader_idx: int = 0
     ) -> None:
-        self._inference_batch_start("predict", batch)
+        self._inference_batch_start("predict", pl_module, batch, batch_idx)
 
     @override
     def on_predict_batch_end(
@@ -561,6 +573,7 @@ class ThroughputLatencyMonitor(Callback):
     def teardown(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
         """End of ``fit``, ``validate`` or ``predict``: one line per stage on the latency budget, a warning past 5 %."""
         tallies, self._over_budget = self._over_budget, {}
+        self._inference_flops = {}  # the next call may run another model
         for name, (over, total) in tallies.items():
             what = "validation" if name == "val" else name
             share = over / total
@@ -597,7 +610,7 @@ class ThroughputLatencyMonitor(Callback):
         memory = cuda_memory_metrics(trainer.strategy.root_device) if self.gpu_stats else {}
         if "vram_peak_gib" in memory:
             summary["vram_peak_gib"] = memory["vram_peak_gib"]
-        summary["steps"] = float(totals.steps)
+        summary.update(steps=float(totals.steps), seconds=totals.wall_ms / 1000.0)
         self.summary = summary
         if totals.steps:
             rank_zero_info(format_summary(summary, self.percentiles, num_workers=_num_workers(trainer)))

@@ -1,7 +1,7 @@
-"""Sub-commands of ``lightning-tune`` that live in modules of their own.
+"""The ``lightning-tune`` commands, one module each: ``demo``, ``calc``, ``bench`` and ``report``.
 
-Each module defines ``add_parser(commands)``, which builds its sub-parser and sets the handler;
-:mod:`lightning_tune.cli` registers them. Nothing here is public API.
+Each defines ``add_parser(commands)``, which builds its sub-parser and sets its handler; :mod:`lightning_tune.cli`
+registers them. :mod:`lightning_tune.commands.args` holds what they share.
 """
 
 __all__: list[str] = []

@@ -1,7 +1,6 @@
 """``lightning-tune bench``: sweep batch sizes, print throughput and latency percentiles, write JSON/CSV and a plot.
 
-The parser is built without importing torch or Lightning; the handler imports :mod:`lightning_tune.bench`, the
-engine that does the work.
+The handler drives :mod:`lightning_tune.bench`, the engine that does the work.
 """
 
 from __future__ import annotations
@@ -11,13 +10,13 @@ import json
 import os
 import shlex
 import sys
+import tempfile
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-from lightning_tune.cli import ACCELERATORS, PRECISIONS, PROG, _int_at_least, _usage_error
-
-if TYPE_CHECKING:
-    from lightning_tune.bench import BenchResult, BenchRunner, BenchSettings, LatencyBudget
+from lightning_tune import bench
+from lightning_tune.commands.args import PROG, attention, int_at_least, optimizer, precision, usage_error
+from lightning_tune.vocab import ACCELERATORS
 
 __all__ = ["add_parser"]
 
@@ -28,10 +27,8 @@ _DEFAULT_OUTPUT_ROOT = os.path.join("lightning_logs", "bench")
 
 
 def _batch_sizes(text: str) -> tuple[int, ...]:
-    from lightning_tune.bench.settings import parse_batch_sizes
-
     try:
-        return parse_batch_sizes(text)
+        return bench.parse_batch_sizes(text)
     except ValueError:
         raise argparse.ArgumentTypeError(
             f"must be distinct integers >= 1 separated by commas, such as '1,4,8', got {text!r}"
@@ -105,33 +102,32 @@ def add_parser(commands: Any) -> None:
         help=f"comma-separated batch sizes (default: {_DEFAULT_BATCH_SIZES})",
     )
     parser.add_argument(
-        "--seq-len", type=_int_at_least(1), default=None, help="tokens per sequence, demo only (default: 512)"
+        "--sequence-length", "--seq-len", type=int_at_least(1), metavar="N", help="tokens per sequence, demo only (512)"
     )
     parser.add_argument(
         "--steps",
-        type=_int_at_least(2),
+        type=int_at_least(2),
         default=100,
         help="measured steps (train) or predict batches per batch size (default: 100)",
     )
+    parser.add_argument("--warmup", type=int_at_least(0), default=10, help="steps run first and left out (default: 10)")
     parser.add_argument(
-        "--warmup", type=_int_at_least(0), default=10, help="steps run first and left out (default: 10)"
-    )
-    parser.add_argument(
-        "--precision",
-        choices=PRECISIONS,
-        default=None,
-        help="precision (default: bf16-mixed or 16-mixed on a CUDA GPU, 32-true otherwise)",
+        "--precision", type=precision, default="auto", help="e.g. bf16-mixed or bf16 (default: auto, for the device)"
     )
     parser.add_argument(
         "--optimizer",
+        type=optimizer,
         default=None,
         help="swap the module's optimizer through TunePlugin, e.g. adamw8bit (needs bitsandbytes) or adamw_fused",
     )
     parser.add_argument(
-        "--attention", default=None, help="route attention through TunePlugin: auto, flash, sdpa or eager"
+        "--attention",
+        type=attention,
+        default=None,
+        help="route attention through TunePlugin: auto, flash, sdpa or eager",
     )
     parser.add_argument("--accelerator", choices=ACCELERATORS, default="auto", help="where to run (default: auto)")
-    parser.add_argument("--seed", type=_int_at_least(0), default=0, help="seed set before each batch size")
+    parser.add_argument("--seed", type=int_at_least(0), default=0, help="seed set before each batch size")
     for q in (95, 99):
         parser.add_argument(
             f"--p{q}-budget-ms",
@@ -157,49 +153,42 @@ def add_parser(commands: Any) -> None:
 
 def _command_line(args: argparse.Namespace) -> str:
     """The command that reproduces the sweep, every option spelled out."""
-    parts = [PROG, "bench", "--mode", args.mode, "--model", args.model]
-    if args.model_args:
-        parts += ["--model-args", json.dumps(args.model_args)]
-    if args.datamodule:
-        parts += ["--datamodule", args.datamodule]
-    if args.datamodule_args:
-        parts += ["--datamodule-args", json.dumps(args.datamodule_args)]
-    parts += ["--batch-size", ",".join(str(size) for size in args.batch_size)]
-    if args.seq_len is not None:
-        parts += ["--seq-len", str(args.seq_len)]
-    parts += ["--steps", str(args.steps), "--warmup", str(args.warmup)]
-    for flag, value in (("--precision", args.precision), ("--optimizer", args.optimizer)):
-        if value is not None:
-            parts += [flag, value]
-    if args.attention is not None:
-        parts += ["--attention", args.attention]
-    parts += ["--accelerator", args.accelerator, "--seed", str(args.seed)]
-    for flag, ms in (("--p95-budget-ms", args.p95_budget_ms), ("--p99-budget-ms", args.p99_budget_ms)):
-        if ms is not None:
-            parts += [flag, repr(ms)]
-    if args.output_dir is not None:  # the default makes a new directory for every sweep
-        parts += ["--output-dir", args.output_dir]
-    if args.plot:
-        parts += ["--plot", args.plot]
-    if args.no_progress_bar:
-        parts.append("--no-progress-bar")
-    return shlex.join(parts)
+    options = {
+        "--mode": args.mode,
+        "--model": args.model,
+        "--model-args": json.dumps(args.model_args) if args.model_args else None,
+        "--datamodule": args.datamodule,
+        "--datamodule-args": json.dumps(args.datamodule_args) if args.datamodule_args else None,
+        "--batch-size": ",".join(str(size) for size in args.batch_size),
+        "--sequence-length": args.sequence_length,
+        "--steps": args.steps,
+        "--warmup": args.warmup,
+        "--precision": args.precision,
+        "--optimizer": args.optimizer,
+        "--attention": args.attention,
+        "--accelerator": args.accelerator,
+        "--seed": args.seed,
+        "--p95-budget-ms": args.p95_budget_ms,
+        "--p99-budget-ms": args.p99_budget_ms,
+        "--output-dir": args.output_dir,  # None: the default makes a new directory for every sweep
+        "--plot": args.plot,
+    }
+    parts = [str(part) for flag, value in options.items() if value is not None for part in (flag, value)]
+    return shlex.join([PROG, "bench", *parts, *["--no-progress-bar"] * args.no_progress_bar])
 
 
-def _settings(args: argparse.Namespace) -> BenchSettings:
-    from lightning_tune.bench import BenchSettings
-
-    return BenchSettings(
+def _settings(args: argparse.Namespace) -> bench.BenchSettings:
+    return bench.BenchSettings(
         batch_sizes=args.batch_size,
         mode=args.mode,
         model=args.model,
         model_args=args.model_args or {},
         datamodule=args.datamodule,
         datamodule_args=args.datamodule_args or {},
-        seq_len=args.seq_len,
+        seq_len=args.sequence_length,
         steps=args.steps,
         warmup=args.warmup,
-        precision=args.precision or "auto",
+        precision=args.precision,
         optimizer=args.optimizer,
         attention=args.attention,
         accelerator=args.accelerator,
@@ -207,7 +196,7 @@ def _settings(args: argparse.Namespace) -> BenchSettings:
     )
 
 
-def _headline(runner: BenchRunner, settings: BenchSettings) -> str:
+def _headline(runner: bench.BenchRunner, settings: bench.BenchSettings) -> str:
     run = runner.describe()
     what = "optimizer steps" if settings.mode == "train" else "predict requests"
     swaps = "".join(f", {key} {run[key]}" for key in ("optimizer", "attention") if run[key])
@@ -218,13 +207,7 @@ def _headline(runner: BenchRunner, settings: BenchSettings) -> str:
 
 
 def _check_writable(directory: str | Path, problem: str) -> None:
-    """Create ``directory`` if needed and make sure a file can be written in it.
-
-    Raises:
-        ValueError: ``problem`` and why.
-    """
-    import tempfile
-
+    """Create ``directory`` if needed and make sure a file can be written in it, else a ValueError: ``problem``, why."""
     try:
         os.makedirs(directory, exist_ok=True)
         with tempfile.TemporaryFile(dir=directory):
@@ -233,65 +216,46 @@ def _check_writable(directory: str | Path, problem: str) -> None:
         raise ValueError(f"{problem}: {err.strerror or err}") from None
 
 
-def _budget(args: argparse.Namespace) -> LatencyBudget | None:
-    from lightning_tune.bench import LatencyBudget
-
-    if args.p95_budget_ms is None and args.p99_budget_ms is None:
-        return None
-    return LatencyBudget(p95_budget_ms=args.p95_budget_ms, p99_budget_ms=args.p99_budget_ms)
-
-
 def _run_bench_command(args: argparse.Namespace) -> int:
-    from lightning_tune.bench import (
-        BenchRunner,
-        Recommendation,
-        SettingFailed,
-        check_png_path,
-        format_recommendation,
-        format_table,
-        new_version_dir,
-        plot_tradeoff,
-        sweep_record,
-        write_results,
-    )
-
     if args.model != "demo" and os.getcwd() not in sys.path:
         sys.path.insert(0, os.getcwd())  # `package.module` is found from the current directory, as with python -m
     output_dir = args.output_dir
     try:
         settings = _settings(args)
-        budget = _budget(args)
-        plot = check_png_path(args.plot) if args.plot is not None else None
+        budget = None
+        if args.p95_budget_ms is not None or args.p99_budget_ms is not None:
+            budget = bench.LatencyBudget(p95_budget_ms=args.p95_budget_ms, p99_budget_ms=args.p99_budget_ms)
+        plot = bench.check_png_path(args.plot) if args.plot is not None else None
         if output_dir is not None and os.path.exists(output_dir) and not os.path.isdir(output_dir):
             raise ValueError(f"`output_dir` must be a directory, got the file {output_dir!r}")
-        runner = BenchRunner(settings, progress=not args.no_progress_bar)
+        runner = bench.BenchRunner(settings, progress=not args.no_progress_bar)
         # where the files go is checked before any batch size runs, and created only once nothing else is wrong
         if output_dir is None:
             _check_writable(_DEFAULT_OUTPUT_ROOT, f"the default output directory {_DEFAULT_OUTPUT_ROOT!r} cannot be "
                             "created here (give --output-dir)")  # fmt: skip
-            output_dir = str(new_version_dir(_DEFAULT_OUTPUT_ROOT))
+            output_dir = str(bench.new_version_dir(_DEFAULT_OUTPUT_ROOT))
         else:
             _check_writable(output_dir, f"`output_dir` {output_dir!r} cannot hold the results")
         if plot is not None:
             _check_writable(plot.parent, f"`plot` {args.plot!r} cannot be written")
     except (ValueError, TypeError, ModuleNotFoundError) as err:
-        return _usage_error("bench", err)
+        return usage_error("bench", err)
     for note in runner.notes:
         print(f"{PROG} bench: {note}", file=sys.stderr)
     command = _command_line(args)
 
     def save(
-        results: list[BenchResult], complete: bool = False, recommendation: Recommendation | None = None
+        results: list[bench.BenchResult], complete: bool = False, recommendation: bench.Recommendation | None = None
     ) -> tuple[Path, Path]:
         decision = recommendation.as_dict() if recommendation is not None else None
-        record = sweep_record(
+        record = bench.sweep_record(
             settings, results, run=runner.describe(), command=command, complete=complete, recommendation=decision
         )
-        return write_results(output_dir, record, results)
+        return bench.write_results(output_dir, record, results)
 
-    done: list[BenchResult] = []
+    done: list[bench.BenchResult] = []
 
-    def keep(results: list[BenchResult]) -> None:
+    def keep(results: list[bench.BenchResult]) -> None:
         done[:] = results
         save(results)
 
@@ -300,19 +264,19 @@ def _run_bench_command(args: argparse.Namespace) -> int:
     except OSError as err:  # the results could not be written after a batch size
         print(f"{PROG} bench: error: cannot write the results to {output_dir}: {err}", file=sys.stderr)
         return 1
-    except SettingFailed as err:
+    except bench.SettingFailed as err:
         if done:
             print(_headline(runner, settings))
-            print(format_table(done, mode=settings.mode))
+            print(bench.format_table(done, mode=settings.mode))
         print(f"{PROG} bench: error: {err} (the batch sizes before it are in {output_dir})", file=sys.stderr)
         return 1
     recommendation = budget.recommend(results) if budget is not None else None
     json_path, csv_path = save(results, complete=True, recommendation=recommendation)
     print(_headline(runner, settings))
-    print(format_table(results, mode=settings.mode))
+    print(bench.format_table(results, mode=settings.mode))
     failure = None
     if recommendation is not None:
-        lines = format_recommendation(recommendation, mode=settings.mode)
+        lines = bench.format_recommendation(recommendation, mode=settings.mode)
         if recommendation.batch_size is None:  # the first line says no batch size is within the budget
             failure, lines = lines[0], lines[1:]
         for line in lines:
@@ -322,7 +286,7 @@ def _run_bench_command(args: argparse.Namespace) -> int:
         try:
             run = runner.describe()
             subtitle = f"{run['model']} on {run['device']}, {run['precision']}"
-            plot_tradeoff(results, plot, mode=settings.mode, subtitle=subtitle, recommendation=recommendation)
+            bench.plot_tradeoff(results, plot, mode=settings.mode, subtitle=subtitle, recommendation=recommendation)
         except (ValueError, OSError) as err:
             print(f"{PROG} bench: error: no plot: {err}", file=sys.stderr)
             return 1

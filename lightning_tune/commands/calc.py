@@ -8,12 +8,12 @@ would, with the figures. Exit status: 0 when a batch fits, 1 when none does, 2 o
 from __future__ import annotations
 
 import argparse
-from typing import TYPE_CHECKING, Any
+import sys
+from typing import Any
 
-from lightning_tune.cli import PROG, _int_at_least, _usage_error
-
-if TYPE_CHECKING:
-    from lightning_tune.plan.estimate import MemoryEstimate
+from lightning_tune.commands.args import PROG, attention, int_at_least, name_in, optimizer, usage_error
+from lightning_tune.plan import PLAN_PRECISIONS, MemoryEstimate, estimate_memory, format_bytes, plan_zero, resolve_model
+from lightning_tune.vocab import canonical_precision
 
 _COMMAND = "calc batch-size"
 _MIB = 2**20
@@ -35,20 +35,7 @@ def add_parser(commands: Any) -> None:
         description="Planning calculations that need no GPU.",
     )
     calculations = calc.add_subparsers(title="calculations", dest="calculation", metavar="<calculation>")
-    calc.set_defaults(handler=lambda args: _print_help(calc))
-    _add_batch_size_parser(calculations)
-
-
-def _print_help(parser: argparse.ArgumentParser) -> int:
-    import sys
-
-    parser.print_help(sys.stderr)
-    return 2
-
-
-def _add_batch_size_parser(calculations: Any) -> None:
-    from lightning_tune.plan.analytic import ATTENTIONS, OPTIMIZERS, PRECISIONS
-
+    calc.set_defaults(handler=lambda args: calc.print_help(sys.stderr) or 2)
     parser = calculations.add_parser(
         "batch-size",
         help="memory breakdown of training a transformer and the largest batch that fits a GPU",
@@ -61,30 +48,31 @@ def _add_batch_size_parser(calculations: Any) -> None:
     parser.add_argument(
         "--model", required=True, help="a known model name (e.g. llama-2-7b) or a path to a Hugging Face config.json"
     )
-    parser.add_argument("--gpu-memory", type=_int_at_least(1), required=True, metavar="MIB", help="memory of one GPU")
+    parser.add_argument("--gpu-memory", type=int_at_least(1), required=True, metavar="MIB", help="memory of one GPU")
     parser.add_argument(
-        "--sequence-length", type=_int_at_least(1), required=True, metavar="N", help="tokens per sample"
+        "--sequence-length", "--seq-len", type=int_at_least(1), required=True, metavar="N", help="tokens per sample"
     )
     parser.add_argument(
-        "--precision", choices=PRECISIONS, default="bf16", help="dtype of weights and activations (default: bf16)"
+        "--precision",
+        type=name_in(canonical_precision, PLAN_PRECISIONS),
+        default="bf16-mixed",
+        help="precision, e.g. bf16 (default: %(default)s)",
     )
-    parser.add_argument("--optimizer", choices=OPTIMIZERS, default="adamw", help="optimizer (default: adamw)")
+    parser.add_argument("--optimizer", type=optimizer, default="adamw", help="optimizer (default: %(default)s)")
     parser.add_argument(
-        "--lora-rank", type=_int_at_least(1), default=None, metavar="R", help="train LoRA adapters of rank R only"
+        "--lora-rank", type=int_at_least(1), default=None, metavar="R", help="train LoRA adapters of rank R only"
     )
     parser.add_argument("--grad-checkpointing", action="store_true", help="recompute activations in backward")
-    parser.add_argument("--attention", choices=ATTENTIONS, default="flash", help="attention kernel (default: flash)")
+    parser.add_argument("--attention", type=attention, default="flash", help="attention kernel (default: %(default)s)")
     parser.add_argument(
         "--no-master-weights",
         action="store_true",
-        help="no float32 master copy of 16-bit weights (default: kept in fp16/bf16)",
+        help="no float32 master copy of 16-bit weights (default: kept under bf16-mixed and 16-mixed)",
     )
     parser.set_defaults(handler=_run_batch_size)
 
 
 def _estimate(args: argparse.Namespace, **changes: Any) -> MemoryEstimate:
-    from lightning_tune.plan.analytic import estimate_memory
-
     options: dict[str, Any] = {
         "sequence_length": args.sequence_length,
         "precision": args.precision,
@@ -99,13 +87,11 @@ def _estimate(args: argparse.Namespace, **changes: Any) -> MemoryEstimate:
 
 
 def _run_batch_size(args: argparse.Namespace) -> int:
-    from lightning_tune.plan.analytic import _resolve
-
     try:
-        args.shape = _resolve(args.model)
+        args.shape = resolve_model(args.model)
         estimate = _estimate(args)
     except (ValueError, TypeError, OSError) as err:
-        return _usage_error(_COMMAND, err)
+        return usage_error(_COMMAND, err)
     budget = args.gpu_memory * _MIB
     sizes = estimate.batch_sizes(budget)
     print(_format_breakdown(args, estimate, budget))
@@ -118,8 +104,6 @@ def _run_batch_size(args: argparse.Namespace) -> int:
 
 
 def _format_breakdown(args: argparse.Namespace, estimate: MemoryEstimate, budget: int) -> str:
-    from lightning_tune.plan.estimate import format_bytes
-
     params = estimate.parameters
     trainable = estimate.trainable_parameters or 0
     bytes_per_param = estimate.weight_bytes // max(params, 1)
@@ -148,8 +132,6 @@ def _format_breakdown(args: argparse.Namespace, estimate: MemoryEstimate, budget
 
 
 def _fit(estimate: MemoryEstimate, budget: int) -> str:
-    from lightning_tune.plan.estimate import format_bytes
-
     batch = estimate.max_batch_size(budget, "optimal")
     if batch:
         return f"fits batch {batch} (optimal margin); fixed total {format_bytes(estimate.fixed_bytes)}"
@@ -158,9 +140,6 @@ def _fit(estimate: MemoryEstimate, budget: int) -> str:
 
 
 def _format_advice(args: argparse.Namespace, estimate: MemoryEstimate, budget: int) -> str:
-    from lightning_tune.plan.estimate import format_bytes
-    from lightning_tune.plan.zero import plan_zero
-
     usable = estimate.usable_bytes(budget, "optimal")
     aggressive = estimate.max_batch_size(budget, "aggressive")
     status = f"Only the aggressive margin fits (batch {aggressive})" if aggressive else "Nothing fits"

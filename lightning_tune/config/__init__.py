@@ -6,8 +6,8 @@ offload) and returns a :class:`TrainingConfig`; ``Trainer(**config.trainer_kwarg
 """
 
 from lightning_tune.config.initial_lr import InitialLR
-from lightning_tune.config.loader import from_config, load_config
-from lightning_tune.config.precision import PRECISION_NAMES, lightning_precision
+from lightning_tune.config.loader import KEYS, from_config, load_config
+from lightning_tune.config.precision import lightning_precision
 from lightning_tune.config.training import TrainingConfig
 
-__all__ = ["InitialLR", "PRECISION_NAMES", "TrainingConfig", "from_config", "lightning_precision", "load_config"]
+__all__ = ["InitialLR", "KEYS", "TrainingConfig", "from_config", "lightning_precision", "load_config"]

@@ -1,79 +1,189 @@
 """``from_config``: a training configuration file (YAML or a dict) to Trainer arguments, callbacks and plugins.
 
-Every key is either mapped (docs/config.md has the table) or refused with the reason; unknown keys are errors that
-list what is allowed. Messages name keys by their dotted path (``training.learning_rate.schedule``).
+One table, :data:`KEYS`, says where each key goes: to an argument of a callback, the plugin or a setting (a "part").
+Each part is built by its own class, which checks its arguments; a message naming an argument is re-worded to name
+the key by its dotted path (``training.learning_rate.warmup_steps``). Every problem in a file is reported at once.
 """
 
 from __future__ import annotations
 
+import difflib
+import inspect
 import os
-from collections.abc import Mapping
+import re
+import warnings
+from collections import defaultdict
+from collections.abc import Callable, Collection, Iterator, Mapping
 from pathlib import Path
 from typing import Any, Final
 
-from lightning_tune import _imports
-from lightning_tune._validation import check_int
-from lightning_tune.config._section import Section, reject
-from lightning_tune.config.precision import lightning_precision
-from lightning_tune.config.training import SCHEDULES, TrainingConfig
-from lightning_tune.presets.deepspeed import DeepSpeedSettings
+import torch
 
-__all__ = ["from_config", "load_config"]
+from lightning_tune import _imports
+from lightning_tune._validation import check_bool, check_choice, check_int
+from lightning_tune.callbacks.dynamic_batch import DynamicBatchSize
+from lightning_tune.callbacks.lr_plateau import AdaptiveLROnPlateau
+from lightning_tune.callbacks.surgery import ActivationCheckpointing, TorchCompile
+from lightning_tune.config.initial_lr import InitialLR
+from lightning_tune.config.precision import lightning_precision
+from lightning_tune.config.training import SCHEDULE_CALLBACKS, SCHEDULES, SWAP_OPTIMIZERS, TrainingConfig
+from lightning_tune.plugins.deepspeed import DeepSpeedSettings
+from lightning_tune.vocab import canonical_attention, canonical_optimizer
+
+__all__ = ["KEYS", "from_config", "load_config"]
 
 ROOT: Final = "training"
+Convert = Callable[[str, Any], Any]
+# PyYAML follows YAML 1.1, where `3e-4` (no dot) is a string, not a float; number keys accept such strings.
+_FLOAT_TEXT = re.compile(r"[-+]?(\d+(\.\d*)?|\.\d+)([eE][-+]?\d+)?")
 
-_TRAINING_KEYS: Final = frozenset(
-    {
-        "amp",
-        "attention",
-        "batch_size",
-        "checkpoint",
-        "compilation",
-        "cpu_offload",
-        "dataloader",
-        "dynamic_batch_size",
-        "gradient_accumulation_steps",
-        "gradient_checkpointing",
-        "learning_rate",
-        "micro_batch_size",
-        "mixed_precision",
-        "model_parallel",
-        "multi_gpu",
+
+def _number(path: str, value: Any) -> Any:
+    return float(value) if isinstance(value, str) and _FLOAT_TEXT.fullmatch(value.strip()) else value
+
+
+def _checked(check: Callable[..., None], *args: Any, **kwargs: Any) -> Convert:
+    """A converter that checks a value with ``check(path, value, *args, **kwargs)`` and keeps it."""
+
+    def convert(path: str, value: Any) -> Any:
+        check(path, value, *args, **kwargs)
+        return value
+
+    return convert
+
+
+def _int(minimum: int) -> Convert:
+    return _checked(check_int, minimum=minimum)
+
+
+_bool = _checked(check_bool)
+
+
+def _compilation(path: str, value: Any) -> bool:
+    if isinstance(value, bool):
+        return value
+    if not isinstance(value, str):
+        raise TypeError(f"`{path}` must be 'torch_compile', 'none', true, false or a mapping, got {value!r}")
+    check_choice(path, value, ("torch_compile", "none"))
+    return value == "torch_compile"
+
+
+def _loss_scale(path: str, value: Any) -> float:
+    value = _number(path, value)
+    if value == "dynamic" or (isinstance(value, (int, float)) and not isinstance(value, bool) and value > 0):
+        return 0.0 if value == "dynamic" else float(value)  # DeepSpeed's loss_scale 0 is its dynamic scale
+    raise ValueError(f"`{path}` must be 'dynamic' or a number > 0 (a static scale), got {value!r}")
+
+
+def _strategy(path: str, value: Any) -> bool:
+    if value in ("tensor_parallel", "pipeline_parallel"):
+        raise _refused(path, f"{value!r}: {_DATA_PARALLEL_ONLY}")
+    check_choice(path, value, ("data_parallel",))
+    return True
+
+
+def _devices(path: str, value: Any) -> int | tuple[int, ...]:
+    if not isinstance(value, list):
+        return _int(1)(path, value)
+    for index, device in enumerate(value):
+        check_int(f"{path}[{index}]", device, minimum=0)
+    if not value or len(set(value)) != len(value):
+        raise ValueError(f"`{path}` must list distinct GPU indices, got {value!r}")
+    return tuple(value)
+
+
+#: Key under ``training:`` -> (part, argument, converter or None). The parts are built in :func:`from_config`.
+KEYS: Final[dict[str, tuple[str, str, Convert | None]]] = {
+    "precision": ("precision", "name", None),
+    "mixed_precision.enabled": ("precision", "mixed", None),
+    "amp.enabled": ("precision", "amp", None),
+    "amp.keep_batchnorm_fp32": ("precision", "keep_batchnorm_fp32", _bool),
+    "mixed_precision.loss_scale": ("loss_scaling", "loss_scale", _loss_scale),
+    "mixed_precision.loss_scale_window": ("loss_scaling", "loss_scale_window", _int(1)),
+    "mixed_precision.hysteresis": ("loss_scaling", "hysteresis", _int(1)),
+    "optimizer": (
+        "plugin",
         "optimizer",
-        "precision",
-        "sequence_length",
-    }
-)
-_INFERENCE = (
-    "lightning_tune configures training runs; serving settings (continuous batching, KV cache, speculative "
-    "decoding) belong to an inference server. Keep only the `training:` section"
-)
-_SCHEDULES: Final = SCHEDULES
-#: Keys of `learning_rate` that belong to one schedule -> the schedules they apply to.
-_SCHEDULE_KEYS: Final[dict[str, tuple[str, ...]]] = {
-    "warmup_steps": ("cosine_with_warmup", "linear_warmup"),
-    "warmup_ratio": ("cosine_with_warmup",),
-    "min_lr": ("cosine_with_warmup",),
-    "total_steps": ("cosine_with_warmup", "onecycle"),
-    "constant_after_warmup": ("linear_warmup",),
-    "max_lr": ("onecycle",),
-    "pct_start": ("onecycle",),
-    "div_factor": ("onecycle",),
-    "final_div_factor": ("onecycle",),
-    "anneal_strategy": ("onecycle",),
+        lambda p, v: canonical_optimizer(v, arg=p, allowed=("adamw", *SWAP_OPTIMIZERS)),
+    ),
+    "attention": ("plugin", "attention", lambda p, v: canonical_attention(v, arg=p)),
+    "attention.implementation": ("plugin", "attention", lambda p, v: canonical_attention(v, arg=p)),
+    "batch_size": ("batch", "batch_size", _int(1)),
+    "micro_batch_size": ("batch", "micro_batch_size", _int(1)),
+    "gradient_accumulation_steps": ("batch", "accumulate_grad_batches", _int(1)),
+    "sequence_length": ("batch", "sequence_length", _int(1)),
+    **{
+        f"dynamic_batch_size.{key}": ("dynamic_batch", arg, convert)
+        for key, arg, convert in (
+            ("enabled", "enabled", _bool),
+            ("min_batch_size", "min_batch_size", None),
+            ("max_batch_size", "max_batch_size", None),
+            ("target_vram_utilization", "target_vram", _number),
+            ("adjustment_interval", "adjust_every", None),
+            ("keep", "keep", None),
+            ("lr_rule", "lr_rule", None),
+            ("multiple_of", "multiple_of", None),
+        )
+    },
+    "learning_rate.initial": ("initial_lr", "lr", _number),
+    "learning_rate.schedule": ("schedule", "schedule", _checked(check_choice, SCHEDULES)),
+    "learning_rate.constant_after_warmup": ("schedule", "constant_after_warmup", _bool),
+    **{
+        f"learning_rate.{arg}": ("schedule", arg, _number)
+        for arg in ("warmup_steps", "warmup_ratio", "min_lr", "total_steps", "max_lr", "pct_start", "div_factor")
+    },
+    "learning_rate.final_div_factor": ("schedule", "final_div_factor", _number),
+    "learning_rate.anneal_strategy": ("schedule", "anneal_strategy", None),
+    **{
+        f"learning_rate.adaptive.{arg}": ("plateau", arg, _bool if arg == "enabled" else _number)
+        for arg in ("enabled", "monitor", "mode", "factor", "patience", "min_lr", "threshold", "cooldown")
+    },
+    "gradient_checkpointing": ("checkpointing", "enabled", _bool),
+    "gradient_checkpointing.enabled": ("checkpointing", "enabled", _bool),
+    "gradient_checkpointing.block_types": ("checkpointing", "block_types", None),
+    "compilation": ("compile", "enabled", _compilation),
+    "compilation.enabled": ("compile", "enabled", _bool),
+    **{f"compilation.{arg}": ("compile", arg, None) for arg in ("mode", "fullgraph", "dynamic", "backend")},
+    "dataloader.num_workers": ("dataloader", "num_workers", _int(0)),
+    "dataloader.prefetch_factor": ("dataloader", "prefetch_factor", _int(1)),
+    "dataloader.pin_memory": ("dataloader", "pin_memory", _bool),
+    "dataloader.persistent_workers": ("dataloader", "persistent_workers", _bool),
+    "cpu_offload.enabled": ("deepspeed", "enabled", _bool),
+    "cpu_offload.offload_gradients": ("deepspeed", "offload_gradients", _bool),
+    **{f"cpu_offload.{a}": ("deepspeed", a, None) for a in ("stage", "offload_optimizer", "offload_parameters")},
+    "cpu_offload.pin_memory": ("deepspeed", "pin_memory", None),
+    "multi_gpu.strategy": ("devices", "data_parallel", _strategy),
+    "multi_gpu.devices": ("devices", "devices", _devices),
+    "multi_gpu.backend": ("devices", "process_group_backend", _checked(check_choice, ("nccl", "gloo"))),
+    "model_parallel.enabled": ("model_parallel", "enabled", _bool),
+    "model_parallel.tensor_parallel_size": ("model_parallel", "tensor_parallel_size", _int(1)),
+    "model_parallel.pipeline_parallel_size": ("model_parallel", "pipeline_parallel_size", _int(1)),
+    "checkpoint.save_interval": ("checkpoint", "checkpoint_every_n_steps", _int(1)),
+    "checkpoint.async_save": ("checkpoint", "async_checkpoint", _bool),
 }
-#: Optimizer names -> OptimizerSwap name (None: keep the module's own optimizer).
-_OPTIMIZERS: Final[dict[str, str | None]] = {
-    "adamw": None,
-    "adamw_8bit": "adamw8bit",
-    "adam_8bit": "adam8bit",
-    "lion_8bit": "lion8bit",
-    "sgd_8bit": "sgd8bit",
-    "paged_adamw_8bit": "paged_adamw8bit",
-    "adamw_fused": "adamw_fused",
+_DATA_PARALLEL_ONLY = "lightning_tune trains data-parallel only (DDP, or DeepSpeed with `training.cpu_offload`)"
+#: Keys of tuning guides that cannot be honoured -> why.
+REFUSED: Final[dict[str, str]] = {
+    "inference": "lightning_tune configures training runs; serving settings (continuous batching, KV cache, "
+    "speculative decoding) belong to an inference server. Keep only the `training:` section",
+    "amp.opt_level": "apex AMP opt levels are not available in Lightning 2.x, which dropped apex; choose the "
+    "precision with `training.precision` (fp16, bf16, fp32) and `training.mixed_precision.enabled`",
+    "gradient_checkpointing.checkpoint_segments": "lightning_tune checkpoints each transformer block separately (as "
+    "Hugging Face's gradient_checkpointing_enable does); segment counts need one nn.Sequential to cut "
+    "(torch.utils.checkpoint.checkpoint_sequential). Remove the key, or name the blocks with `block_types`",
+    "multi_gpu.tensor_parallel_size": _DATA_PARALLEL_ONLY,
+    "multi_gpu.pipeline_parallel_size": _DATA_PARALLEL_ONLY,
+    "multi_gpu.micro_batches": f"pipeline micro-batches need pipeline parallelism; {_DATA_PARALLEL_ONLY}",
+    **{
+        f"multi_gpu.{key}": f"balancing across GPU types needs tensor parallelism; {_DATA_PARALLEL_ONLY}"
+        for key in ("tensor_split", "auto_balance", "balance_metric")
+    },
 }
-#: Attention implementations (Hugging Face's names) -> AttentionSwap backend.
-_ATTENTION: Final[dict[str, str]] = {"flash_attention_2": "flash", "sdpa": "sdpa", "eager": "eager", "auto": "auto"}
+_SECTIONS: Final = frozenset(path.rsplit(".", 1)[0] for path in [*KEYS, *REFUSED] if "." in path)
+_MODEL_PARALLEL = (
+    "tensor and pipeline parallelism need a model written for them (Lightning's ModelParallelStrategy); "
+    "lightning_tune trains data-parallel only"
+)
 
 
 def load_config(source: str | os.PathLike[str] | Mapping[str, Any]) -> dict[str, Any]:
@@ -123,10 +233,11 @@ def load_config(source: str | os.PathLike[str] | Mapping[str, Any]) -> dict[str,
 def from_config(path_or_dict: str | os.PathLike[str] | Mapping[str, Any]) -> TrainingConfig:
     """Turn a training configuration into Trainer arguments, callbacks and plugins.
 
-    The configuration is a YAML file or a dict, with or without the top-level ``training:`` key. Everything is
-    checked here and the callbacks are built once; the plugin and strategy, which depend on the machine (fp16 and
-    DeepSpeed need CUDA), are built by :meth:`~TrainingConfig.trainer_kwargs`, so a GPU configuration can be loaded
-    and inspected anywhere.
+    The configuration is a YAML file or a dict, with or without the top-level ``training:`` key. Each callback,
+    the plugin and the DeepSpeed settings are built once here, so they check their own arguments; every problem is
+    reported at once, each naming its key by dotted path. What needs hardware or packages this machine lacks (a CUDA
+    GPU, flash-attn, bitsandbytes, DeepSpeed) draws one warning here, since a file may be written on a laptop for a
+    cluster; training then fails with the whole reason.
 
     Args:
         path_or_dict: Path of a YAML file, or a mapping.
@@ -135,9 +246,9 @@ def from_config(path_or_dict: str | os.PathLike[str] | Mapping[str, Any]) -> Tra
         The checked configuration; ``Trainer(**config.trainer_kwargs())``.
 
     Raises:
-        TypeError: If a value has the wrong type (the message names its dotted key).
-        ValueError: If a key is unknown or cannot be honoured, or a value is not allowed (the message says what is).
-        ModuleNotFoundError: If a configured feature needs an optional package that is missing (names the extra).
+        TypeError: If a value has the wrong type (the message names its dotted key), or every problem found is one.
+        ValueError: If a key is unknown or cannot be honoured, or a value is not allowed; with several problems, one
+            error lists them all.
 
     Example:
         >>> config = from_config({"training": {"precision": "bf16", "micro_batch_size": 8,
@@ -148,520 +259,310 @@ def from_config(path_or_dict: str | os.PathLike[str] | Mapping[str, Any]) -> Tra
         ['accumulate_grad_batches', 'plugins']
     """
     data = load_config(path_or_dict)
+    problems: list[Exception] = []
     if ROOT in data:
-        root = Section(data, "", {ROOT, "multi_gpu"}, {"inference": _INFERENCE})
-        if data[ROOT] is not None and not isinstance(data[ROOT], Mapping):
-            raise TypeError(f"`{ROOT}` must be a mapping of keys to values, got {data[ROOT]!r}")
-        training = dict(data[ROOT] or {})
-        if "multi_gpu" in root:  # the guides put `multi_gpu:` beside `training:` as often as inside it
-            if "multi_gpu" in training:
-                raise ValueError("`multi_gpu` is given both beside and inside `training`; keep one")
-            training["multi_gpu"] = data["multi_gpu"]
+        training = data[ROOT] if data[ROOT] is not None else {}
+        if not isinstance(training, Mapping):
+            raise TypeError(f"`{ROOT}` must be a mapping of keys to values, got {training!r}")
+        beside = {k: v for k, v in data.items() if k != ROOT}
+        if "multi_gpu" in beside and "multi_gpu" in training:  # the guides put it beside `training:` as often as in it
+            problems.append(ValueError("`multi_gpu` is given both beside and inside `training`; keep one"))
+        for key in set(beside) - {"multi_gpu"}:
+            message = f"`{key}` cannot be honoured: {REFUSED[key]}" if key in REFUSED else None
+            problems.append(ValueError(message or _unknown(str(key), (ROOT, "multi_gpu"))))
+        training = {**training, **({"multi_gpu": beside["multi_gpu"]} if "multi_gpu" in beside else {})}
     else:
         training = data
-    config = _parse(Section(training, ROOT, _TRAINING_KEYS, {"inference": _INFERENCE}), source=data)
-    # Build the callbacks once, and check the optional packages, so that a configuration that loads also builds.
-    # The plugin and the strategy depend on the machine (fp16 needs CUDA, DeepSpeed too): trainer_kwargs() builds
-    # them, so a GPU configuration can still be loaded and inspected on a CPU-only machine.
-    config.callbacks()
-    if config.optimizer is not None and config.optimizer != "adamw_fused":
-        _imports.require("bitsandbytes", feature=f"`{ROOT}.optimizer` {config.optimizer!r}")
-    if config.deepspeed is not None:
-        _imports.require("deepspeed", feature=f"`{ROOT}.cpu_offload` (DeepSpeed)")
+    given: dict[str, dict[str, Any]] = defaultdict(dict)
+    paths: dict[str, dict[str, str]] = defaultdict(dict)
+    failed: set[tuple[str, str]] = set()
+    for path, (part, arg, _) in KEYS.items():
+        paths[part].setdefault(arg, f"{ROOT}.{path}")
+    for key, value in _walk(training, "", problems):
+        part, arg, convert = KEYS[key]
+        path = paths[part][arg] = f"{ROOT}.{key}"
+        try:
+            given[part][arg] = convert(path, value) if convert is not None else value
+        except (TypeError, ValueError) as err:
+            problems.append(err)
+            failed.add((part, arg))
+    config = _assemble(given, paths, failed, problems, source=data)
+    if len(problems) == 1:
+        raise problems[0]
+    if problems:
+        kind = TypeError if all(isinstance(p, TypeError) for p in problems) else ValueError
+        raise kind(f"{len(problems)} problems in the configuration:\n" + "\n".join(f"- {p}" for p in problems))
+    assert config is not None
+    if lacking := _lacking(config, paths):
+        warnings.warn(
+            f"this machine ({torch.cuda.device_count()} CUDA GPUs) lacks what the configuration needs, so training "
+            "here will fail: " + "; ".join(lacking),
+            UserWarning,
+            stacklevel=2,
+        )
     return config
 
 
-def _parse(section: Section, source: Mapping[str, Any]) -> TrainingConfig:
-    micro, accumulate = _batch(section)
-    deepspeed = _cpu_offload(section)
-    precision, deepspeed = _precision(section, deepspeed)
-    optimizer = _optimizer(section, deepspeed)
-    schedule, schedule_kwargs, initial_lr, plateau = _learning_rate(section)
-    devices, data_parallel, backend = _multi_gpu(section)
-    if deepspeed is not None and backend is not None:
-        deepspeed = DeepSpeedSettings(
-            stage=deepspeed.stage,
-            offload_optimizer=deepspeed.offload_optimizer,
-            offload_parameters=deepspeed.offload_parameters,
-            pin_memory=deepspeed.pin_memory,
-            extra={**deepspeed.extra, "process_group_backend": backend},
+def _walk(mapping: Mapping[Any, Any], prefix: str, problems: list[Exception]) -> Iterator[tuple[str, Any]]:
+    """The keys of :data:`KEYS` under ``mapping`` with their values; unknown and refused keys go to ``problems``."""
+    for key, value in mapping.items():
+        path = f"{prefix}{key}"
+        if not isinstance(key, str):
+            problems.append(
+                TypeError(f"keys of `{ROOT}{'.' + prefix[:-1] if prefix else ''}` must be strings, got {key!r}")
+            )
+        elif path in REFUSED:
+            problems.append(_refused(f"{ROOT}.{path}", REFUSED[path]))
+        elif path in _SECTIONS and (isinstance(value, Mapping) or path not in KEYS):
+            if isinstance(value, Mapping):
+                yield from _walk(value, f"{path}.", problems)
+            else:
+                what = f"a mapping of keys to values, got {value!r} ({type(value).__name__})"
+                problems.append(TypeError(f"`{ROOT}.{path}` must be {what}"))
+        elif path in KEYS:
+            yield path, value
+        else:
+            here = {p[len(prefix) :].split(".")[0] for p in KEYS if p.startswith(prefix)}
+            problems.append(ValueError(_unknown(f"{ROOT}.{path}", here)))
+
+
+def _unknown(path: str, allowed: Collection[str]) -> str:
+    key = path.rsplit(".", 1)[-1]
+    close = difflib.get_close_matches(key, list(allowed), n=1)
+    hint = f" (did you mean `{close[0]}`?)" if close else ""
+    return f"unknown key `{path}`{hint}; allowed keys here: {', '.join(f'`{k}`' for k in sorted(allowed))}"
+
+
+def _refused(path: str, reason: str) -> ValueError:
+    return ValueError(f"`{path}` cannot be honoured: {reason}")
+
+
+def _build(
+    factory: Callable[..., Any], kwargs: dict[str, Any], paths: dict[str, str], problems: list[Exception]
+) -> Any:
+    """``factory(**kwargs)``, or ``None`` and its error (naming keys, not arguments) added to ``problems``."""
+    missing = [
+        arg
+        for arg, p in inspect.signature(factory).parameters.items()
+        if p.default is p.empty and p.kind is not p.VAR_KEYWORD and arg not in kwargs
+    ]
+    if missing:
+        problems.append(ValueError(f"{factory.__name__} needs `{paths[missing[0]]}`"))
+        return None
+    try:
+        return factory(**kwargs)
+    except (TypeError, ValueError) as err:
+        message = str(err)
+        for arg, path in paths.items():
+            message = message.replace(f"`{arg}`", f"`{path}`")
+        problems.append(type(err)(message))
+        return None
+
+
+def _assemble(
+    given: dict[str, dict[str, Any]],
+    paths: dict[str, dict[str, str]],
+    failed: set[tuple[str, str]],
+    problems: list[Exception],
+    source: Any,
+) -> TrainingConfig | None:
+    """Check what only the file knows (keys that must agree), build each part, and the :class:`TrainingConfig`."""
+    present = {part for part, kwargs in given.items() if kwargs}
+
+    def key(part: str, arg: str) -> str:
+        return f"`{paths[part][arg]}`"
+
+    def bad(part: str, arg: str, rest: str) -> None:
+        problems.append(ValueError(f"{key(part, arg)} {rest}"))
+
+    def enabled(part: str) -> bool:  # a section given is on unless `enabled: false`
+        return part in present and given[part].pop("enabled", True) is not False
+
+    # precision (config/precision.py's rule), keep_batchnorm_fp32, loss scaling
+    prec, precision, known = given["precision"], None, True  # known: given well, or not at all
+    mixed = "mixed" if prec.get("mixed") is not None else "amp"
+    if prec.get("mixed") is not None and prec.get("amp") is not None and prec["mixed"] != prec["amp"]:
+        bad("precision", "mixed", f"({prec['mixed']}) and {key('precision', 'amp')} ({prec['amp']}) disagree")
+    try:
+        precision = lightning_precision(
+            prec.get("name"), prec.get(mixed), key=paths["precision"]["name"], mixed_key=paths["precision"][mixed]
         )
-    every_n, async_save = _checkpoint(section, deepspeed)
-    _model_parallel(section)
+    except (TypeError, ValueError) as err:
+        problems.append(err)
+        known = False
+    if prec.get("keep_batchnorm_fp32") is False:
+        why = "torch.autocast always runs batch norm in float32; it cannot be turned off"
+        bad("precision", "keep_batchnorm_fp32", f"cannot be honoured: {why}")
+    elif prec.get("keep_batchnorm_fp32") and precision in ("16-true", "bf16-true"):
+        why = "stores every weight, batch norm included, in half precision; use mixed precision (autocast keeps fp32)"
+        bad("precision", "keep_batchnorm_fp32", f"cannot be honoured: {precision!r} {why}")
+    scaling = given["loss_scaling"]
+    if scaling and known and not (precision or "").startswith("16-"):
+        why = f"loss scaling applies to fp16 only, and the precision is {precision or '32-true'!r} (bf16 needs none)"
+        bad("loss_scaling", next(iter(scaling)), f"cannot be honoured: {why}")
+    # batch sizes, per device
+    batch = given["batch"]
+    total, micro, accumulate = (batch.get(k) for k in ("batch_size", "micro_batch_size", "accumulate_grad_batches"))
+    micro_key, accumulate_key = key("batch", "micro_batch_size"), key("batch", "accumulate_grad_batches")
+    if total is not None and micro is not None and accumulate is not None and micro * accumulate != total:
+        product = f"({micro} x {accumulate} = {micro * accumulate})"
+        bad("batch", "batch_size", f"({total}) must equal {micro_key} x {accumulate_key} {product} per device")
+    elif total is not None and (micro is None or accumulate is None) and (one := micro or accumulate):
+        if total % one:
+            bad(
+                "batch",
+                "batch_size",
+                f"({total}) must be a multiple of {micro_key if micro else accumulate_key} ({one})",
+            )
+        micro, accumulate = (micro, total // one) if micro else (total // one, accumulate)
+    elif total is not None and micro is None and accumulate is None:
+        micro = total
+    # learning rate: InitialLR, the schedule callback; a key the chosen schedule's callback does not take is an error
+    lr, schedule = given["schedule"], given["schedule"].pop("schedule", None)
+    initial = _build(InitialLR, given["initial_lr"], paths["initial_lr"], problems) if given["initial_lr"] else None
+    takes = {name: set(inspect.signature(cls).parameters) for name, cls in SCHEDULE_CALLBACKS.items()}
+    takes["linear_warmup"].add("constant_after_warmup")
+    for arg in list(lr) if ("schedule", "schedule") not in failed else []:  # a bad name is one problem, not more
+        if schedule not in (schedules := [name for name, args in takes.items() if arg in args]):
+            now = f"is {schedule!r}" if schedule else "is not set"
+            options = " or ".join(map(repr, schedules))
+            bad("schedule", arg, f"applies to schedule {options}, but {key('schedule', 'schedule')} {now}")
+            lr.pop(arg)
+    if lr.pop("constant_after_warmup", True) is False:
+        why = "schedule 'linear_warmup' holds the learning rate after the warm-up; for a decay use "
+        bad(
+            "schedule",
+            "constant_after_warmup",
+            f"cannot be honoured: {why}'cosine_with_warmup' (with `min_lr`) or 'onecycle'",
+        )
+    if schedule == "onecycle" and initial is not None:
+        why = f"which starts at `max_lr` / `div_factor`; give the peak as {key('schedule', 'max_lr')}"
+        bad("initial_lr", "lr", f"does not apply to schedule 'onecycle', {why}")
+    if initial is not None and isinstance(lr.get("min_lr"), float) and lr["min_lr"] > initial.lr:
+        bad("schedule", "min_lr", f"({lr['min_lr']:g}) must not exceed {key('initial_lr', 'lr')} ({initial.lr:g})")
+    if schedule is not None:
+        _build(SCHEDULE_CALLBACKS[schedule], lr, paths["schedule"], problems)
+    # the callbacks, each built (and so checked) when its section is given, used when it is on
+    on = {part: enabled(part) for part in ("plateau", "dynamic_batch", "checkpointing", "compile", "deepspeed")}
+    factories = {"plateau": AdaptiveLROnPlateau, "dynamic_batch": DynamicBatchSize}
+    factories.update(checkpointing=ActivationCheckpointing, compile=TorchCompile)
+    built = {
+        part: _build(cls, given[part], paths[part], problems) for part, cls in factories.items() if part in present
+    }
+    if (dynamic := built.get("dynamic_batch")) is not None and micro is not None:
+        low, high = dynamic.min_batch_size, dynamic.max_batch_size
+        if not low <= micro <= (high or micro):
+            where = f"[{key('dynamic_batch', 'min_batch_size')}, {key('dynamic_batch', 'max_batch_size')}]"
+            bad(
+                "batch",
+                "micro_batch_size",
+                f"({micro}) is the starting batch size and must lie in {where} = [{low}, {high}]",
+            )
+    # CPU offload: DeepSpeedSettings, with the loss scaling and the process-group backend
+    ds, devices = given["deepspeed"], given["devices"]
+    ds.setdefault("offload_optimizer", True)
+    ds.setdefault("stage", 3 if ds.get("offload_parameters") else 2)
+    if ds.pop("offload_gradients", ds["offload_optimizer"]) != ds["offload_optimizer"]:
+        why = (
+            "DeepSpeed's optimizer offload moves each gradient partition to the CPU for the optimizer step and has no "
+        )
+        follow = f"separate gradient switch; remove the key (gradients follow {key('deepspeed', 'offload_optimizer')})"
+        bad("deepspeed", "offload_gradients", f"cannot be honoured: {why}{follow}")
+    if on["deepspeed"] and not ds["offload_optimizer"] and not ds.get("offload_parameters"):
+        what = f"{key('deepspeed', 'offload_optimizer')} or {key('deepspeed', 'offload_parameters')}"
+        bad("deepspeed", "enabled", f"is true but nothing is offloaded: set {what} to true")
+    if (backend := devices.get("process_group_backend")) is not None and not devices.get("data_parallel"):
+        why = f"sets the process-group backend of data parallelism: it needs `{paths['devices']['data_parallel']}: "
+        bad("devices", "process_group_backend", f"({backend!r}) {why}data_parallel`")
+    extra = {**scaling, **({"process_group_backend": backend} if backend else {})}
+    built["deepspeed"] = _build(DeepSpeedSettings, {**ds, "extra": extra}, paths["deepspeed"], problems)
+    deepspeed = built["deepspeed"] if on["deepspeed"] else None  # checked when off too: nothing given is ignored
+    static = [arg for arg, value in scaling.items() if arg != "loss_scale" or value]  # `loss_scale: dynamic` is 0
+    if deepspeed is None and static and (precision or "").startswith("16-"):
+        why = (
+            "outside DeepSpeed, Lightning's 16-mixed scales the loss with torch.amp.GradScaler's dynamic scale, which "
+            "has no static scale or hysteresis and is not configurable through the pack; use `training.cpu_offload` "
+            "(DeepSpeed), or remove the key (`loss_scale: dynamic` is what GradScaler does)"
+        )
+        bad("loss_scaling", static[0], f"cannot be honoured: {why}")
+    # the plugin's optimizer ('adamw' is the module's own), parallelism, checkpoints, DataLoader
+    optimizer = None if given["plugin"].get("optimizer") == "adamw" else given["plugin"].get("optimizer")
+    if optimizer is not None and on["deepspeed"]:
+        why = (
+            f"{optimizer!r} swaps the module's optimizer, which DeepSpeed replaces with its own when "
+            "`training.cpu_offload` is on; use 'adamw' (DeepSpeed offloads it to CPU Adam) or turn CPU offload off"
+        )
+        bad("plugin", "optimizer", f"cannot be honoured: {why}")
+    parallel = given["model_parallel"]
+    sizes = [arg for arg, size in parallel.items() if arg != "enabled" and size > 1]
+    if parallel.get("enabled") or (parallel.get("enabled") is None and sizes):
+        bad(
+            "model_parallel",
+            "enabled" if parallel.get("enabled") else sizes[0],
+            f"cannot be honoured: {_MODEL_PARALLEL}",
+        )
+    checkpoint, loader = given["checkpoint"], given["dataloader"]
+    if checkpoint.get("async_checkpoint") and on["deepspeed"]:
+        why = "DeepSpeed writes its sharded checkpoints itself; Lightning's AsyncCheckpointIO does not apply"
+        bad("checkpoint", "async_checkpoint", f"cannot be honoured: {why}")
+    for arg in ("prefetch_factor", "persistent_workers"):
+        if loader.get(arg) and not loader.get("num_workers"):
+            why = f"set {key('dataloader', 'num_workers')} to 1 or more, got {loader.get('num_workers')!r}"
+            bad("dataloader", arg, f"needs worker processes (torch's DataLoader refuses it without them); {why}")
+    if problems:
+        return None
+    blocks = given["checkpointing"].get("block_types")
     return TrainingConfig(
         precision=precision,
         micro_batch_size=micro,
-        sequence_length=section.integer("sequence_length", minimum=1),
+        sequence_length=batch.get("sequence_length"),
         accumulate_grad_batches=accumulate,
-        dataloader_kwargs=_dataloader(section),
-        initial_lr=initial_lr,
-        schedule=schedule,  # type: ignore[arg-type]
-        schedule_kwargs=schedule_kwargs,
-        plateau_kwargs=plateau,
-        dynamic_batch_kwargs=_dynamic_batch(section, micro),
+        dataloader_kwargs=loader,
+        initial_lr=initial.lr if initial is not None else None,
+        schedule=schedule,
+        schedule_kwargs=lr,
+        plateau_kwargs=given["plateau"] if on["plateau"] else None,
+        dynamic_batch_kwargs=given["dynamic_batch"] if on["dynamic_batch"] else None,
         optimizer=optimizer,
-        attention=_attention(section),
-        checkpointing_blocks=_gradient_checkpointing(section),
-        compile_kwargs=_compilation(section),
+        attention=given["plugin"].get("attention"),
+        checkpointing_blocks=(blocks if not isinstance(blocks, list) else tuple(blocks)) or "auto"
+        if on["checkpointing"]
+        else None,
+        compile_kwargs=given["compile"] if on["compile"] else None,
         deepspeed=deepspeed,
-        devices=devices,
-        data_parallel=data_parallel,
+        devices=devices.get("devices"),
+        data_parallel=bool(devices.get("data_parallel")),
         process_group_backend=backend if deepspeed is None else None,
-        checkpoint_every_n_steps=every_n,
-        async_checkpoint=async_save,
         source=source,
+        **checkpoint,
     )
 
 
-def _enabled(section: Section, default: bool = True) -> bool:
-    value = section.boolean("enabled", default)
-    return bool(value)
-
-
-# --------------------------------------------------------------------------------------------------------- batch
-
-
-def _batch(section: Section) -> tuple[int | None, int | None]:
-    batch = section.integer("batch_size", minimum=1)
-    micro = section.integer("micro_batch_size", minimum=1)
-    accumulate = section.integer("gradient_accumulation_steps", minimum=1)
-    if batch is None:
-        return micro, accumulate
-    names = (section.name("batch_size"), section.name("micro_batch_size"), section.name("gradient_accumulation_steps"))
-    if micro is not None and accumulate is not None:
-        if micro * accumulate != batch:
-            raise ValueError(
-                f"`{names[0]}` ({batch}) must equal `{names[1]}` x `{names[2]}` ({micro} x {accumulate} = "
-                f"{micro * accumulate}) per device"
-            )
-        return micro, accumulate
-    if micro is not None or accumulate is not None:
-        given, other = (micro, names[1]) if micro is not None else (accumulate, names[2])
-        assert given is not None
-        if batch % given:
-            raise ValueError(f"`{names[0]}` ({batch}) must be a multiple of `{other}` ({given})")
-        return (micro, batch // given) if micro is not None else (batch // given, accumulate)
-    return batch, None
-
-
-def _dataloader(section: Section) -> dict[str, Any]:
-    loader = section.section("dataloader", {"num_workers", "pin_memory", "prefetch_factor", "persistent_workers"})
-    kwargs: dict[str, Any] = {}
-    workers = loader.integer("num_workers", minimum=0)
-    if workers is not None:
-        kwargs["num_workers"] = workers
-    for key in ("pin_memory", "persistent_workers"):
-        if (value := loader.boolean(key)) is not None:
-            kwargs[key] = value
-    if (prefetch := loader.integer("prefetch_factor", minimum=1)) is not None:
-        kwargs["prefetch_factor"] = prefetch
-    for key in ("prefetch_factor", "persistent_workers"):
-        if kwargs.get(key) and not workers:
-            raise ValueError(
-                f"`{loader.name(key)}` needs worker processes (torch's DataLoader refuses it without them); set "
-                f"`{loader.name('num_workers')}` to 1 or more, got {workers!r}"
-            )
-    return kwargs
-
-
-def _dynamic_batch(section: Section, micro: int | None) -> dict[str, Any] | None:
-    keys = {
-        "enabled",
-        "min_batch_size",
-        "max_batch_size",
-        "target_vram_utilization",
-        "adjustment_interval",
-        "keep",
-        "lr_rule",
-        "multiple_of",
-    }
-    if "dynamic_batch_size" not in section:
-        return None
-    dyn = section.section("dynamic_batch_size", keys)
-    kwargs: dict[str, Any] = {}
-    if (target := dyn.number("target_vram_utilization", low=0.0, high=0.98, low_inclusive=False)) is not None:
-        kwargs["target_vram"] = target
-    lowest = dyn.integer("min_batch_size", minimum=1)
-    highest = dyn.integer("max_batch_size", minimum=1)
-    if lowest is not None:
-        kwargs["min_batch_size"] = lowest
-    if highest is not None:
-        kwargs["max_batch_size"] = highest
-    if lowest is not None and highest is not None and lowest > highest:
-        raise ValueError(
-            f"`{dyn.name('min_batch_size')}` ({lowest}) must not exceed `{dyn.name('max_batch_size')}` ({highest})"
+def _lacking(config: TrainingConfig, paths: dict[str, dict[str, str]]) -> list[str]:
+    """What the configuration needs that this machine lacks, one line each, without initialising CUDA."""
+    gpus = torch.cuda.device_count()  # asks NVML where it can; does not initialise CUDA
+    cuda = "a CUDA GPU"
+    needs = []
+    if config.precision in ("16-mixed", "transformer-engine", "transformer-engine-float16") and not gpus:
+        needs.append(f"`{paths['precision']['name']}` {config.precision!r} needs {cuda}")
+    flash = _imports.is_available("flash_attn") or _imports.is_available("flash_attn.cute")
+    if config.attention == "flash" and not (gpus and flash):
+        missing = "" if flash else ", and flash-attn (pip install 'lightning-tune[flash2]' or '[flash4]')"
+        needs.append(
+            f"`{paths['plugin']['attention']}` 'flash' needs {cuda} of compute capability 8.0 or newer{missing}"
         )
-    if micro is not None and not (lowest or 1) <= micro <= (highest or micro):
-        raise ValueError(
-            f"`{section.name('micro_batch_size')}` ({micro}) is the starting batch size and must lie in "
-            f"[`{dyn.name('min_batch_size')}`, `{dyn.name('max_batch_size')}`] = [{lowest or 1}, {highest}]"
+    if config.optimizer not in (None, "adamw_fused") and not _imports.is_available("bitsandbytes"):
+        needs.append(
+            f"`{paths['plugin']['optimizer']}` {config.optimizer!r} needs bitsandbytes "
+            "(pip install 'lightning-tune[bnb]')"
         )
-    if (interval := dyn.integer("adjustment_interval", minimum=1)) is not None:
-        kwargs["adjust_every"] = interval
-    if (keep := dyn.choice("keep", ("effective", "lr", "none"))) is not None:
-        kwargs["keep"] = keep
-    if (rule := dyn.choice("lr_rule", ("sqrt", "linear"))) is not None:
-        kwargs["lr_rule"] = rule
-    if (multiple := dyn.integer("multiple_of", minimum=1)) is not None:
-        kwargs["multiple_of"] = multiple
-    return kwargs if _enabled(dyn) else None
-
-
-# ------------------------------------------------------------------------------------------------- learning rate
-
-
-def _learning_rate(
-    section: Section,
-) -> tuple[str | None, dict[str, Any], float | None, dict[str, Any] | None]:
-    lr = section.section("learning_rate", {"initial", "schedule", "adaptive", *_SCHEDULE_KEYS})
-    schedule = lr.choice("schedule", _SCHEDULES)
-    for key, schedules in _SCHEDULE_KEYS.items():
-        if key in lr and schedule not in schedules:
-            now = f"is {schedule!r}" if schedule else "is not set"
-            raise ValueError(
-                f"`{lr.name(key)}` applies to schedule {' or '.join(repr(s) for s in schedules)}, but "
-                f"`{lr.name('schedule')}` {now}"
-            )
-    initial = lr.number("initial", low=0.0, low_inclusive=False)
-    if initial is not None and schedule == "onecycle":
-        raise ValueError(
-            f"`{lr.name('initial')}` does not apply to schedule 'onecycle', which starts at `max_lr` / `div_factor`; "
-            f"give the peak as `{lr.name('max_lr')}`"
+    if config.deepspeed is not None and not (gpus and _imports.is_available("deepspeed")):
+        missing = (
+            "" if _imports.is_available("deepspeed") else ", and deepspeed (pip install 'lightning-tune[deepspeed]')"
         )
-    kwargs: dict[str, Any] = {}
-    if schedule in ("cosine_with_warmup", "linear_warmup"):
-        steps = lr.integer("warmup_steps", minimum=0 if schedule == "cosine_with_warmup" else 1)
-        ratio = lr.number("warmup_ratio", low=0.0, high=1.0, high_inclusive=False)
-        if (steps is None) == (ratio is None) and schedule == "cosine_with_warmup":
-            raise ValueError(
-                f"schedule 'cosine_with_warmup' needs exactly one of `{lr.name('warmup_steps')}` and "
-                f"`{lr.name('warmup_ratio')}` (0 steps for no warm-up), got "
-                f"{'both' if steps is not None else 'neither'}"
-            )
-        if steps is None and schedule == "linear_warmup":
-            raise ValueError(f"schedule 'linear_warmup' needs `{lr.name('warmup_steps')}` (an integer >= 1)")
-        kwargs["warmup_steps"] = steps
-    if schedule == "cosine_with_warmup":
-        if ratio is not None:
-            kwargs["warmup_ratio"] = ratio
-        total = lr.integer("total_steps", minimum=1)
-        if total is not None:
-            kwargs["total_steps"] = total
-            if steps is not None and steps >= total:
-                raise ValueError(
-                    f"`{lr.name('warmup_steps')}` ({steps}) must be smaller than `{lr.name('total_steps')}` ({total})"
-                )
-        min_lr = lr.number("min_lr", low=0.0)
-        if min_lr is not None:
-            kwargs["min_lr"] = min_lr
-            if initial is not None and min_lr > initial:
-                raise ValueError(
-                    f"`{lr.name('min_lr')}` ({min_lr:g}) must not exceed `{lr.name('initial')}` ({initial:g})"
-                )
-    elif schedule == "linear_warmup":
-        if lr.boolean("constant_after_warmup") is False:
-            raise reject(
-                lr.name("constant_after_warmup"),
-                "schedule 'linear_warmup' holds the learning rate after the warm-up; for a decay use "
-                "'cosine_with_warmup' (with `min_lr`) or 'onecycle'",
-            )
-    elif schedule == "onecycle":
-        max_lr = lr.number("max_lr", low=0.0, low_inclusive=False)
-        if max_lr is None:
-            raise ValueError(f"schedule 'onecycle' needs `{lr.name('max_lr')}` (its peak learning rate, > 0)")
-        kwargs["max_lr"] = max_lr
-        for key, low_inclusive, high in (
-            ("pct_start", False, 1.0),
-            ("div_factor", False, None),
-            ("final_div_factor", False, None),
-        ):
-            value = lr.number(key, low=0.0, high=high, low_inclusive=low_inclusive, high_inclusive=False)
-            if value is not None:
-                kwargs[key] = value
-        if (total := lr.integer("total_steps", minimum=1)) is not None:
-            kwargs["total_steps"] = total
-        if (anneal := lr.choice("anneal_strategy", ("cos", "linear"))) is not None:
-            kwargs["anneal_strategy"] = anneal
-    return schedule, kwargs, initial, _adaptive(lr)
-
-
-def _adaptive(lr: Section) -> dict[str, Any] | None:
-    keys = {"enabled", "monitor", "mode", "factor", "patience", "min_lr", "threshold", "cooldown"}
-    if "adaptive" not in lr:
-        return None
-    adaptive = lr.section("adaptive", keys)
-    kwargs: dict[str, Any] = {}
-    if (monitor := adaptive.text("monitor")) is not None:
-        kwargs["monitor"] = monitor
-    if (mode := adaptive.choice("mode", ("min", "max"))) is not None:
-        kwargs["mode"] = mode
-    if (factor := adaptive.number("factor", low=0.0, high=1.0, low_inclusive=False, high_inclusive=False)) is not None:
-        kwargs["factor"] = factor
-    for key in ("patience", "cooldown"):
-        if (count := adaptive.integer(key, minimum=0)) is not None:
-            kwargs[key] = count
-    for key in ("min_lr", "threshold"):
-        if (value := adaptive.number(key, low=0.0)) is not None:
-            kwargs[key] = value
-    return kwargs if _enabled(adaptive) else None
-
-
-# ------------------------------------------------------------------------------------------- precision and memory
-
-
-def _precision(section: Section, deepspeed: DeepSpeedSettings | None) -> tuple[str | None, DeepSpeedSettings | None]:
-    mixed_keys = {"enabled", "loss_scale", "loss_scale_window", "hysteresis"}
-    mixed = section.section("mixed_precision", mixed_keys)
-    amp = section.section(
-        "amp",
-        {"enabled", "keep_batchnorm_fp32"},
-        {
-            "opt_level": "apex AMP opt levels are not available in Lightning 2.x, which dropped apex; choose the "
-            "precision with `training.precision` (fp16, bf16, fp32) and `training.mixed_precision.enabled`",
-        },
-    )
-    enabled = mixed.boolean("enabled")
-    amp_enabled = amp.boolean("enabled")
-    if enabled is not None and amp_enabled is not None and enabled != amp_enabled:
-        raise ValueError(f"`{mixed.name('enabled')}` ({enabled}) and `{amp.name('enabled')}` ({amp_enabled}) disagree")
-    enabled = enabled if enabled is not None else amp_enabled
-    name = section.raw("precision")
-    precision = lightning_precision(name, enabled, key=section.name("precision"), mixed_key=mixed.name("enabled"))
-    keep_bn = amp.boolean("keep_batchnorm_fp32")
-    if keep_bn is False:
-        raise reject(
-            amp.name("keep_batchnorm_fp32"), "torch.autocast always runs batch norm in float32; it cannot be turned off"
-        )
-    if keep_bn and precision is not None and precision.endswith("-true") and precision != "32-true":
-        raise reject(
-            amp.name("keep_batchnorm_fp32"),
-            f"precision {precision!r} stores every weight, batch norm included, in half precision; use mixed "
-            "precision, where autocast keeps batch norm in float32",
-        )
-    scale_keys = [key for key in ("loss_scale", "loss_scale_window", "hysteresis") if key in mixed]
-    if not scale_keys:
-        return precision, deepspeed
-    if precision is None or not precision.startswith("16-"):
-        raise reject(
-            mixed.name(scale_keys[0]),
-            f"loss scaling applies to fp16 only, and the precision is {precision or 'fp32'!r} (bf16 needs none)",
-        )
-    extra: dict[str, Any] = {}
-    raw_scale = mixed.raw("loss_scale")
-    if isinstance(raw_scale, str) and raw_scale != "dynamic" and not raw_scale[:1].isdigit():
-        raise ValueError(
-            f"`{mixed.name('loss_scale')}` must be 'dynamic' or a number > 0 (a static scale), got {raw_scale!r}"
-        )
-    if raw_scale is not None and raw_scale != "dynamic":
-        extra["loss_scale"] = mixed.number("loss_scale", low=0.0, low_inclusive=False)
-    if (window := mixed.integer("loss_scale_window", minimum=1)) is not None:
-        extra["loss_scale_window"] = window
-    if (hysteresis := mixed.integer("hysteresis", minimum=1)) is not None:
-        extra["hysteresis"] = hysteresis
-    if deepspeed is None:
-        if extra:
-            key = next(iter(extra))
-            raise reject(
-                mixed.name(key),
-                "outside DeepSpeed, Lightning's 16-mixed scales the loss with torch.amp.GradScaler's dynamic scale, "
-                "which has no static scale or hysteresis and is not configurable through the pack; use "
-                "`training.cpu_offload` (DeepSpeed), or remove the key (`loss_scale: dynamic` is what GradScaler does)",
-            )
-        return precision, deepspeed
-    return precision, DeepSpeedSettings(
-        stage=deepspeed.stage,
-        offload_optimizer=deepspeed.offload_optimizer,
-        offload_parameters=deepspeed.offload_parameters,
-        pin_memory=deepspeed.pin_memory,
-        extra={**deepspeed.extra, **extra},
-    )
-
-
-def _cpu_offload(section: Section) -> DeepSpeedSettings | None:
-    keys = {"enabled", "offload_optimizer", "offload_gradients", "offload_parameters", "stage", "pin_memory"}
-    if "cpu_offload" not in section:
-        return None
-    offload = section.section("cpu_offload", keys)
-    optimizer = offload.boolean("offload_optimizer", True)
-    parameters = offload.boolean("offload_parameters", False)
-    gradients = offload.boolean("offload_gradients")
-    stage = offload.integer("stage", 3 if parameters else 2)
-    pin = offload.boolean("pin_memory", False)
-    if stage not in (1, 2, 3):
-        raise ValueError(f"`{offload.name('stage')}` must be one of 1, 2, 3 (ZeRO stages that offload), got {stage!r}")
-    if gradients is not None and gradients != optimizer:
-        raise reject(
-            offload.name("offload_gradients"),
-            "DeepSpeed's optimizer offload moves each gradient partition to the CPU for the optimizer step and "
-            "has no separate gradient switch; remove the key (gradients follow "
-            f"`{offload.name('offload_optimizer')}`)",
-        )
-    if parameters and stage != 3:
-        raise ValueError(
-            f"`{offload.name('offload_parameters')}` needs ZeRO stage 3, but `{offload.name('stage')}` is {stage}"
-        )
-    if not _enabled(offload):
-        return None
-    if not optimizer and not parameters:
-        raise ValueError(
-            f"`{offload.name('enabled')}` is true but nothing is offloaded: set `{offload.name('offload_optimizer')}` "
-            f"or `{offload.name('offload_parameters')}` to true"
-        )
-    return DeepSpeedSettings(
-        stage=stage, offload_optimizer=bool(optimizer), offload_parameters=bool(parameters), pin_memory=bool(pin)
-    )
-
-
-def _optimizer(section: Section, deepspeed: DeepSpeedSettings | None) -> str | None:
-    name = section.choice("optimizer", tuple(_OPTIMIZERS))
-    if name is None:
-        return None
-    swap = _OPTIMIZERS[name]
-    if swap is not None and deepspeed is not None:
-        raise reject(
-            section.name("optimizer"),
-            f"{name!r} swaps the module's optimizer, which DeepSpeed replaces with its own when "
-            "`training.cpu_offload` is on; use 'adamw' (DeepSpeed offloads it to CPU Adam) or turn CPU offload off",
-        )
-    return swap
-
-
-def _attention(section: Section) -> str | None:
-    value = section.raw("attention")
-    if value is None:
-        return None
-    if isinstance(value, str):  # shorthand `attention: flash_attention_2`
-        implementation = section.choice("attention", tuple(_ATTENTION))
-    else:
-        implementation = section.section("attention", {"implementation"}).choice("implementation", tuple(_ATTENTION))
-        if implementation is None:
-            raise ValueError(f"`{section.name('attention.implementation')}` is required under `attention`")
-    assert implementation is not None
-    return _ATTENTION[implementation]
-
-
-def _gradient_checkpointing(section: Section) -> Any:
-    value = section.raw("gradient_checkpointing")
-    if value is None or isinstance(value, bool):
-        if value is None:
-            return None
-        return "auto" if value else None
-    ckpt = section.section(
-        "gradient_checkpointing",
-        {"enabled", "block_types"},
-        {
-            "checkpoint_segments": "lightning_tune checkpoints each transformer block separately (as Hugging Face's "
-            "gradient_checkpointing_enable does); segment counts need one nn.Sequential to cut "
-            "(torch.utils.checkpoint.checkpoint_sequential). Remove the key, or name the blocks with `block_types`",
-        },
-    )
-    blocks = ckpt.raw("block_types")
-    if blocks is not None:
-        if isinstance(blocks, str):
-            blocks = [blocks]
-        if not isinstance(blocks, list) or not blocks or not all(isinstance(b, str) and b for b in blocks):
-            raise TypeError(
-                f"`{ckpt.name('block_types')}` must be a class name or a list of class names (e.g. 'Block' or "
-                f"'torch.nn.TransformerEncoderLayer'), got {blocks!r}"
-            )
-    if not _enabled(ckpt):
-        return None
-    return tuple(blocks) if blocks else "auto"
-
-
-def _compilation(section: Section) -> dict[str, Any] | None:
-    value = section.raw("compilation")
-    if value is None:
-        return None
-    if isinstance(value, str):
-        return {} if section.choice("compilation", ("torch_compile", "none")) == "torch_compile" else None
-    if isinstance(value, bool):
-        return {} if value else None
-    if not isinstance(value, dict):
-        raise TypeError(
-            f"`{section.name('compilation')}` must be 'torch_compile', 'none', true, false or a mapping with keys "
-            f"enabled, mode, fullgraph, dynamic, backend; got {value!r} ({type(value).__name__})"
-        )
-    comp = section.section("compilation", {"enabled", "mode", "fullgraph", "dynamic", "backend"})
-    from lightning_tune.presets.compile import COMPILE_MODES
-
-    kwargs: dict[str, Any] = {}
-    if (mode := comp.choice("mode", COMPILE_MODES)) is not None:
-        kwargs["mode"] = mode
-    if (fullgraph := comp.boolean("fullgraph")) is not None:
-        kwargs["fullgraph"] = fullgraph
-    if "dynamic" in comp and comp.raw("dynamic") is not None:
-        kwargs["dynamic"] = comp.boolean("dynamic")
-    if (backend := comp.text("backend")) is not None:
-        import torch
-
-        comp.choice("backend", torch.compiler.list_backends(exclude_tags=()))
-        kwargs["backend"] = backend
-    return kwargs if _enabled(comp) else None
-
-
-# ------------------------------------------------------------------------------------------ devices and checkpoints
-
-
-def _multi_gpu(section: Section) -> tuple[int | tuple[int, ...] | None, bool, str | None]:
-    unsupported = "lightning_tune trains data-parallel only (DDP, or DeepSpeed with `training.cpu_offload`)"
-    multi = section.section(
-        "multi_gpu",
-        {"strategy", "devices", "backend"},
-        {
-            "tensor_parallel_size": unsupported,
-            "pipeline_parallel_size": unsupported,
-            "micro_batches": f"pipeline micro-batches need pipeline parallelism; {unsupported}",
-            "tensor_split": "uneven splits across GPU types need tensor parallelism; " + unsupported,
-            "auto_balance": "balancing across GPU types is not provided; " + unsupported,
-            "balance_metric": "balancing across GPU types is not provided; " + unsupported,
-        },
-    )
-    strategy = multi.raw("strategy")
-    if strategy in ("tensor_parallel", "pipeline_parallel"):
-        raise reject(multi.name("strategy"), f"{strategy!r}: {unsupported}")
-    data_parallel = multi.choice("strategy", ("data_parallel",)) == "data_parallel"
-    devices: int | tuple[int, ...] | None = None
-    raw = multi.raw("devices")
-    if raw is not None:
-        if isinstance(raw, list):
-            for index, device in enumerate(raw):
-                check_int(f"{multi.name('devices')}[{index}]", device, minimum=0)
-            if not raw or len(set(raw)) != len(raw):
-                raise ValueError(f"`{multi.name('devices')}` must list distinct GPU indices, got {raw!r}")
-            devices = tuple(raw)
-        else:
-            devices = multi.integer("devices", minimum=1)
-    backend = multi.choice("backend", ("nccl", "gloo"))
-    if backend is not None and not data_parallel:
-        raise ValueError(
-            f"`{multi.name('backend')}` ({backend!r}) sets the process-group backend of data parallelism: it needs "
-            f"`{multi.name('strategy')}: data_parallel`"
-        )
-    return devices, data_parallel, backend
-
-
-def _model_parallel(section: Section) -> None:
-    parallel = section.section("model_parallel", {"enabled", "tensor_parallel_size", "pipeline_parallel_size"})
-    sizes = {key: parallel.integer(key, minimum=1) for key in ("tensor_parallel_size", "pipeline_parallel_size")}
-    reason = (
-        "tensor and pipeline parallelism need a model written for them (Lightning's ModelParallelStrategy); "
-        "lightning_tune trains data-parallel only"
-    )
-    if _enabled(parallel, default=False):
-        raise reject(parallel.name("enabled"), reason)
-    asked = [key for key, size in sizes.items() if size is not None and size > 1]
-    if asked and parallel.raw("enabled") is not False:  # a size above 1 is a request unless `enabled: false` says no
-        raise reject(parallel.name(asked[0]), reason)
-
-
-def _checkpoint(section: Section, deepspeed: DeepSpeedSettings | None) -> tuple[int | None, bool]:
-    ckpt = section.section("checkpoint", {"save_interval", "async_save"})
-    every_n = ckpt.integer("save_interval", minimum=1)
-    async_save = bool(ckpt.boolean("async_save", False))
-    if async_save and deepspeed is not None:
-        raise reject(
-            ckpt.name("async_save"),
-            "DeepSpeed writes its sharded checkpoints itself; Lightning's AsyncCheckpointIO does not apply",
-        )
-    return every_n, async_save
+        needs.append(f"`{paths['deepspeed']['enabled'].rsplit('.', 1)[0]}` (DeepSpeed) needs {cuda}{missing}")
+    if isinstance(config.devices, tuple) and max(config.devices) >= gpus:
+        needs.append(f"`{paths['devices']['devices']}` {list(config.devices)} names GPUs; this machine has {gpus}")
+    if config.process_group_backend == "nccl" and not gpus:
+        needs.append(f"`{paths['devices']['process_group_backend']}` 'nccl' needs {cuda}")
+    return needs

@@ -1,29 +1,19 @@
-"""Precision names of training configuration files, mapped to Lightning's precision strings."""
+"""A configuration's ``precision`` and ``mixed_precision.enabled``, as one Lightning precision string."""
 
 from __future__ import annotations
 
 from typing import Final
 
-from lightning_tune._validation import check_str
-from lightning_tune.plugins.tune import PRECISIONS
+from lightning_tune.vocab import canonical_precision
 
-__all__ = ["PRECISION_NAMES", "lightning_precision"]
+__all__ = ["lightning_precision"]
 
-#: Names of configuration files -> (Lightning precision with mixed precision on, with it off).
-_NAMED: Final[dict[str, tuple[str, str | None]]] = {
-    "auto": ("auto", None),
-    "bf16": ("bf16-mixed", "bf16-true"),
-    "fp16": ("16-mixed", "16-true"),
-    "fp32": ("32-true", "32-true"),
-}
-#: Names that exist in tuning guides but are not training precisions Lightning can run -> why.
+#: Names of tuning guides that are not training precisions Lightning can run -> why.
 _REFUSED: Final[dict[str, str]] = {
     "tf32": "TF32 is a matmul mode of fp32 on Ampere+ GPUs, not a Lightning precision; use 'fp32' and call "
     "torch.set_float32_matmul_precision('high') in your script",
     "int8": "int8 is an inference quantisation, not a training precision",
 }
-#: Every precision name a configuration file may use.
-PRECISION_NAMES: Final[tuple[str, ...]] = (*_NAMED, *(p for p in PRECISIONS if p != "auto"))
 
 
 def lightning_precision(
@@ -33,11 +23,11 @@ def lightning_precision(
     key: str = "training.precision",
     mixed_key: str = "training.mixed_precision.enabled",
 ) -> str | None:
-    """The Lightning precision string for a configuration's ``precision`` and ``mixed_precision.enabled``.
+    """The Lightning precision for a configuration's ``precision`` and ``mixed_precision.enabled``.
 
-    ``fp16``/``bf16`` are mixed precision unless ``mixed`` is ``False`` (then ``16-true``/``bf16-true``); ``auto``
-    is :class:`~lightning_tune.TunePlugin`'s ``"auto"`` (bf16-mixed or 16-mixed on a GPU, 32-true on CPU), also what
-    ``mixed=True`` alone means; Lightning's own strings are taken as they are.
+    ``name`` is any name of :mod:`lightning_tune.vocab` (``fp16``, ``bf16``, ``bf16-true``, ``auto``, ...).
+    ``mixed=False`` turns the short names ``fp16``/``bf16`` into pure half precision (``16-true``/``bf16-true``);
+    ``mixed=True`` alone means ``"auto"`` (resolved by :class:`~lightning_tune.TunePlugin` in the training process).
 
     Args:
         name: The ``precision`` value, or ``None`` when absent.
@@ -46,40 +36,26 @@ def lightning_precision(
         mixed_key: Dotted path of ``mixed_precision.enabled``, for messages.
 
     Returns:
-        A Lightning precision string, or ``None`` when neither is given.
+        A canonical precision, or ``None`` when neither is given.
 
     Raises:
-        TypeError: If ``name`` is not a string, ``mixed`` not a bool or None, or a key name not a string.
-        ValueError: If ``name`` is unknown or contradicts ``mixed``, or a key name is empty.
+        TypeError: If ``name`` is not a string, or ``mixed`` not a bool or None.
+        ValueError: If ``name`` names no precision, or contradicts ``mixed``.
 
     Example:
         >>> lightning_precision("fp16", None), lightning_precision("bf16", False), lightning_precision(None, True)
         ('16-mixed', 'bf16-true', 'auto')
     """
-    check_str("key", key)
-    check_str("mixed_key", mixed_key)
     if mixed is not None and not isinstance(mixed, bool):
         raise TypeError(f"`{mixed_key}` must be true, false or absent, got {mixed!r} ({type(mixed).__name__})")
     if name is None:
         return "auto" if mixed else None
-    if not isinstance(name, str):
-        raise TypeError(f"`{key}` must be a string, got {name!r} ({type(name).__name__})")
-    if name in _REFUSED:
-        raise ValueError(f"`{key}` cannot be {name!r}: {_REFUSED[name]}")
-    if name not in PRECISION_NAMES:
-        allowed = ", ".join(repr(n) for n in PRECISION_NAMES)
-        raise ValueError(f"`{key}` must be one of {allowed}, got {name!r}")
-    if name in _NAMED:
-        with_mixed, without = _NAMED[name]
-        if name == "fp32" and mixed:
-            raise ValueError(f"`{mixed_key}` is true but `{key}` is 'fp32'; mixed precision needs 'fp16' or 'bf16'")
-        if mixed is False and without is None:
-            raise ValueError(
-                f"`{key}` 'auto' chooses a mixed precision, but `{mixed_key}` is false; name the precision "
-                "('fp16', 'bf16' or 'fp32')"
-            )
-        return with_mixed if mixed is not False else without
-    is_mixed = name.endswith("-mixed")
-    if mixed is not None and mixed != is_mixed:
-        raise ValueError(f"`{key}` {name!r} contradicts `{mixed_key}`: {str(mixed).lower()}")
-    return name
+    if isinstance(name, str) and name.strip().lower() in _REFUSED:
+        raise ValueError(f"`{key}` cannot be {name!r}: {_REFUSED[name.strip().lower()]}")
+    precision = canonical_precision(name, arg=key)
+    if mixed is False and precision.endswith("-mixed") and not name.strip().lower().endswith("-mixed"):
+        return precision.replace("-mixed", "-true")  # `fp16`/`bf16` with mixed precision off
+    if mixed is None or mixed == (precision == "auto" or precision.endswith("-mixed")):
+        return precision
+    kind = "a mixed precision" if mixed is False else "not a mixed precision"
+    raise ValueError(f"`{key}` {name!r} is {kind}, but `{mixed_key}` is {str(mixed).lower()}")

@@ -14,8 +14,10 @@ from typing import TYPE_CHECKING, Any, Final, Literal, get_args
 from lightning.pytorch.callbacks import Callback
 
 from lightning_tune._validation import check_bool, check_choice, check_float, check_int, check_mapping
-from lightning_tune.presets.checkpointing import BlockTypes
-from lightning_tune.presets.deepspeed import DeepSpeedSettings
+from lightning_tune.callbacks.lr_schedule import LinearWarmup, OneCycle, WarmupCosine
+from lightning_tune.plugins.deepspeed import DeepSpeedSettings
+from lightning_tune.swaps.checkpointing import BlockTypes
+from lightning_tune.vocab import OPTIMIZERS, canonical_attention, canonical_optimizer, canonical_precision
 
 if TYPE_CHECKING:
     from lightning.pytorch.strategies import Strategy
@@ -23,9 +25,16 @@ if TYPE_CHECKING:
 
 __all__ = ["Schedule", "TrainingConfig"]
 
-#: Learning-rate schedules a configuration can name.
+#: Learning-rate schedules a configuration can name, and the callback each one is.
 Schedule = Literal["cosine_with_warmup", "linear_warmup", "onecycle"]
 SCHEDULES: Final[tuple[str, ...]] = get_args(Schedule)
+SCHEDULE_CALLBACKS: Final[dict[str, type[Callback]]] = {
+    "cosine_with_warmup": WarmupCosine,
+    "linear_warmup": LinearWarmup,
+    "onecycle": OneCycle,
+}
+#: Optimizers a swap builds (the module's own `adamw`/`sgd` need none).
+SWAP_OPTIMIZERS: Final[tuple[str, ...]] = tuple(o for o in OPTIMIZERS if o not in ("adamw", "sgd"))
 
 
 def _check_optional_choice(name: str, value: Any, choices: tuple[str, ...]) -> None:
@@ -37,7 +46,7 @@ def _frozen(mapping: Mapping[str, Any] | None) -> Mapping[str, Any] | None:
     return None if mapping is None else MappingProxyType(dict(mapping))
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class TrainingConfig:
     """A checked training configuration, as :func:`~lightning_tune.config.from_config` returns it.
 
@@ -60,7 +69,7 @@ class TrainingConfig:
         attention: :class:`~lightning_tune.AttentionSwap` backend, or ``None`` to leave attention alone.
         checkpointing_blocks: ``None`` when activation checkpointing is off; ``"auto"`` to find the blocks, or the
             block classes/names.
-        compile_kwargs: Arguments of :class:`~lightning_tune.presets.TorchCompile`, or ``None`` when off.
+        compile_kwargs: Arguments of :class:`~lightning_tune.callbacks.surgery.TorchCompile`, or ``None`` when off.
         deepspeed: DeepSpeed settings when CPU offload is on, else ``None``.
         devices: ``Trainer(devices=...)``, or ``None``.
         data_parallel: Train with DDP.
@@ -93,17 +102,16 @@ class TrainingConfig:
     source: Mapping[str, Any] = field(default_factory=dict, compare=False, repr=False)
 
     def __post_init__(self) -> None:
-        from lightning_tune.plugins.tune import PRECISIONS
-        from lightning_tune.swaps.attention import BACKENDS
-        from lightning_tune.swaps.optimizer import OPTIMIZERS
-
-        _check_optional_choice("precision", self.precision, PRECISIONS)
+        if self.precision is not None:
+            object.__setattr__(self, "precision", canonical_precision(self.precision))
+        if self.optimizer is not None:
+            object.__setattr__(self, "optimizer", canonical_optimizer(self.optimizer, allowed=SWAP_OPTIMIZERS))
+        if self.attention is not None:
+            object.__setattr__(self, "attention", canonical_attention(self.attention))
         for name in ("micro_batch_size", "sequence_length", "accumulate_grad_batches", "checkpoint_every_n_steps"):
             check_int(name, getattr(self, name), minimum=1, allow_none=True)
         check_float("initial_lr", self.initial_lr, low=0.0, low_inclusive=False, allow_none=True)
         _check_optional_choice("schedule", self.schedule, SCHEDULES)
-        _check_optional_choice("optimizer", self.optimizer, OPTIMIZERS)
-        _check_optional_choice("attention", self.attention, BACKENDS)
         _check_optional_choice("process_group_backend", self.process_group_backend, ("nccl", "gloo"))
         for name in ("dataloader_kwargs", "schedule_kwargs", "source"):
             check_mapping(name, getattr(self, name))
@@ -114,10 +122,10 @@ class TrainingConfig:
         if self.schedule is None and self.schedule_kwargs:
             raise ValueError(f"`schedule_kwargs` needs a `schedule`, got {dict(self.schedule_kwargs)!r} without one")
         if self.checkpointing_blocks is not None and self.checkpointing_blocks != "auto":
-            from lightning_tune.presets.checkpointing import _type_matcher
+            from lightning_tune.swaps.checkpointing import type_matcher
 
             try:
-                _type_matcher(self.checkpointing_blocks)
+                type_matcher(self.checkpointing_blocks)
             except (TypeError, ValueError) as err:
                 raise type(err)(f"`checkpointing_blocks` must be None, 'auto' or block types: {err}") from None
         if self.deepspeed is not None and not isinstance(self.deepspeed, DeepSpeedSettings):
@@ -155,10 +163,8 @@ class TrainingConfig:
 
     @property
     def uses_plugin(self) -> bool:
-        """Whether a :class:`~lightning_tune.TunePlugin` carries precision and swaps (not under DeepSpeed)."""
-        return self.deepspeed is None and (
-            self.precision is not None or self.optimizer is not None or self.attention is not None
-        )
+        """Whether a :class:`~lightning_tune.TunePlugin` carries the precision and the swaps."""
+        return self.precision is not None or self.optimizer is not None or self.attention is not None
 
     def callbacks(self) -> list[Callback]:
         """Fresh callbacks, in the order they must run.
@@ -172,29 +178,22 @@ class TrainingConfig:
         """
         from lightning.pytorch.callbacks import ModelCheckpoint
 
-        import lightning_tune.callbacks as cb
+        from lightning_tune.callbacks.lr_plateau import AdaptiveLROnPlateau
+        from lightning_tune.callbacks.surgery import ActivationCheckpointing, TorchCompile
         from lightning_tune.config.initial_lr import InitialLR
-        from lightning_tune.presets.checkpointing import ActivationCheckpointing
-        from lightning_tune.presets.compile import TorchCompile
 
         out: list[Callback] = []
         if self.initial_lr is not None:
             out.append(InitialLR(self.initial_lr))
-        if self.schedule == "cosine_with_warmup":
-            out.append(cb.WarmupCosine(**self.schedule_kwargs))
-        elif self.schedule == "linear_warmup":
-            out.append(cb.LinearWarmup(**self.schedule_kwargs))
-        elif self.schedule == "onecycle":
-            out.append(cb.OneCycle(**self.schedule_kwargs))
+        if self.schedule is not None:
+            out.append(SCHEDULE_CALLBACKS[self.schedule](**self.schedule_kwargs))
         if self.plateau_kwargs is not None:
-            out.append(cb.AdaptiveLROnPlateau(**self.plateau_kwargs))
+            out.append(AdaptiveLROnPlateau(**self.plateau_kwargs))
         if self.dynamic_batch_kwargs is not None:
             # imported here: the module need not exist for the rest of the configuration to work
             from lightning_tune.callbacks.dynamic_batch import DynamicBatchSize
 
             out.append(DynamicBatchSize(**self.dynamic_batch_kwargs))
-        if self.deepspeed is not None and self.attention is not None:
-            out.append(cb.AttentionSwap(self.attention))  # type: ignore[arg-type]
         if self.checkpointing_blocks is not None:
             blocks = None if self.checkpointing_blocks == "auto" else self.checkpointing_blocks
             out.append(ActivationCheckpointing(blocks))
@@ -216,9 +215,9 @@ class TrainingConfig:
 
             out.append(
                 TunePlugin(
-                    self.precision or "32-true",
+                    self.precision or "32-true",  # type: ignore[arg-type]
                     optimizer=self.optimizer,  # type: ignore[arg-type]
-                    attention=self.attention,
+                    attention=self.attention,  # type: ignore[arg-type]
                 )
             )
         if self.async_checkpoint:
@@ -237,7 +236,7 @@ class TrainingConfig:
             ModuleNotFoundError: If DeepSpeed is needed and not installed (names the extra).
         """
         if self.deepspeed is not None:
-            from lightning_tune.presets.deepspeed import build_strategy
+            from lightning_tune.plugins.deepspeed import build_strategy
 
             return build_strategy(self.deepspeed)
         if not self.data_parallel:
@@ -251,11 +250,12 @@ class TrainingConfig:
     def trainer_kwargs(self) -> dict[str, Any]:
         """Keyword arguments for ``Trainer``: only those the configuration sets.
 
-        The precision goes to the :class:`~lightning_tune.TunePlugin` when there is one (Lightning refuses it on
-        both), and to ``Trainer(precision=...)`` under DeepSpeed, which brings its own precision plugin.
+        The precision goes to the :class:`~lightning_tune.TunePlugin`, also under DeepSpeed (Lightning refuses a
+        precision plugin together with ``Trainer(precision=...)``); ``"auto"`` stays ``"auto"`` here, and the plugin
+        resolves it in the training process once the device is known, so building these never initialises CUDA.
 
         Returns:
-            Some of ``callbacks``, ``plugins``, ``strategy``, ``devices``, ``precision``, ``accumulate_grad_batches``.
+            Some of ``callbacks``, ``plugins``, ``strategy``, ``devices``, ``accumulate_grad_batches``.
 
         Raises:
             ModuleNotFoundError: If a configured feature needs an optional package that is missing.
@@ -269,10 +269,6 @@ class TrainingConfig:
             kwargs["strategy"] = strategy
         if self.devices is not None:
             kwargs["devices"] = list(self.devices) if isinstance(self.devices, tuple) else self.devices
-        if self.deepspeed is not None and self.precision is not None:
-            from lightning_tune.plugins.tune import resolve_precision
-
-            kwargs["precision"] = resolve_precision(self.precision)
         if self.accumulate_grad_batches is not None:
             kwargs["accumulate_grad_batches"] = self.accumulate_grad_batches
         return kwargs

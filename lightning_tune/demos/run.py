@@ -22,8 +22,10 @@ import lightning_tune as lt
 from lightning_tune._validation import check_bool, check_int
 from lightning_tune.demos.data import SyntheticTokenDataModule
 from lightning_tune.demos.gpt import DemoGPT, GPTConfig
+from lightning_tune.perf.devices import describe_device
+from lightning_tune.vocab import auto_precision, canonical_precision
 
-__all__ = ["DemoSummary", "run_demo"]
+__all__ = ["DemoRun", "DemoSummary", "fit_demo", "prepare_demo", "run_demo"]
 
 #: Learning rate of the demo model; the warmup-cosine schedule decays it to a tenth.
 DEMO_LR = 3e-3
@@ -44,7 +46,8 @@ class DemoSummary:
         seconds: Wall time of ``Trainer.fit`` (training and validation), in seconds.
         samples_per_sec: Training sequences processed per second of that wall time (by this process).
         log_dir: Directory holding this run's TensorBoard event files.
-        device: The device trained on, e.g. ``"cpu"`` or ``"cuda:0 (NVIDIA H100 80GB HBM3)"``.
+        device: The device trained on, e.g. ``"cuda:0 (NVIDIA H100 80GB HBM3)"``, ``"2 x cuda:0 (...)"`` or
+            ``"cpu (<CPU model>, 2 threads)"``.
         perf: Whole-run figures of :class:`~lightning_tune.ThroughputLatencyMonitor` (``samples_per_sec``,
             ``tokens_per_sec``, ``step_ms_p50`` ..., ``data_wait_frac``, and on a GPU ``vram_peak_gib``, ``mfu``).
         batch: What :class:`~lightning_tune.DynamicBatchSize` did: ``start`` and ``final`` micro-batch sizes,
@@ -104,83 +107,21 @@ class _LossTracker(Callback):
         return float(torch.stack(list(values)).float().mean()) if values else math.nan
 
 
-def _default_precision(accelerator: str) -> str:
-    if accelerator in ("auto", "gpu", "cuda") and torch.cuda.is_available():
-        return "bf16-mixed" if torch.cuda.is_bf16_supported() else "16-mixed"
-    return "32-true"
-
-
-def _describe_device(trainer: pl.Trainer) -> str:
-    device = trainer.strategy.root_device
-    name = str(device)
-    if device.type == "cuda":
-        name = f"{name} ({torch.cuda.get_device_name(device)})"
-    if trainer.num_devices > 1:
-        name = f"{trainer.num_devices} x {name}"
-    return name
-
-
-def run_demo(
-    *,
-    max_steps: int = 300,
-    batch_size: int = 32,
-    accelerator: str = "auto",
-    devices: int | str = 1,
-    precision: str | None = None,
-    seed: int = 0,
-    default_root_dir: str | os.PathLike[str] = ".",
-    enable_progress_bar: bool = True,
-    extra_callbacks: Sequence[Callback] = (),
-) -> DemoSummary:
-    """Train a small GPT on synthetic Markov-chain tokens with the pack's learning-rate callbacks and summarise it.
-
-    The model (:class:`~lightning_tune.demos.gpt.DemoGPT`) returns a bare AdamW from ``configure_optimizers``; the run
-    adds :class:`lightning_tune.WarmupCosine` (10 % warmup, then cosine decay to a tenth of the peak LR, logged as
-    ``tune/lr``) and :class:`lightning_tune.AdaptiveLROnPlateau` on ``val_loss``. Validation runs about five times
-    during training. TensorBoard logs go to ``<default_root_dir>/lightning_logs/version_N``; no checkpoints are
-    written. With the defaults it took 20 s on two otherwise idle CPU cores (14 s of it in ``Trainer.fit``), and
-    several minutes when other work shared those cores.
+def run_demo(**options: Any) -> DemoSummary:
+    """Train a small GPT on synthetic tokens with the pack's callbacks and summarise it: ``fit_demo(prepare_demo())``.
 
     Args:
-        max_steps: Optimizer steps to train, >= 1.
-        batch_size: Sequences (of 64 tokens) per batch, in ``[1, TRAIN_SEQUENCES]`` (4096, the training split).
-        accelerator: Lightning accelerator name (``"auto"``, ``"cpu"``, ``"gpu"``, ``"cuda"``, ``"mps"``).
-        devices: Lightning ``devices`` (a count, ``"auto"`` or a device list such as ``"0,1"``).
-        precision: Lightning precision; ``None`` picks ``"bf16-mixed"`` on a CUDA GPU that supports it,
-            ``"16-mixed"`` on other CUDA GPUs and ``"32-true"`` elsewhere.
-        seed: Global seed (model init, data, shuffling), in ``[0, 2**32 - 1]``.
-        default_root_dir: Directory under which ``lightning_logs`` is created (missing directories are made); not
-            empty, and no part of it may be an existing file.
-        enable_progress_bar: Show Lightning's progress bar and model summary.
-        extra_callbacks: More callbacks to add to the Trainer (e.g. other callbacks of the pack).
+        **options: The keyword arguments of :func:`prepare_demo`, which describes the run and its errors.
 
     Returns:
         A :class:`DemoSummary` of the run.
-
-    Raises:
-        TypeError: If an argument has the wrong type or ``extra_callbacks`` holds something that is not a Callback.
-        ValueError: If an argument is out of range.
-        lightning.fabric.utilities.exceptions.MisconfigurationException: If Lightning rejects the
-            accelerator/devices/precision combination (e.g. ``accelerator="gpu"`` on a machine without one).
     """
-    return _fit_demo(
-        _prepare_demo(
-            max_steps=max_steps,
-            batch_size=batch_size,
-            accelerator=accelerator,
-            devices=devices,
-            precision=precision,
-            seed=seed,
-            default_root_dir=default_root_dir,
-            enable_progress_bar=enable_progress_bar,
-            extra_callbacks=extra_callbacks,
-        )
-    )
+    return fit_demo(prepare_demo(**options))
 
 
 @dataclass(frozen=True)
-class _DemoRun:
-    """Everything :func:`_fit_demo` needs; built (and validated) by :func:`_prepare_demo`."""
+class DemoRun:
+    """Everything :func:`fit_demo` needs; built (and validated) by :func:`prepare_demo`."""
 
     trainer: pl.Trainer
     model: DemoGPT
@@ -191,19 +132,56 @@ class _DemoRun:
     logger: TensorBoardLogger
 
 
-def _prepare_demo(
+def prepare_demo(
     *,
-    max_steps: int,
-    batch_size: int,
-    accelerator: str,
-    devices: int | str,
-    precision: str | None,
-    seed: int,
-    default_root_dir: str | os.PathLike[str],
-    enable_progress_bar: bool,
-    extra_callbacks: Sequence[Callback],
-) -> _DemoRun:
-    """Validate the arguments of :func:`run_demo` and build its Trainer, model and data (nothing is trained)."""
+    max_steps: int = 300,
+    batch_size: int = 32,
+    accelerator: str = "auto",
+    devices: int | str = 1,
+    precision: str = "auto",
+    seed: int = 0,
+    default_root_dir: str | os.PathLike[str] = ".",
+    enable_progress_bar: bool = True,
+    extra_callbacks: Sequence[Callback] = (),
+) -> DemoRun:
+    """Validate the arguments and build the demo's Trainer, model and data; :func:`fit_demo` trains them.
+
+    The run trains a small GPT on synthetic Markov-chain tokens. The model (:class:`~lightning_tune.demos.gpt.DemoGPT`)
+    returns a bare AdamW from ``configure_optimizers``; the run adds :class:`lightning_tune.WarmupCosine` (10 %
+    warmup, then cosine decay to a tenth of the peak LR, logged as ``tune/lr``) and
+    :class:`lightning_tune.AdaptiveLROnPlateau` on ``val_loss``. Validation runs about five times during training.
+    TensorBoard logs go to ``<default_root_dir>/lightning_logs/version_N``; no checkpoints are written. With the
+    defaults it took 20 s on two otherwise idle CPU cores (14 s of it in ``Trainer.fit``), and several minutes when
+    other work shared those cores.
+
+    Args:
+        max_steps: Optimizer steps to train, >= 1.
+        batch_size: Sequences (of 64 tokens) per batch, in ``[1, TRAIN_SEQUENCES]`` (4096, the training split).
+        accelerator: Lightning accelerator name (``"auto"``, ``"cpu"``, ``"gpu"``, ``"cuda"``, ``"mps"``).
+        devices: Lightning ``devices`` (a count, ``"auto"`` or a device list such as ``"0,1"``).
+        precision: Lightning precision or an alias such as ``"bf16"``; ``"auto"`` picks ``"bf16-mixed"`` on a CUDA
+            GPU that supports it, ``"16-mixed"`` on other CUDA GPUs and ``"32-true"`` elsewhere.
+        seed: Global seed (model init, data, shuffling), in ``[0, 2**32 - 1]``.
+        default_root_dir: Directory under which ``lightning_logs`` is created (missing directories are made); not
+            empty, and no part of it may be an existing file.
+        enable_progress_bar: Show Lightning's progress bar and model summary.
+        extra_callbacks: More callbacks to add to the Trainer (e.g. other callbacks of the pack).
+
+    Returns:
+        What :func:`fit_demo` needs.
+
+    Raises:
+        TypeError: If an argument has the wrong type or ``extra_callbacks`` holds something that is not a Callback.
+        ValueError: If an argument is out of range.
+        lightning.fabric.utilities.exceptions.MisconfigurationException: If Lightning rejects the
+            accelerator/devices/precision combination (e.g. ``accelerator="gpu"`` on a machine without one).
+
+    Example:
+        >>> import tempfile
+        >>> demo = prepare_demo(max_steps=1, batch_size=2, accelerator="cpu", default_root_dir=tempfile.mkdtemp())
+        >>> demo.trainer.precision, demo.datamodule.batch_size  # "auto" on a CPU
+        ('32-true', 2)
+    """
     check_int("max_steps", max_steps, minimum=1)
     check_int("batch_size", batch_size, minimum=1)
     if batch_size > TRAIN_SEQUENCES:
@@ -219,8 +197,7 @@ def _prepare_demo(
         raise TypeError(f"`accelerator` must be a string such as 'auto' or 'cpu', got {accelerator!r}")
     if isinstance(devices, bool) or not isinstance(devices, (int, str)):
         raise TypeError(f"`devices` must be an integer or a string such as 'auto', got {devices!r}")
-    if precision is not None and not isinstance(precision, str):
-        raise TypeError(f"`precision` must be a string such as '32-true' or None, got {precision!r}")
+    precision = canonical_precision(precision)
     _check_root_dir(default_root_dir)
     callbacks = list(extra_callbacks)
     for callback in callbacks:
@@ -240,7 +217,10 @@ def _prepare_demo(
     model = DemoGPT(config, lr=DEMO_LR)
     tracker = _LossTracker(window=max(1, min(10, max_steps // 5)))
     monitor = lt.ThroughputLatencyMonitor()
-    dynamic = _dynamic_batch(accelerator, batch_size)
+    on_cuda = accelerator in ("auto", "gpu", "cuda") and torch.cuda.is_available()
+    if precision == "auto":
+        precision = auto_precision("cuda" if on_cuda else "cpu")
+    dynamic = _dynamic_batch(on_cuda, batch_size)
     root = os.fspath(default_root_dir)
     logger = TensorBoardLogger(save_dir=root, name="lightning_logs", default_hp_metric=False)
     # A one-step run has no room for a warm-up (the schedule needs warm-up < total steps).
@@ -248,7 +228,7 @@ def _prepare_demo(
     trainer = pl.Trainer(
         accelerator=accelerator,
         devices=devices,
-        precision=precision if precision is not None else _default_precision(accelerator),  # type: ignore[arg-type]
+        precision=precision,  # type: ignore[arg-type]
         max_steps=max_steps,
         val_check_interval=max(1, max_steps // 5),
         check_val_every_n_epoch=None,
@@ -268,7 +248,7 @@ def _prepare_demo(
             *callbacks,
         ],
     )
-    return _DemoRun(
+    return DemoRun(
         trainer=trainer,
         model=model,
         datamodule=datamodule,
@@ -299,13 +279,13 @@ SIMULATED_TOTAL_BYTES = 1 << 30
 SIMULATED_FIXED_BYTES = 600 << 20
 
 
-def _dynamic_batch(accelerator: str, batch_size: int) -> lt.DynamicBatchSize | None:
+def _dynamic_batch(on_cuda: bool, batch_size: int) -> lt.DynamicBatchSize | None:
     """DynamicBatchSize for the demo: on a CUDA GPU the real memory, elsewhere a simulated 1 GiB device.
 
     The simulated device is sized so that the requested batch does not fit: the run shows an out-of-memory error
     recovered, a probe, and the batch settling under the 90 % target. A batch of 1 cannot be shown shrinking.
     """
-    if accelerator in ("auto", "gpu", "cuda") and torch.cuda.is_available():
+    if on_cuda:
         return lt.DynamicBatchSize(target_vram=0.9, adjust_every=10, multiple_of=4)
     if batch_size < 2:
         return None
@@ -314,15 +294,15 @@ def _dynamic_batch(accelerator: str, batch_size: int) -> lt.DynamicBatchSize | N
     return lt.DynamicBatchSize(target_vram=0.9, adjust_every=10, multiple_of=4, probe=memory)
 
 
-def _fit_demo(run: _DemoRun) -> DemoSummary:
-    """Train a prepared demo and summarise it."""
+def fit_demo(run: DemoRun) -> DemoSummary:
+    """Train a demo built by :func:`prepare_demo` and summarise it."""
     with warnings.catch_warnings():
         # The data is generated in memory, so worker processes would only add start-up cost.
         warnings.filterwarnings("ignore", message=r".*does not have many workers.*")
         start = time.perf_counter()
         run.trainer.fit(run.model, datamodule=run.datamodule)
         seconds = time.perf_counter() - start
-    tracker = run.tracker
+    tracker, devices = run.tracker, run.trainer.num_devices
     return DemoSummary(
         start_loss=tracker.mean(tracker.first),
         final_loss=tracker.mean(tracker.last),
@@ -331,13 +311,13 @@ def _fit_demo(run: _DemoRun) -> DemoSummary:
         seconds=seconds,
         samples_per_sec=tracker.samples / seconds if seconds > 0 else math.nan,
         log_dir=str(run.logger.log_dir),
-        device=_describe_device(run.trainer),
+        device=(f"{devices} x " if devices > 1 else "") + describe_device(run.trainer.strategy.root_device),
         perf=dict(run.monitor.summary),
         batch=_batch_summary(run),
     )
 
 
-def _batch_summary(run: _DemoRun) -> dict[str, Any]:
+def _batch_summary(run: DemoRun) -> dict[str, Any]:
     dynamic = run.dynamic
     if dynamic is None or dynamic.batch_size is None or dynamic.probe is None:
         return {}

@@ -6,23 +6,14 @@ Lightning's hooks to them, and the command line reuses them.
 
 from lightning_tune.perf.batch import count_samples, count_tokens, sequence_length
 from lightning_tune.perf.counting import FlopModel, attention_pairs, count_step_flops, meta_copy
-from lightning_tune.perf.devices import NvmlSampler, cuda_memory_metrics
-from lightning_tune.perf.flops import (
-    PEAK_FLOPS,
-    FlopCounter,
-    canonical_device,
-    measure_flops,
-    mfu,
-    peak_flops,
-    precision_dtype,
-)
+from lightning_tune.perf.devices import NvmlSampler, cuda_memory_metrics, describe_device
+from lightning_tune.perf.flops import PEAK_FLOPS, canonical_device, mfu, peak_flops
 from lightning_tune.perf.stats import StepStats, Totals
 from lightning_tune.perf.timing import CudaTimer, HostTimer, Timer, compiled_graphs, timer_for
 from lightning_tune.perf.window import MAX_WINDOW, LatencyWindow, check_percentiles, percentile_suffix
 
 __all__ = [
     "CudaTimer",
-    "FlopCounter",
     "FlopModel",
     "HostTimer",
     "LatencyWindow",
@@ -40,12 +31,11 @@ __all__ = [
     "count_step_flops",
     "count_tokens",
     "cuda_memory_metrics",
-    "measure_flops",
+    "describe_device",
     "meta_copy",
     "mfu",
     "peak_flops",
     "percentile_suffix",
-    "precision_dtype",
     "sequence_length",
     "timer_for",
 ]

@@ -194,9 +194,9 @@ def _rebind(value: Any, original: nn.Module, clone: nn.Module) -> Any:
 
 
 def _recomputes(wrapper: InstanceForward) -> bool:
-    from lightning_tune.presets.checkpointing import _CheckpointedForward  # the package's own checkpointing
+    from lightning_tune.swaps.checkpointing import CheckpointedForward  # the package's own checkpointing
 
-    return isinstance(wrapper, _CheckpointedForward)
+    return isinstance(wrapper, CheckpointedForward)
 
 
 class _Tally:

@@ -5,6 +5,8 @@ Both are read only at logging time. On a machine without CUDA they return nothin
 
 from __future__ import annotations
 
+import contextlib
+import platform
 from typing import Any
 
 import torch
@@ -61,6 +63,31 @@ def cuda_memory_metrics(device: torch.device) -> dict[str, float]:
         "vram_used_frac": (total - free) / total,
         "alloc_retries": float(stats.get("num_alloc_retries", 0)),
     }
+
+
+def describe_device(device: torch.device) -> str:
+    """Name a device for the results: ``"cuda:0 (NVIDIA H100 80GB HBM3)"``, ``"cpu (<CPU model>)"``.
+
+    Args:
+        device: The device.
+
+    Returns:
+        The description.
+    """
+    if device.type == "cuda":
+        return f"{device} ({torch.cuda.get_device_name(device)})"
+    if device.type == "cpu":
+        threads = torch.get_num_threads()
+        return f"cpu ({_cpu_model()}, {threads} thread{'s' if threads != 1 else ''})"
+    return str(device)
+
+
+def _cpu_model() -> str:
+    with contextlib.suppress(OSError), open("/proc/cpuinfo") as handle:
+        for line in handle:
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    return platform.processor() or platform.machine() or "unknown model"
 
 
 class NvmlSampler:

@@ -1,17 +1,15 @@
-"""Model FLOPs utilisation (MFU): dense peak FLOP/s per device and dtype, and counting a model's FLOPs.
+"""Model FLOPs utilisation (MFU): dense peak FLOP/s per device and dtype.
 
 MFU is the model FLOP/s a run achieves divided by the device's *dense* peak FLOP/s for the dtype its matmuls run
 in. This module holds the pieces, free of any Trainer:
 
 - :data:`PEAK_FLOPS`, dense peaks from NVIDIA's datasheets and architecture whitepapers (sources and the reasoning
   behind each number: ``docs/peak_flops.md``), with :func:`canonical_device` mapping a CUDA device name to a row
-  and :func:`peak_flops` reading one entry;
-- :func:`precision_dtype`, the dtype whose peak applies to a Lightning precision setting;
-- :func:`measure_flops` and :class:`FlopCounter`, counting FLOPs with ``torch.utils.flop_counter`` (the monitor
-  counts a training step on a meta-device copy instead: :mod:`lightning_tune.perf.counting`);
-- :func:`mfu`, the ratio.
+  and :func:`peak_flops` reading the entry of a compute dtype (:func:`lightning_tune.vocab.precision_dtype`);
+- :func:`mfu`, the ratio of a run's model FLOP/s (counted by :mod:`lightning_tune.perf.counting`) to that peak.
 
 Example:
+    >>> from lightning_tune.vocab import precision_dtype
     >>> peak = peak_flops("NVIDIA H100 80GB HBM3", precision_dtype("bf16-mixed"))
     >>> round(mfu(400e12, peak), 3)
     0.404
@@ -20,51 +18,30 @@ Example:
 from __future__ import annotations
 
 import re
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass
 from types import MappingProxyType
-from typing import Final, Literal, cast, get_args
+from typing import Final, Literal, get_args
 
-from torch.utils.flop_counter import FlopCounterMode
+import torch
 
 from lightning_tune._validation import check_choice, check_float
 
 Dtype = Literal["fp64", "fp32", "tf32", "bf16", "fp16", "fp8"]
 DTYPES: Final[tuple[Dtype, ...]] = get_args(Dtype)
 
-Precision = Literal[
-    "64-true",
-    "64",
-    "32-true",
-    "32",
-    "16-mixed",
-    "16-true",
-    "16",
-    "bf16-mixed",
-    "bf16-true",
-    "bf16",
-    "transformer-engine",
-    "transformer-engine-float16",
-]
-PRECISIONS: Final[tuple[Precision, ...]] = get_args(Precision)
-
 MatmulPrecision = Literal["highest", "high", "medium"]
 MATMUL_PRECISIONS: Final[tuple[MatmulPrecision, ...]] = get_args(MatmulPrecision)
 
-_PRECISION_DTYPE: Final[Mapping[Precision, Dtype]] = MappingProxyType(
+# The table's row for each compute dtype; float32 is "tf32" unless `float32_matmul_precision` is "highest".
+_ROWS: Final[Mapping[torch.dtype, Dtype]] = MappingProxyType(
     {
-        "64-true": "fp64",
-        "64": "fp64",
-        "32-true": "fp32",
-        "32": "fp32",
-        "16-mixed": "fp16",
-        "16-true": "fp16",
-        "16": "fp16",
-        "bf16-mixed": "bf16",
-        "bf16-true": "bf16",
-        "bf16": "bf16",
-        "transformer-engine": "fp8",
-        "transformer-engine-float16": "fp8",
+        torch.float64: "fp64",
+        torch.float32: "fp32",
+        torch.bfloat16: "bf16",
+        torch.float16: "fp16",
+        torch.float8_e4m3fn: "fp8",
+        torch.float8_e5m2: "fp8",
     }
 )
 
@@ -210,146 +187,47 @@ def canonical_device(name: str) -> str | None:
     return None
 
 
-def peak_flops(device_name: str, dtype: str) -> float | None:
-    """Dense peak FLOP/s of a device for one dtype.
+def peak_flops(device_name: str, dtype: torch.dtype, *, float32_matmul_precision: str = "highest") -> float | None:
+    """Dense peak FLOP/s of a device for the dtype its matmuls run in.
 
-    ``"tf32"`` on a card without TF32 tensor cores (V100, T4) gives its FP32 peak: there
-    ``torch.set_float32_matmul_precision("high")`` has no effect and float32 matmuls run in plain FP32.
+    ``torch.float32`` reads the TF32 peak when ``float32_matmul_precision`` is ``"high"`` or ``"medium"`` (float32
+    matmuls then run on TF32 tensor cores), and the FP32 peak on a card without TF32 tensor cores (V100, T4), where
+    that setting has no effect. The float8 dtypes (Transformer Engine) read the FP8 peak.
 
     Args:
         device_name: A CUDA device name (see :func:`canonical_device`) or a key of :data:`PEAK_FLOPS`.
-        dtype: One of ``"fp64"``, ``"fp32"``, ``"tf32"``, ``"bf16"``, ``"fp16"``, ``"fp8"``.
+        dtype: The compute dtype, e.g. ``lightning_tune.vocab.precision_dtype("bf16-mixed")``.
+        float32_matmul_precision: ``torch.get_float32_matmul_precision()``.
 
     Returns:
         The peak in FLOP/s, or ``None`` when the device is unknown or lacks the dtype.
 
     Raises:
-        TypeError: If ``device_name`` or ``dtype`` is not a string.
-        ValueError: If ``dtype`` is not one of the dtypes above.
+        TypeError: If ``device_name`` is not a string or ``dtype`` not a ``torch.dtype``.
+        ValueError: If ``dtype`` has no row in the table or ``float32_matmul_precision`` is not an allowed value.
 
     Example:
-        >>> peak_flops("NVIDIA A100-SXM4-80GB", "bf16")
+        >>> peak_flops("NVIDIA A100-SXM4-80GB", torch.bfloat16)
         312000000000000.0
-        >>> peak_flops("NVIDIA L4", "fp64") is None
+        >>> peak_flops("NVIDIA A100-SXM4-80GB", torch.float32, float32_matmul_precision="high")
+        156000000000000.0
+        >>> peak_flops("NVIDIA L4", torch.float64) is None
         True
     """
     _check_str("device_name", device_name)
-    _check_str("dtype", dtype)
-    check_choice("dtype", dtype, DTYPES)
+    if not isinstance(dtype, torch.dtype):
+        raise TypeError(f"`dtype` must be a torch.dtype, got {dtype!r} ({type(dtype).__name__})")
+    if dtype not in _ROWS:
+        raise ValueError(f"`dtype` must be one of {', '.join(map(str, _ROWS))}, got {dtype}")
+    check_choice("float32_matmul_precision", float32_matmul_precision, MATMUL_PRECISIONS)
     key = canonical_device(device_name)
     if key is None:
         return None
     row = PEAK_FLOPS[key]
-    if dtype == "tf32" and "tf32" not in row:
-        return row.get("fp32")
-    return row.get(cast(Dtype, dtype))
-
-
-def precision_dtype(precision: str, *, float32_matmul_precision: str = "highest") -> Dtype:
-    """The dtype whose peak applies to a Lightning precision setting.
-
-    Args:
-        precision: The Trainer's precision string (``str(trainer.precision)``), e.g. ``"bf16-mixed"``.
-        float32_matmul_precision: ``torch.get_float32_matmul_precision()``. With ``"high"`` or ``"medium"``,
-            float32 matmuls run on TF32 tensor cores, so 32-bit precision maps to ``"tf32"``.
-
-    Returns:
-        ``"fp64"``, ``"fp32"``, ``"tf32"``, ``"bf16"``, ``"fp16"`` or ``"fp8"`` (Transformer Engine).
-
-    Raises:
-        TypeError: If ``precision`` is not a string.
-        ValueError: If ``precision`` or ``float32_matmul_precision`` is not one of the allowed values.
-
-    Example:
-        >>> precision_dtype("16-mixed"), precision_dtype("32-true", float32_matmul_precision="high")
-        ('fp16', 'tf32')
-    """
-    _check_str("precision", precision)
-    check_choice("precision", precision, PRECISIONS)
-    check_choice("float32_matmul_precision", float32_matmul_precision, MATMUL_PRECISIONS)
-    dtype = _PRECISION_DTYPE[cast(Precision, precision)]
-    if dtype == "fp32" and float32_matmul_precision != "highest":
-        return "tf32"
-    return dtype
-
-
-def measure_flops(fn: Callable[[], object]) -> int:
-    """Count the FLOPs ``fn`` runs, with ``torch.utils.flop_counter.FlopCounterMode``.
-
-    Matmuls, convolutions and attention are counted; elementwise work (bias adds, activations, norms) is not. If
-    ``fn`` calls ``backward()``, the backward FLOPs are included.
-
-    Args:
-        fn: A callable taking no arguments, e.g. ``lambda: model(x).sum().backward()``.
-
-    Returns:
-        The total FLOPs counted.
-
-    Raises:
-        TypeError: If ``fn`` is not callable.
-
-    Example:
-        >>> import torch
-        >>> measure_flops(lambda: torch.nn.Linear(3, 5)(torch.ones(4, 3)))  # 2 * 4 * 3 * 5
-        120
-    """
-    if not callable(fn):
-        raise TypeError(f"`fn` must be a callable taking no arguments, got {fn!r} ({type(fn).__name__})")
-    with FlopCounterMode(display=False) as mode:
-        fn()
-    return int(mode.get_total_flops())
-
-
-class FlopCounter:
-    """FLOP counting that starts in one place and stops in another, e.g. in two callback hooks.
-
-    Between :meth:`start` and :meth:`stop` a ``FlopCounterMode`` is active on this thread (and on the autograd
-    threads its backward runs on). Stop it on the thread that started it, after any counter started later.
-
-    Example:
-        >>> import torch
-        >>> counter = FlopCounter()
-        >>> counter.start()
-        >>> _ = torch.ones(2, 3) @ torch.ones(3, 4)
-        >>> counter.stop()  # 2 * 2 * 3 * 4
-        48
-    """
-
-    def __init__(self) -> None:
-        self._mode: FlopCounterMode | None = None
-
-    @property
-    def running(self) -> bool:
-        """Whether :meth:`start` was called and :meth:`stop` has not been since."""
-        return self._mode is not None
-
-    def start(self) -> None:
-        """Start counting.
-
-        Raises:
-            RuntimeError: If the counter is already running.
-        """
-        if self._mode is not None:
-            raise RuntimeError("FlopCounter.start() was called twice without a stop() in between.")
-        mode = FlopCounterMode(display=False)
-        mode.__enter__()
-        self._mode = mode
-
-    def stop(self) -> int:
-        """Stop counting.
-
-        Returns:
-            The FLOPs counted since :meth:`start`.
-
-        Raises:
-            RuntimeError: If the counter is not running.
-        """
-        mode = self._mode
-        if mode is None:
-            raise RuntimeError("FlopCounter.stop() was called without a start(): call start() first.")
-        self._mode = None
-        mode.__exit__(None, None, None)
-        return int(mode.get_total_flops())
+    name = _ROWS[dtype]
+    if name == "fp32" and float32_matmul_precision != "highest":
+        return row.get("tf32", row.get("fp32"))
+    return row.get(name)
 
 
 def mfu(flops_per_sec: float, peak: float) -> float:

@@ -74,9 +74,7 @@ class LatencyWindow:
     """
 
     def __init__(self, size: int) -> None:
-        check_int("size", size, minimum=2)
-        if size > MAX_WINDOW:
-            raise ValueError(f"`size` must be an integer in [2, {MAX_WINDOW}], got {size!r}")
+        check_int("size", size, minimum=2, maximum=MAX_WINDOW)
         self.size = size
         self._values: deque[float] = deque(maxlen=size)
 

@@ -10,9 +10,9 @@ Two ways to get a :class:`MemoryEstimate`:
 :func:`plan_zero` turns an estimate into the least-sharding DeepSpeed ZeRO configuration that fits.
 """
 
-from lightning_tune.plan.analytic import ATTENTIONS, OPTIMIZERS, PRECISIONS, estimate_memory, lora_parameters
-from lightning_tune.plan.estimate import MARGIN_RESERVE, MARGINS, Margin, MemoryEstimate, format_bytes
-from lightning_tune.plan.measured import MEASURE_PRECISIONS, measure_memory
+from lightning_tune.plan.analytic import estimate_memory, lora_parameters, resolve_model
+from lightning_tune.plan.estimate import MARGIN_RESERVE, MARGINS, PLAN_PRECISIONS, Margin, MemoryEstimate, format_bytes
+from lightning_tune.plan.measured import measure_memory
 from lightning_tune.plan.shapes import (
     FAMILIES,
     HF_MODEL_TYPES,
@@ -24,17 +24,14 @@ from lightning_tune.plan.shapes import (
 from lightning_tune.plan.zero import ZeroPlan, plan_zero
 
 __all__ = [
-    "ATTENTIONS",
     "FAMILIES",
     "HF_MODEL_TYPES",
     "MARGINS",
     "MARGIN_RESERVE",
-    "MEASURE_PRECISIONS",
     "MODEL_SHAPES",
     "Margin",
     "MemoryEstimate",
-    "OPTIMIZERS",
-    "PRECISIONS",
+    "PLAN_PRECISIONS",
     "TransformerShape",
     "ZeroPlan",
     "estimate_memory",
@@ -44,4 +41,5 @@ __all__ = [
     "lora_parameters",
     "measure_memory",
     "plan_zero",
+    "resolve_model",
 ]

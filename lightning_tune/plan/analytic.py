@@ -1,15 +1,17 @@
 """Analytic memory estimate of training a transformer from its shape: no model is built, any machine can run it.
 
-Bytes per parameter (``e`` = 4 for fp32, 2 for fp16/bf16; ``u`` = the dtype of the tensor the optimizer updates,
-4 with float32 master weights or in fp32, else ``e``):
+Bytes per parameter (``e`` = the bytes of :func:`~lightning_tune.vocab.precision_dtype`; ``u`` = the bytes of the
+tensor the optimizer updates, 4 with master weights, else ``e``):
 
 - weights ``e`` for every parameter; gradients ``e`` for every trainable one;
-- master weights: 4 per trainable parameter when ``master_weights`` (the default in 16-bit);
-- optimizer state per trainable parameter: ``"adamw"`` two moments, ``2u``, as ``torch.optim.AdamW`` keeps them
-  (and a 4-byte step count per tensor);
-  ``"sgd"`` one momentum buffer, ``u``; ``"adamw8bit"`` bitsandbytes' block-wise 8-bit moments, ``2`` bytes plus
-  one float32 scale per 256 values, except tensors under 4096 values and embeddings, which keep 32-bit moments
-  (``8``), as the pack's ``OptimizerSwap`` sets it up (plus bitsandbytes' two 256-entry code books).
+- master weights: 4 per trainable parameter under ``-mixed`` precision, counted as the ZeRO paper does (16-bit
+  weights and gradients, float32 master weights and optimizer state). Lightning's mixed precision keeps float32
+  weights and gradients instead and autocasts 16-bit copies: the same 16 bytes per parameter with AdamW;
+- optimizer state per trainable parameter: AdamW (``"adamw"``, ``"adamw_fused"``) two moments, ``2u``, and a 4-byte
+  step per tensor; ``"sgd"`` one momentum buffer, ``u`` (SGD without momentum keeps none); bitsandbytes' 8-bit
+  optimizers one byte per state and value plus a float32 scale per 256 values, two states for Adam(W), one for Lion
+  and SGD, paged or not (paged state is counted on the GPU); tensors under 4096 values and embeddings keep 32-bit
+  states, as ``OptimizerSwap`` sets it up, and each state adds a 256-entry float32 code book.
 
 Activations per sample follow Korthikanti et al. 2022, "Reducing Activation Recomputation in Large Transformer
 Models": per layer and token, what autograd keeps for the backward pass, in the activation dtype. For a GPT block
@@ -31,7 +33,7 @@ recomputed at a time. Norms and activation functions are counted as fused kernel
 Hugging Face's RMSNorm keeps float32 copies and needs more, which :func:`~lightning_tune.plan.measure_memory` sees.
 
 Example:
-    >>> estimate = estimate_memory("llama-2-7b", sequence_length=2048, precision="bf16")
+    >>> estimate = estimate_memory("llama-2-7b", sequence_length=2048, precision="bf16-mixed")
     >>> round(estimate.weight_bytes / 2**30, 2), round(estimate.fixed_bytes / 2**30, 1)
     (12.55, 100.4)
 """
@@ -42,39 +44,28 @@ import math
 import os
 from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import Final, Literal, get_args
+from typing import Final
 
-from lightning_tune._validation import check_bool, check_choice, check_int
-from lightning_tune.plan.estimate import MemoryEstimate
+from lightning_tune._validation import check_bool, check_int
+from lightning_tune.plan.estimate import PLAN_PRECISIONS, MemoryEstimate
 from lightning_tune.plan.shapes import TransformerShape, from_hf_config, get_shape
+from lightning_tune.vocab import (
+    Attention,
+    OptimizerName,
+    Precision,
+    canonical_attention,
+    canonical_optimizer,
+    canonical_precision,
+    precision_dtype,
+)
 
-__all__ = [
-    "ATTENTIONS",
-    "Attention",
-    "OPTIMIZERS",
-    "Optimizer",
-    "PRECISIONS",
-    "Precision",
-    "estimate_memory",
-    "lora_parameters",
-]
+__all__ = ["estimate_memory", "lora_parameters", "resolve_model"]
 
-#: Dtype the weights and activations are held in.
-Precision = Literal["fp32", "fp16", "bf16"]
-PRECISIONS: Final[tuple[str, ...]] = get_args(Precision)
-
-#: Optimizers the analytic estimate knows.
-Optimizer = Literal["adamw", "adamw8bit", "sgd"]
-OPTIMIZERS: Final[tuple[str, ...]] = get_args(Optimizer)
-
-#: Attention implementations: ``"flash"`` (FlashAttention or SDPA's fused kernels) or ``"eager"`` (softmax kept).
-Attention = Literal["flash", "eager"]
-ATTENTIONS: Final[tuple[str, ...]] = get_args(Attention)
-
-_ELEMENT_BYTES: Final[dict[str, int]] = {"fp32": 4, "fp16": 2, "bf16": 2}
+#: 8-bit states per value of each bitsandbytes optimizer (Adam: two moments; Lion, SGD: one).
+_8BIT_STATES: Final[dict[str, int]] = {"lion8bit": 1, "paged_lion8bit": 1, "sgd8bit": 1}
 _MIN_8BIT_SIZE = 4096  # bitsandbytes' default: smaller tensors keep 32-bit state
 _BLOCK = 256  # bitsandbytes' block-wise quantisation: one float32 scale per block
-_QUANTISATION_MAPS = 2 * 256 * 4  # bitsandbytes' two float32 code books, shared by every 8-bit tensor
+_CODE_BOOK = 256 * 4  # bitsandbytes' float32 code book per state, shared by every 8-bit tensor
 
 
 @dataclass(frozen=True)
@@ -120,42 +111,24 @@ def _lora_tensors(shape: TransformerShape, rank: int) -> Iterator[_Tensor]:
 
 
 def _base_tensors(shape: TransformerShape, trainable: bool) -> Iterator[_Tensor]:
-    """Every parameter tensor of the base model (a tied head once, as the embedding)."""
-    h, q, kv, i = shape.hidden_size, shape.q_size, shape.kv_size, shape.intermediate_size
-    norm = [h] if shape.family == "llama" else [h, h]
-    yield _Tensor(shape.vocab_size * h, trainable, embedding=True)
-    if shape.family == "gpt2":
-        yield _Tensor(shape.max_position_embeddings * h, trainable, embedding=True)
-    for _ in range(shape.num_layers):
-        sizes = [*norm, h * q, h * kv, h * kv, q * h, *norm]
-        sizes += [q, kv, kv] if shape.qkv_bias else []
-        sizes += [h] if shape.output_bias else []
-        if shape.family == "llama":
-            sizes += [h * i, h * i, i * h] + ([i, i, h] if shape.mlp_bias else [])
-        else:
-            sizes += [h * i, i * h] + ([i, h] if shape.mlp_bias else [])
-        yield from (_Tensor(n, trainable) for n in sizes)
-    yield from (_Tensor(n, trainable) for n in norm)
-    if not shape.tie_word_embeddings:
-        yield _Tensor(shape.vocab_size * h, trainable)
+    return (_Tensor(numel, trainable, embedding) for numel, embedding in shape.tensors())
 
 
 def _optimizer_bytes(tensors: list[_Tensor], optimizer: str, update_bytes: int) -> int:
+    states = _8BIT_STATES.get(optimizer, 2)
     total = 0
     quantised = False
-    for t in tensors:
-        if not t.trainable:
-            continue
-        if optimizer == "adamw":
+    for t in (t for t in tensors if t.trainable):
+        if optimizer in ("adamw", "adamw_fused"):
             total += 2 * update_bytes * t.numel + 4  # two moments and a float32 step count
         elif optimizer == "sgd":
             total += update_bytes * t.numel
-        elif t.numel < _MIN_8BIT_SIZE or t.embedding:  # adamw8bit, kept 32-bit
-            total += 2 * 4 * t.numel
-        else:  # adamw8bit: two uint8 moments and a float32 scale per block for each
-            total += 2 * (t.numel + 4 * math.ceil(t.numel / _BLOCK))
+        elif t.numel < _MIN_8BIT_SIZE or t.embedding:  # bitsandbytes, kept 32-bit
+            total += states * 4 * t.numel
+        else:  # bitsandbytes: uint8 states and a float32 scale per block for each
+            total += states * (t.numel + 4 * math.ceil(t.numel / _BLOCK))
             quantised = True
-    return total + (_QUANTISATION_MAPS if quantised else 0)
+    return total + (states * _CODE_BOOK if quantised else 0)
 
 
 def _layer_activation_bytes(
@@ -166,7 +139,7 @@ def _layer_activation_bytes(
     s = sequence_length
     values = 2 * h + h + q  # norm inputs, attention input, output-projection input
     extra = 0  # bytes not in the activation dtype
-    if attention == "flash":
+    if attention != "eager":
         values += q + 2 * kv
         extra += 4 * a  # float32 log-sum-exp per head
     else:
@@ -201,7 +174,16 @@ def _activation_bytes_per_sample(
     return sequence_length * (layers + head + inputs)
 
 
-def _resolve(model: str | os.PathLike[str] | TransformerShape) -> TransformerShape:
+def resolve_model(model: str | os.PathLike[str] | TransformerShape) -> TransformerShape:
+    """The shape :func:`estimate_memory` plans for ``model``: a name, a Hugging Face ``config.json`` or its directory.
+
+    Raises:
+        TypeError, ValueError, FileNotFoundError: As :func:`estimate_memory` does for ``model``.
+
+    Example:
+        >>> resolve_model("llama-2-7b").hidden_size
+        4096
+    """
     if isinstance(model, TransformerShape):
         return model
     if isinstance(model, os.PathLike) or (isinstance(model, str) and model.endswith(".json")):
@@ -222,8 +204,8 @@ def estimate_memory(
     model: str | os.PathLike[str] | TransformerShape,
     *,
     sequence_length: int,
-    precision: Precision = "bf16",
-    optimizer: Optimizer = "adamw",
+    precision: Precision = "bf16-mixed",
+    optimizer: OptimizerName = "adamw",
     master_weights: bool | None = None,
     attention: Attention = "flash",
     gradient_checkpointing: bool = False,
@@ -235,11 +217,14 @@ def estimate_memory(
         model: A name from :data:`~lightning_tune.plan.shapes.MODEL_SHAPES`, a path to a Hugging Face
             ``config.json`` (or its directory), or a :class:`~lightning_tune.plan.shapes.TransformerShape`.
         sequence_length: Tokens per sample, >= 1.
-        precision: Dtype of weights, gradients and activations: ``"fp32"``, ``"fp16"`` or ``"bf16"``.
-        optimizer: ``"adamw"``, ``"adamw8bit"`` (bitsandbytes) or ``"sgd"`` (with momentum).
-        master_weights: Keep float32 master copies of 16-bit trainable weights (and step them, so 32-bit optimizer
-            state); ``None`` means yes in fp16/bf16. Not allowed with ``"fp32"``.
-        attention: ``"flash"`` (no ``s x s`` matrix kept) or ``"eager"``.
+        precision: ``"32-true"``, ``"64-true"``, ``"bf16-true"``/``"16-true"`` (everything in that width) or
+            ``"bf16-mixed"``/``"16-mixed"`` (16-bit activations, float32 master weights and optimizer state), or an
+            alias (``"bf16"`` is ``"bf16-mixed"``); not ``"auto"`` (it depends on the GPU) nor transformer-engine's.
+        optimizer: A name of :data:`~lightning_tune.vocab.OPTIMIZERS` or an alias (``"sgd"`` means with momentum).
+        master_weights: ``None``: float32 master weights and optimizer state under ``-mixed`` only; ``True`` adds
+            them to a 16-bit ``-true`` precision (DeepSpeed's bf16 mode), ``False`` drops them.
+        attention: ``"flash"`` (no ``s x s`` matrix kept) or ``"eager"``; ``"sdpa"`` and ``"auto"`` are planned as
+            ``"flash"``: on a GPU SDPA runs the fused kernels, which keep no ``s x s`` matrix either.
         gradient_checkpointing: Recompute each block in backward, keeping only block inputs.
         lora_rank: Train only rank-``r`` LoRA adapters on the attention's query, key, value and output projections;
             the base weights are frozen (no gradients, no optimizer state). ``None`` trains every weight. At most the
@@ -252,26 +237,26 @@ def estimate_memory(
     Raises:
         TypeError: If an argument has the wrong type.
         ValueError: If a value is not allowed, the model name is unknown (the message lists known names) or
-            ``master_weights=True`` is given with ``"fp32"``.
+            ``master_weights=True`` is given with 32- or 64-bit weights.
         FileNotFoundError: If a config path does not exist.
 
     Example:
-        >>> estimate = estimate_memory("gpt2", sequence_length=1024, precision="fp32")
+        >>> estimate = estimate_memory("gpt2", sequence_length=1024, precision="32-true")
         >>> estimate.parameters, estimate.weight_bytes
         (124439808, 497759232)
     """
-    shape = _resolve(model)
+    shape = resolve_model(model)
     check_int("sequence_length", sequence_length, minimum=1)
     if shape.family == "gpt2" and sequence_length > shape.max_position_embeddings:
         raise ValueError(
             f"`sequence_length` must be at most {shape.max_position_embeddings} for {shape.name or 'this model'} "
             f"(its learned position table), got {sequence_length}"
         )
-    check_choice("precision", precision, PRECISIONS)
-    check_choice("optimizer", optimizer, OPTIMIZERS)
+    precision = canonical_precision(precision, allowed=PLAN_PRECISIONS)
+    optimizer = canonical_optimizer(optimizer)
     if master_weights is not None:
         check_bool("master_weights", master_weights)
-    check_choice("attention", attention, ATTENTIONS)
+    attention = canonical_attention(attention)
     check_bool("gradient_checkpointing", gradient_checkpointing)
     check_int("lora_rank", lora_rank, minimum=1, allow_none=True)
     full_rank = min(shape.hidden_size, shape.q_size, shape.kv_size)
@@ -281,10 +266,10 @@ def estimate_memory(
             "side of its q/k/v/o projections; a higher rank trains more than the full weight), got "
             f"{lora_rank}"
         )
-    e = _ELEMENT_BYTES[precision]
-    if master_weights and e == 4:
-        raise ValueError("`master_weights` must be False or None with precision 'fp32' (the weights are float32)")
-    master = e != 4 if master_weights is None else master_weights
+    e = precision_dtype(precision).itemsize
+    if master_weights and e >= 4:
+        raise ValueError(f"`master_weights` must be False or None with precision {precision!r} (no 16-bit weights)")
+    master = precision.endswith("-mixed") if master_weights is None else master_weights
     update_bytes = 4 if master else e
 
     frozen = lora_rank is not None
@@ -302,10 +287,10 @@ def estimate_memory(
         shape, sequence_length, e, attention, gradient_checkpointing, frozen, lora_rank
     )
     notes = [
-        f"{shape.name or shape.family}: {precision} weights and activations, "
+        f"{shape.name or shape.family}: {precision}, "
         + ("float32 master weights, " if master else "")
-        + {"adamw": "AdamW", "adamw8bit": "8-bit AdamW (bitsandbytes)", "sgd": "SGD with momentum"}[optimizer]
-        + f", {attention} attention"
+        + f"{optimizer} optimizer, {attention} attention"
+        + (" (planned as flash)" if attention in ("sdpa", "auto") else "")
         + (", gradient checkpointing" if gradient_checkpointing else "")
         + (f", LoRA rank {lora_rank} on q/k/v/o (base frozen)" if lora_rank is not None else ""),
     ]

@@ -25,8 +25,12 @@ from types import MappingProxyType
 from typing import Final, Literal, get_args
 
 from lightning_tune._validation import check_choice, check_int
+from lightning_tune.vocab import PRECISIONS
 
-__all__ = ["MARGINS", "MARGIN_RESERVE", "Margin", "MemoryEstimate", "format_bytes"]
+__all__ = ["MARGINS", "MARGIN_RESERVE", "PLAN_PRECISIONS", "Margin", "MemoryEstimate", "format_bytes"]
+
+#: The precisions a plan is made for: all but ``"auto"`` (it depends on the GPU) and transformer-engine's float8.
+PLAN_PRECISIONS: Final[tuple[str, ...]] = tuple(p for p in PRECISIONS if p != "auto" and "transformer" not in p)
 
 #: Names of the margins a budget is cut by.
 Margin = Literal["safe", "optimal", "aggressive"]
@@ -58,7 +62,7 @@ def format_bytes(n: int) -> str:
     return f"{n / 2**10:.1f} KiB" if abs(n) >= 2**10 else f"{n} B"
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class MemoryEstimate:
     """Training memory of one model setting: a breakdown in bytes and a linear model of the peak.
 

@@ -30,29 +30,17 @@ import reprlib
 import warnings
 import weakref
 from collections.abc import Callable, Iterator, Mapping
-from typing import Any, Final, Literal, get_args
+from typing import Any, Literal
 
 import torch
 from torch import Tensor, nn
 from torch.optim import Optimizer
 
 from lightning_tune._validation import check_choice, check_int
-from lightning_tune.plan.estimate import MemoryEstimate
+from lightning_tune.plan.estimate import PLAN_PRECISIONS, MemoryEstimate
+from lightning_tune.vocab import Precision, canonical_precision, precision_dtype
 
-__all__ = ["MEASURE_PRECISIONS", "MeasurePrecision", "measure_memory"]
-
-#: Lightning precision settings :func:`measure_memory` reproduces.
-MeasurePrecision = Literal["32-true", "16-mixed", "bf16-mixed", "16-true", "bf16-true"]
-MEASURE_PRECISIONS: Final[tuple[str, ...]] = get_args(MeasurePrecision)
-
-_PARAM_DTYPE: Final[dict[str, torch.dtype]] = {
-    "32-true": torch.float32,
-    "16-mixed": torch.float32,
-    "bf16-mixed": torch.float32,
-    "16-true": torch.float16,
-    "bf16-true": torch.bfloat16,
-}
-_AUTOCAST_DTYPE: Final[dict[str, torch.dtype]] = {"16-mixed": torch.float16, "bf16-mixed": torch.bfloat16}
+__all__ = ["measure_memory"]
 
 LossFn = Callable[[nn.Module, Any], Tensor]
 OptimizerFactory = Callable[[list[nn.Parameter]], Optimizer]
@@ -201,20 +189,9 @@ def _rebuild(template: Optimizer, fakes: Mapping[int, nn.Parameter]) -> Optimize
     return factory(groups)
 
 
-def _tensors_in(batch: Any) -> Iterator[Tensor]:
-    if isinstance(batch, Tensor):
-        yield batch
-    elif isinstance(batch, Mapping):
-        for value in batch.values():
-            yield from _tensors_in(value)
-    elif isinstance(batch, (tuple, list)):
-        for value in batch:
-            yield from _tensors_in(value)
-
-
 def _check_batch(batch: Any, what: str) -> None:
     """Refuse a batch without a tensor, before torch fails on it somewhere inside the model."""
-    if next(_tensors_in(batch), None) is None:
+    if next(_tensors(batch), None) is None:
         raise TypeError(
             f"{what} must be a tensor, or a tuple, list or dict holding tensors (first dimension: the batch), or a "
             f"function batch_size -> batch; got {reprlib.repr(batch)} ({type(batch).__name__}), which holds no tensor"
@@ -263,8 +240,9 @@ def _run(
     counter = _LiveBytes()
     fake_mode, tracker = _fake_modes(counter)
     step = _Step(model, loss_fn)
-    dtype = _PARAM_DTYPE[precision]
-    autocast = _AUTOCAST_DTYPE.get(precision)
+    mixed = precision.endswith("-mixed")  # float32 weights, autocast to the 16-bit dtype
+    dtype = torch.float32 if mixed else precision_dtype(precision)
+    autocast = precision_dtype(precision) if mixed else None
     with fake_mode, tracker:
         fakes: dict[int, nn.Parameter] = {}
         state: dict[str, Tensor] = {}
@@ -316,7 +294,7 @@ def measure_memory(
     model: nn.Module,
     batch: Any,
     *,
-    precision: MeasurePrecision = "32-true",
+    precision: Precision = "32-true",
     optimizer: OptimizerFactory | None = None,
     loss_fn: LossFn | None = None,
     for_device: Literal["cuda", "cpu"] = "cuda",
@@ -333,8 +311,9 @@ def measure_memory(
             tuple/list, ``**batch`` for a mapping) and its output summed, or its ``loss`` used when it has one.
         batch: An example batch (tensors whose first dimension is the batch; their values are never read), or a
             function ``fn(batch_size) -> batch`` (called under fake-tensor mode, so the tensors it makes are fake).
-        precision: Lightning precision to reproduce: ``"32-true"``, ``"16-mixed"``, ``"bf16-mixed"`` (float32
-            weights, autocast), ``"16-true"`` or ``"bf16-true"`` (16-bit weights).
+        precision: Lightning precision to reproduce, or its alias (``"bf16"`` is ``"bf16-mixed"``): ``"32-true"``,
+            ``"64-true"``, ``"16-mixed"``, ``"bf16-mixed"`` (float32 weights, autocast), ``"16-true"`` or
+            ``"bf16-true"`` (16-bit weights). Not ``"auto"`` (it depends on the GPU) nor transformer-engine's.
         optimizer: ``fn(params) -> Optimizer`` over the trainable parameters; default: the LightningModule's own,
             else ``torch.optim.AdamW``. Only torch optimizers run on fake tensors (not bitsandbytes).
         loss_fn: ``fn(module, batch) -> loss`` replacing the default call described under ``model``.
@@ -357,7 +336,7 @@ def measure_memory(
             f"`model` must be an nn.Module, got {model!r} ({type(model).__name__}); for a model name or shape use "
             "estimate_memory"
         )
-    check_choice("precision", precision, MEASURE_PRECISIONS)
+    precision = canonical_precision(precision, allowed=PLAN_PRECISIONS)
     check_choice("for_device", for_device, ("cuda", "cpu"))
     if optimizer is not None and not callable(optimizer):
         raise TypeError(f"`optimizer` must be a function params -> Optimizer or None, got {type(optimizer).__name__}")

@@ -23,7 +23,7 @@ from __future__ import annotations
 import difflib
 import json
 import os
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from types import MappingProxyType
@@ -135,82 +135,40 @@ class TransformerShape:
         """Width of the key (and of the value) projection's output, ``kv_heads * head_size``."""
         return self.kv_heads * self.head_size
 
-    def attention_parameters(self) -> int:
-        """Parameters of one block's attention: query/key/value and output projections, with their biases.
-
-        Returns:
-            The count.
-        """
-        h, q, kv = self.hidden_size, self.q_size, self.kv_size
-        weights = h * (q + 2 * kv) + q * h
-        return weights + (q + 2 * kv if self.qkv_bias else 0) + (h if self.output_bias else 0)
-
-    def mlp_parameters(self) -> int:
-        """Parameters of one block's MLP: gate/up/down (``"llama"``) or in/out (``"gpt2"``), with their biases.
-
-        Returns:
-            The count.
-        """
-        h, i = self.hidden_size, self.intermediate_size
+    def _layer_sizes(self) -> list[int]:
+        h, q, kv, i = self.hidden_size, self.q_size, self.kv_size, self.intermediate_size
+        norm = [h] if self.family == "llama" else [h, h]  # RMSNorm weight, or LayerNorm weight and bias
+        sizes = [*norm, h * q, h * kv, h * kv, q * h, *norm]
+        sizes += [q, kv, kv] if self.qkv_bias else []
+        sizes += [h] if self.output_bias else []
         if self.family == "llama":
-            return 3 * h * i + (2 * i + h if self.mlp_bias else 0)
-        return 2 * h * i + (i + h if self.mlp_bias else 0)
+            return sizes + [h * i, h * i, i * h] + ([i, i, h] if self.mlp_bias else [])
+        return sizes + [h * i, i * h] + ([i, h] if self.mlp_bias else [])
 
-    def norm_parameters(self) -> int:
-        """Parameters of one normalisation layer: a weight (RMSNorm) or a weight and a bias (LayerNorm).
+    def tensors(self) -> Iterator[tuple[int, bool]]:
+        """Every parameter tensor as ``(numel, is_embedding_table)``, a tied head once (as the embedding).
 
-        Returns:
-            The count.
+        Example:
+            >>> sum(n for n, _ in get_shape("gpt2").tensors())
+            124439808
         """
-        return self.hidden_size if self.family == "llama" else 2 * self.hidden_size
-
-    def layer_parameters(self) -> int:
-        """Parameters of one transformer block: attention, MLP and its two norms.
-
-        Returns:
-            The count.
-        """
-        return self.attention_parameters() + self.mlp_parameters() + 2 * self.norm_parameters()
-
-    def embedding_parameters(self) -> int:
-        """Parameters of the token embedding, plus the learned position table for ``"gpt2"``.
-
-        Returns:
-            The count.
-        """
-        positions = self.max_position_embeddings * self.hidden_size if self.family == "gpt2" else 0
-        return self.vocab_size * self.hidden_size + positions
-
-    def head_parameters(self) -> int:
-        """Parameters of the output head: 0 when tied to the token embedding.
-
-        Returns:
-            The count.
-        """
-        return 0 if self.tie_word_embeddings else self.vocab_size * self.hidden_size
+        h = self.hidden_size
+        yield self.vocab_size * h, True
+        if self.family == "gpt2":
+            yield self.max_position_embeddings * h, True
+        for _ in range(self.num_layers):
+            yield from ((n, False) for n in self._layer_sizes())
+        yield from ((n, False) for n in ([h] if self.family == "llama" else [h, h]))
+        if not self.tie_word_embeddings:
+            yield self.vocab_size * h, False
 
     def num_parameters(self) -> int:
-        """All parameters, a tied head counted once (as ``sum(p.numel() for p in model.parameters())`` does).
-
-        Returns:
-            The count.
-        """
-        return (
-            self.embedding_parameters()
-            + self.num_layers * self.layer_parameters()
-            + self.norm_parameters()
-            + self.head_parameters()
-        )
+        """All parameters, a tied head counted once (as ``sum(p.numel() for p in model.parameters())`` does)."""
+        return sum(n for n, _ in self.tensors())
 
     def largest_layer_parameters(self) -> int:
-        """Parameters of the largest single module: a block, the token embedding or the head.
-
-        ZeRO stage 3 gathers one such module at a time.
-
-        Returns:
-            The count.
-        """
-        return max(self.layer_parameters(), self.vocab_size * self.hidden_size)
+        """Parameters of the largest module (a block, the token embedding or the head): ZeRO-3 gathers one at a time."""
+        return max(sum(self._layer_sizes()), self.vocab_size * self.hidden_size)
 
     def buffer_bytes(self) -> int:
         """Bytes of the model's buffers: the rotary inverse frequencies (two float32 copies) for ``"llama"``.

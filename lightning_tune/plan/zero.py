@@ -24,7 +24,7 @@ bytes fit the budget after the margin is chosen.
 
 Example:
     >>> from lightning_tune.plan.analytic import estimate_memory
-    >>> estimate = estimate_memory("llama-2-7b", sequence_length=2048, precision="bf16", gradient_checkpointing=True)
+    >>> estimate = estimate_memory("llama-2-7b", sequence_length=2048, gradient_checkpointing=True)  # bf16-mixed
     >>> plan = plan_zero(estimate, gpu_memory_bytes=80 * 2**30, num_gpus=8, batch_size=4)
     >>> plan.stage, plan.offload_optimizer, plan.offload_parameters
     (1, False, False)

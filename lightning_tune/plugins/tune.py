@@ -10,7 +10,8 @@ optimizers exist, where Lightning supports replacing them).
 ``FSDPStrategy`` accepts only ``FSDPPrecision`` instances (Lightning #20855), so ``TunePlugin`` subclasses it; under
 every strategy the work is done by the wrapped plugin, chosen at ``convert_module``, the first hook that sees the
 Trainer's strategy and device. ``precision="auto"`` is resolved there too (or at the first read of
-:attr:`TunePlugin.precision`, in the training process), so building the plugin never initialises CUDA.
+:attr:`TunePlugin.precision`, in the training process) by :func:`~lightning_tune.vocab.auto_precision`, so building
+the plugin never initialises CUDA.
 """
 
 from __future__ import annotations
@@ -40,6 +41,17 @@ from typing_extensions import override
 
 from lightning_tune import _imports
 from lightning_tune._validation import check_choice, check_int
+from lightning_tune.vocab import (
+    PRECISIONS,
+    Attention,
+    OptimizerName,
+    auto_precision,
+    canonical_attention,
+    canonical_optimizer,
+    canonical_precision,
+    precision_dtype,
+)
+from lightning_tune.vocab import Precision as PrecisionName
 
 if TYPE_CHECKING:
     import lightning.pytorch as pl
@@ -48,11 +60,10 @@ if TYPE_CHECKING:
     from torch.distributed.fsdp import MixedPrecision as TorchMixedPrecision
 
     from lightning_tune.swaps.attention import AttentionSwapResult
-    from lightning_tune.swaps.optimizer import Keep32bit, OptimizerName
+    from lightning_tune.swaps.optimizer import Keep32bit
 
-TunePrecision = Literal["auto", "32-true", "16-mixed", "bf16-mixed", "16-true", "bf16-true", "64-true"]
-PRECISIONS: Final[tuple[str, ...]] = ("auto", "32-true", "16-mixed", "bf16-mixed", "16-true", "bf16-true", "64-true")
-_ALIASES: Final[dict[str, str]] = {"32": "32-true", "16": "16-mixed", "bf16": "bf16-mixed", "64": "64-true"}
+#: Precisions the plugin trains in: all but transformer-engine's, which has its own Lightning plugin.
+_PRECISIONS: Final = tuple(p for p in PRECISIONS if "transformer" not in p)
 #: Precisions each sharded strategy takes (Lightning 2.6.6's own lists: ``ModelParallelStrategy``'s check in the
 #: accelerator connector, ``FSDPPrecision``'s and ``DeepSpeedPrecision``'s accepted inputs).
 _STRATEGY_PRECISIONS: Final[dict[str, tuple[str, ...]]] = {
@@ -61,41 +72,6 @@ _STRATEGY_PRECISIONS: Final[dict[str, tuple[str, ...]]] = {
     "DeepSpeedStrategy": ("32-true", "16-mixed", "bf16-mixed", "16-true", "bf16-true"),
 }
 _CONFLICT_HINT: Final[str] = " (give the precision to TunePlugin(precision=...), not to Trainer)"
-
-
-def resolve_precision(precision: str, device: str | None = None) -> str:
-    """The Lightning precision ``precision`` stands for on ``device``.
-
-    ``"auto"`` is ``"bf16-mixed"`` on a CUDA GPU that supports bf16, ``"16-mixed"`` on other CUDA GPUs and
-    ``"32-true"`` elsewhere; short forms (``"16"``, ``"bf16"``, ``"32"``, ``"64"``) are expanded. Only ``"auto"`` on a
-    CUDA device queries the GPU (and so initialises CUDA).
-
-    Args:
-        precision: One of :data:`PRECISIONS` or a short form.
-        device: ``"cuda"``, ``"cpu"``, or ``None`` for CUDA when a GPU is visible.
-
-    Returns:
-        A Lightning precision string.
-
-    Raises:
-        ValueError: If ``precision`` is not allowed.
-
-    Example:
-        >>> resolve_precision("bf16"), resolve_precision("auto", "cpu")
-        ('bf16-mixed', '32-true')
-    """
-    precision = _ALIASES.get(precision, precision) if isinstance(precision, str) else precision
-    check_choice("precision", precision, PRECISIONS)
-    if precision != "auto":
-        return precision
-    if (device or _default_device()) == "cuda":
-        return "bf16-mixed" if torch.cuda.is_bf16_supported() else "16-mixed"
-    return "32-true"
-
-
-def _default_device() -> str:
-    # device_count() asks NVML where it can and, unlike is_available(), leaves a later fork of this process usable
-    return "cuda" if torch.cuda.device_count() > 0 else "cpu"
 
 
 def _inner_plugin(precision: str, device: str, strategy: str | None = None) -> Precision:
@@ -146,15 +122,16 @@ class TunePlugin(FSDPPrecision):
     works under DDP, FSDP, FSDP2 (``ModelParallelStrategy``) and DeepSpeed.
 
     Args:
-        precision: The precision to train in (pass it here, not to ``Trainer(precision=...)``): ``"auto"``
-            (bf16-mixed where supported, else 16-mixed on CUDA, else 32-true; decided in the training process once the
-            device is known), ``"32-true"``, ``"16-mixed"``, ``"bf16-mixed"``, ``"16-true"``, ``"bf16-true"`` or
-            ``"64-true"``.
+        precision: The precision to train in (pass it here, not to ``Trainer(precision=...)``), a Lightning name or
+            an alias of :mod:`lightning_tune.vocab` (``"bf16"`` is ``"bf16-mixed"``): ``"auto"`` (bf16-mixed where
+            supported, else 16-mixed on CUDA, else 32-true; decided in the training process once the device is
+            known), ``"32-true"``, ``"16-mixed"``, ``"bf16-mixed"``, ``"16-true"``, ``"bf16-true"`` or ``"64-true"``.
         optimizer: Replace the module's optimizers with this one (see :class:`~lightning_tune.OptimizerSwap`:
-            ``"adamw8bit"``, ``"adam8bit"``, ``"lion8bit"``, ``"sgd8bit"``, the paged variants, ``"adamw_fused"``);
-            ``None`` keeps them.
+            ``"adamw8bit"``, ``"adam8bit"``, ``"lion8bit"``, ``"sgd8bit"``, the paged variants, ``"adamw_fused"``, or
+            an alias such as ``"adamw_8bit"``); ``None`` keeps them.
         attention: Route attention through this backend (see :class:`~lightning_tune.AttentionSwap`: ``"auto"``,
-            ``"flash"``, ``"sdpa"``, ``"eager"``); ``None`` leaves attention alone.
+            ``"flash"``, ``"sdpa"``, ``"eager"``, or an alias such as ``"flash_attention_2"``); ``None`` leaves
+            attention alone.
         keep_32bit: With an 8-bit optimizer, which parameters keep 32-bit state (``"embeddings"``, ``"none"`` or
             ``fn(name, param) -> bool``).
         min_8bit_size: With an 8-bit optimizer, tensors with fewer elements keep 32-bit state.
@@ -172,33 +149,31 @@ class TunePlugin(FSDPPrecision):
 
     def __init__(
         self,
-        precision: str = "auto",
+        precision: PrecisionName = "auto",
         *,
         optimizer: OptimizerName | None = None,
-        attention: str | None = None,
+        attention: Attention | None = None,
         keep_32bit: Keep32bit = "embeddings",
         min_8bit_size: int = 4096,
         device: Literal["cuda", "cpu"] | None = None,
     ) -> None:
         # FSDPPrecision.__init__ is not called: the wrapped plugin holds the precision state under every strategy
-        from lightning_tune.swaps.attention import BACKENDS
-        from lightning_tune.swaps.optimizer import OPTIMIZERS, check_keep_32bit
+        from lightning_tune.swaps.optimizer import TARGETS, check_keep_32bit
 
         if device is not None:
             check_choice("device", device, ("cuda", "cpu"))
-        self.requested_precision = precision
-        resolved = resolve_precision(precision, "cpu")  # checks the value; "auto" is decided later
+        self.requested_precision = canonical_precision(precision, allowed=_PRECISIONS)
         if optimizer is not None:
-            check_choice("optimizer", optimizer, OPTIMIZERS)
+            optimizer = canonical_optimizer(optimizer, allowed=TARGETS)
             if optimizer != "adamw_fused":
                 _imports.require("bitsandbytes", feature=f"TunePlugin(optimizer={optimizer!r})")
         if attention is not None:
-            check_choice("attention", attention, BACKENDS)
+            attention = canonical_attention(attention)
         check_int("min_8bit_size", min_8bit_size, minimum=1)
         check_keep_32bit(keep_32bit)
         self._explicit_device = device is not None
         self._device: str | None = device
-        self._precision: str | None = None if precision == "auto" else resolved
+        self._precision: str | None = None if self.requested_precision == "auto" else self.requested_precision
         if self._precision is not None and device is not None:
             _inner_plugin(self._precision, device)  # refuses "16-mixed" on an explicit CPU now, not at fit
         self._inner: Precision | None = None
@@ -221,22 +196,22 @@ class TunePlugin(FSDPPrecision):
 
     # ------------------------------------------------------------------ resolved lazily, in the training process
 
-    @property  # type: ignore[override]
-    def precision(self) -> str:
+    @property
+    def precision(self) -> str:  # type: ignore[override]
         """The Lightning precision in use; ``"auto"`` is decided at the first read (in the training process)."""
         if self._precision is None:
-            self._precision = resolve_precision("auto", self.device)
+            self._precision = auto_precision(self.device)
         return self._precision
-
-    @precision.setter
-    def precision(self, value: str) -> None:
-        self._precision = resolve_precision(value, self._device)
 
     @property
     def device(self) -> str:
-        """Where mixed precision autocasts: the explicit ``device``, else the strategy's (once known)."""
+        """Where mixed precision autocasts: the explicit ``device``, else the strategy's once known, else a GPU if any.
+
+        ``torch.cuda.device_count()`` asks NVML where it can and, unlike ``is_available()``, leaves a later fork of
+        this process usable.
+        """
         if self._device is None:
-            self._device = _default_device()
+            self._device = "cuda" if torch.cuda.device_count() > 0 else "cpu"
         return self._device
 
     @property
@@ -272,8 +247,6 @@ class TunePlugin(FSDPPrecision):
     @property
     def compute_dtype(self) -> torch.dtype:
         """The dtype matrix multiplications run in under this precision."""
-        from lightning_tune.swaps.attention import precision_dtype
-
         return precision_dtype(self.precision)
 
     def _setup_for(self, strategy: Strategy | None) -> None:
@@ -332,7 +305,7 @@ class TunePlugin(FSDPPrecision):
                 list(optimizers),
                 list(lr_schedulers),
                 model,
-                optimizer_name=self.optimizer,
+                optimizer=self.optimizer,
                 keep_32bit=self.keep_32bit,
                 min_8bit_size=self.min_8bit_size,
             )

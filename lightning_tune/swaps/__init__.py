@@ -1,19 +1,14 @@
-"""Swaps engine: replace a configured run's optimizer and attention kernels, reversibly and by instance.
+"""Swaps engine: module surgery, by instance and undoable, with no Trainer in it (the callbacks wire the hooks).
 
-Plain functions with no Trainer in them; :class:`~lightning_tune.OptimizerSwap`, :class:`~lightning_tune.AttentionSwap`
-and :class:`~lightning_tune.TunePlugin` wire Lightning's hooks to them.
+Attention kernels, the optimizer, activation checkpointing of the transformer blocks and ``torch.compile`` in place.
 """
 
-from lightning_tune.swaps.attention import (
-    BACKENDS,
-    AttentionSwapResult,
-    find_attention,
-    resolve_backend,
-    swap_attention,
-)
+from lightning_tune.swaps.attention import AttentionSwapResult, find_attention, resolve_backend, swap_attention
+from lightning_tune.swaps.checkpointing import CheckpointEntry, CheckpointResult, checkpoint_blocks
+from lightning_tune.swaps.compile import COMPILE_MODES, CompileResult, compile_modules
 from lightning_tune.swaps.optimizer import (
-    OPTIMIZERS,
-    SwapResult,
+    TARGETS,
+    OptimizerSwapResult,
     estimate_state_bytes,
     optimizer_state_bytes,
     repoint_schedulers,
@@ -23,9 +18,14 @@ from lightning_tune.swaps.optimizer import (
 
 __all__ = [
     "AttentionSwapResult",
-    "BACKENDS",
-    "OPTIMIZERS",
-    "SwapResult",
+    "COMPILE_MODES",
+    "CheckpointEntry",
+    "CheckpointResult",
+    "CompileResult",
+    "OptimizerSwapResult",
+    "TARGETS",
+    "checkpoint_blocks",
+    "compile_modules",
     "estimate_state_bytes",
     "find_attention",
     "optimizer_state_bytes",

@@ -19,7 +19,7 @@ Kind                     What is changed
                          ``sdpa_kernel``. The source is read once per class.
 =======================  ==============================================================================================
 
-Backends (:data:`BACKENDS`):
+Backends (:data:`lightning_tune.vocab.ATTENTIONS`; Hugging Face's names such as ``"flash_attention_2"`` are aliases):
 
 - ``"flash"``: flash-attn (FlashAttention-2) for transformers models; PyTorch's own FlashAttention kernel through SDPA
   for the other kinds, whose tensors this module cannot reshape for flash-attn safely. Needs flash-attn installed, a
@@ -53,14 +53,21 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 from torch.overrides import TorchFunctionMode
 
 from lightning_tune import _imports
-from lightning_tune._surgery import InstanceForward, SurgeryResult, remove_forward
+from lightning_tune._surgery import (
+    InstanceForward,
+    SurgeryResult,
+    inside,
+    pretrained_model_class,
+    refuse_wrapped,
+    remove_forward,
+    table,
+)
 from lightning_tune._validation import check_choice
+from lightning_tune.vocab import canonical_attention
 
 __all__ = [
-    "AttentionBackend",
     "AttentionSite",
     "AttentionSwapResult",
-    "BACKENDS",
     "FLASH_MAX_HEAD_DIM",
     "FlashEngine",
     "ResolvedBackend",
@@ -69,15 +76,10 @@ __all__ = [
     "SwapKind",
     "find_attention",
     "fused_problem",
-    "precision_dtype",
     "resolve_backend",
     "sdpa_backends",
     "swap_attention",
 ]
-
-#: Attention backends :func:`swap_attention` accepts.
-AttentionBackend = Literal["auto", "flash", "sdpa", "eager"]
-BACKENDS: tuple[str, ...] = get_args(AttentionBackend)
 
 #: What ``"auto"`` resolves to: every backend but ``"auto"``.
 ResolvedBackend = Literal["flash", "sdpa", "eager"]
@@ -104,30 +106,6 @@ _CALLS_SDPA: weakref.WeakKeyDictionary[type, bool] = weakref.WeakKeyDictionary()
 # transformers model -> the attention implementation of each of its configs before the first swap
 _HF_ORIGINALS: weakref.WeakKeyDictionary[nn.Module, list[tuple[Any, str, Any]]] = weakref.WeakKeyDictionary()
 _MISSING = "<missing>"
-
-
-def precision_dtype(precision: str) -> torch.dtype:
-    """The dtype attention computes in under a Lightning ``precision`` setting.
-
-    Args:
-        precision: Lightning's precision string (``trainer.precision``), e.g. ``"bf16-mixed"`` or ``"32-true"``.
-
-    Returns:
-        ``torch.bfloat16`` for the ``bf16`` settings, ``torch.float16`` for the ``16`` ones, ``torch.float64`` for
-        the ``64`` ones, else ``torch.float32``.
-
-    Example:
-        >>> precision_dtype("bf16-mixed"), precision_dtype("16-true"), precision_dtype("32-true")
-        (torch.bfloat16, torch.float16, torch.float32)
-    """
-    text = str(precision)
-    if text.startswith("bf16"):
-        return torch.bfloat16
-    if text.startswith("16"):
-        return torch.float16
-    if text.startswith("64"):
-        return torch.float64
-    return torch.float32
 
 
 def sdpa_backends(backend: ResolvedBackend, device: torch.device | str) -> list[SDPBackend]:
@@ -224,9 +202,9 @@ def resolve_backend(
     ``"sdpa"`` otherwise, with one message through ``notify`` saying why.
 
     Args:
-        requested: One of :data:`BACKENDS`.
+        requested: One of :data:`~lightning_tune.vocab.ATTENTIONS`, or an alias.
         device: Device the attention will run on.
-        dtype: Dtype attention computes in (see :func:`precision_dtype`).
+        dtype: Dtype attention computes in (see :func:`lightning_tune.vocab.precision_dtype`).
         head_dim: Largest head dimension of the model's attention, if known.
         notify: Receives the message when ``"auto"`` does not pick FlashAttention; ``None`` issues it as a
             ``UserWarning``.
@@ -235,7 +213,7 @@ def resolve_backend(
         ``"flash"``, ``"sdpa"`` or ``"eager"``.
 
     Raises:
-        ValueError: If ``requested`` is not one of :data:`BACKENDS`, or ``"flash"`` is requested where it cannot run
+        ValueError: If ``requested`` names no attention backend, or ``"flash"`` is requested where it cannot run
             (the message names the unmet condition).
         ModuleNotFoundError: If ``"flash"`` is requested and no FlashAttention is installed; the message names the
             extras.
@@ -244,11 +222,9 @@ def resolve_backend(
         >>> resolve_backend("sdpa", device="cpu", dtype=torch.float32)
         'sdpa'
     """
-    check_choice("backend", requested, BACKENDS)
-    if requested == "sdpa":
-        return "sdpa"
-    if requested == "eager":
-        return "eager"
+    requested = canonical_attention(requested, arg="backend")
+    if requested in ("sdpa", "eager"):
+        return "sdpa" if requested == "sdpa" else "eager"
     device = torch.device(device)
     say = _warn if notify is None else notify
     sdpa_text = _kernel_text("sdpa", device)
@@ -256,7 +232,8 @@ def resolve_backend(
     if engine is None and problem is None:
         if requested == "flash":
             raise ModuleNotFoundError(
-                f"backend='flash' needs FlashAttention, which is not installed. Install it with: {_FLASH_EXTRAS}",
+                f"backend='flash' needs FlashAttention, which is not installed. Install it with: {_FLASH_EXTRAS}"
+                + ("" if device.type == "cuda" else f". It also needs a CUDA GPU, got device {str(device)!r}"),
                 name="flash_attn",
             )
         say(
@@ -298,13 +275,6 @@ class AttentionSite:
     module: nn.Module
 
 
-def _pretrained_model_class() -> type | None:
-    # a PreTrainedModel can exist only once transformers' modeling module was imported: never import it here
-    modeling = sys.modules.get("transformers.modeling_utils")
-    cls = getattr(modeling, "PreTrainedModel", None)
-    return cls if isinstance(cls, type) else None
-
-
 def _calls_sdpa(cls: type) -> bool:
     """Whether the source of ``cls`` (or of a class it inherits outside the libraries) mentions SDPA."""
     cached = _CALLS_SDPA.get(cls)
@@ -329,10 +299,6 @@ def _calls_sdpa(cls: type) -> bool:
     return found
 
 
-def _inside(path: str, roots: list[str]) -> bool:
-    return any(root == "" or path == root or path.startswith(root + ".") for root in roots)
-
-
 def find_attention(module: nn.Module) -> list[AttentionSite]:
     """Find the attention :func:`swap_attention` would route, without changing anything.
 
@@ -352,17 +318,17 @@ def find_attention(module: nn.Module) -> list[AttentionSite]:
     """
     if not isinstance(module, nn.Module):
         raise TypeError(f"`module` must be a torch.nn.Module, got {module!r} ({type(module).__name__})")
-    pretrained = _pretrained_model_class()
+    pretrained = pretrained_model_class()
     hf_roots: list[str] = []
     sites: list[AttentionSite] = []
     for path, child in module.named_modules(remove_duplicate=True):
         is_pretrained = pretrained is not None and isinstance(child, pretrained)
-        if is_pretrained and not _inside(path, hf_roots):
+        if is_pretrained and not inside(path, hf_roots):
             hf_roots.append(path)
             sites.append(AttentionSite(path, "transformers", child))
         elif isinstance(child, nn.MultiheadAttention):
             sites.append(AttentionSite(path, "MultiheadAttention", child))
-        elif not _inside(path, hf_roots) and _calls_sdpa(type(child)):
+        elif not inside(path, hf_roots) and _calls_sdpa(type(child)):
             sites.append(AttentionSite(path, "sdpa-call", child))
     return sites
 
@@ -379,22 +345,6 @@ def _head_dim(site: AttentionSite) -> int | None:
             return None
     head_dim = getattr(site.module, "head_dim", None)
     return head_dim if isinstance(head_dim, int) and not isinstance(head_dim, bool) else None
-
-
-def _refuse_wrapped(module: nn.Module) -> None:
-    wrappers: list[type] = [nn.DataParallel, nn.parallel.DistributedDataParallel]
-    if torch.distributed.is_available():
-        from torch.distributed import fsdp
-
-        wrappers += [cls for name in ("FullyShardedDataParallel", "FSDPModule") if (cls := getattr(fsdp, name, None))]
-    for path, child in module.named_modules():
-        if isinstance(child, tuple(wrappers)):
-            where = "the model" if path == "" else f"{path!r} inside {type(module).__name__}"
-            raise TypeError(
-                f"swap_attention got {where} wrapped in {type(child).__name__}. Swap attention on the bare model, "
-                "before the strategy wraps it (the AttentionSwap callback does this in `setup`, a Precision plugin "
-                "in `convert_module`)."
-            )
 
 
 # ------------------------------------------------------------------------------------------------------ forward wraps
@@ -734,38 +684,15 @@ class AttentionSwapResult(SurgeryResult):
     entries: list[SwapEntry] = field(default_factory=list)
 
     def describe(self) -> str:
-        """A table of the swapped modules, for printing.
-
-        Returns:
-            One header line, then one row per entry (path, class, kind, backend, detail).
-        """
+        """A title line, then one row per swapped module (path, class, kind, backend, kernel), for printing."""
         if not self.entries:
             return f"Attention swap (backend={self.requested!r}): no attention found"
-        header = ("Module", "Class", "Kind", "Backend", "Kernel")
-        rows = [(e.path or "(root)", e.module_type, e.kind, e.backend, e.detail) for e in self.entries]
-        widths = [max(len(row[i]) for row in [header, *rows]) for i in range(len(header) - 1)]
-        lines = [
-            "  ".join([*(cell.ljust(width) for cell, width in zip(row[:-1], widths, strict=True)), row[-1]]).rstrip()
-            for row in [header, *rows]
-        ]
+        rows = [[e.path or "(root)", e.module_type, e.kind, e.backend, e.detail] for e in self.entries]
         title = f"Attention swap: backend {self.backend!r} (requested {self.requested!r}), {len(rows)} module(s)"
-        return "\n".join([title, *lines])
+        return f"{title}\n{table([['Module', 'Class', 'Kind', 'Backend', 'Kernel'], *rows])}"
 
 
 # ---------------------------------------------------------------------------------------------------------- the swap
-
-
-def _default_device(module: nn.Module) -> torch.device:
-    for tensor in (*module.parameters(), *module.buffers()):
-        return tensor.device
-    return torch.device("cpu")
-
-
-def _default_dtype(module: nn.Module) -> torch.dtype:
-    for param in module.parameters():
-        if param.is_floating_point():
-            return param.dtype
-    return torch.get_default_dtype()
 
 
 def swap_attention(
@@ -782,9 +709,9 @@ def swap_attention(
 
     Args:
         module: The model (a LightningModule is fine).
-        backend: One of :data:`BACKENDS`.
+        backend: One of :data:`~lightning_tune.vocab.ATTENTIONS`, or an alias (``"flash_attention_2"``).
         device: Device attention will run on; ``None`` means the device of the model's first parameter.
-        dtype: Dtype attention computes in (``precision_dtype(trainer.precision)`` under mixed precision); ``None``
+        dtype: Dtype attention computes in (``lightning_tune.vocab.precision_dtype(trainer.precision)``); ``None``
             means the dtype of the model's first floating-point parameter.
         notify: Receives informative messages (why ``"auto"`` did not pick flash-attn); ``None`` issues them as
             ``UserWarning``.
@@ -809,10 +736,10 @@ def swap_attention(
         >>> "forward" in vars(layer.self_attn)
         False
     """
-    check_choice("backend", backend, BACKENDS)
+    backend = canonical_attention(backend, arg="backend")
     if not isinstance(module, nn.Module):
         raise TypeError(f"`module` must be a torch.nn.Module, got {module!r} ({type(module).__name__})")
-    _refuse_wrapped(module)
+    refuse_wrapped(module, surgery="swap_attention", callback="AttentionSwap")
     sites = find_attention(module)
     if not sites:
         warnings.warn(
@@ -823,8 +750,10 @@ def swap_attention(
             stacklevel=2,
         )
         return AttentionSwapResult(requested=backend, backend=None)
-    run_device = torch.device(device) if device is not None else _default_device(module)
-    run_dtype = dtype if dtype is not None else _default_dtype(module)
+    tensors = [*module.parameters(), *module.buffers()]
+    run_device = torch.device(device) if device is not None else next((t.device for t in tensors), torch.device("cpu"))
+    floats = (p.dtype for p in module.parameters() if p.is_floating_point())
+    run_dtype = dtype if dtype is not None else next(floats, torch.get_default_dtype())
     head_dims = [dim for dim in map(_head_dim, sites) if dim is not None]
     say = _warn if notify is None else notify
     resolved = resolve_backend(
@@ -832,7 +761,7 @@ def swap_attention(
     )
     result = AttentionSwapResult(requested=backend, backend=resolved)
     engine = _choose_flash(run_device, run_dtype, max(head_dims, default=None))[0] if resolved == "flash" else None
-    pretrained = _pretrained_model_class()
+    pretrained = pretrained_model_class()
     modules = dict(module.named_modules())
     try:
         for site in sites:

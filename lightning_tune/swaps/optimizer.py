@@ -34,15 +34,16 @@ from torch.optim import Optimizer
 from torch.optim import optimizer as torch_optimizer
 
 from lightning_tune._imports import require
+from lightning_tune._surgery import SurgeryResult, table
 from lightning_tune._validation import check_choice, check_int
+from lightning_tune.vocab import OptimizerName, canonical_optimizer
 
 __all__ = [
     "KEEP_32BIT",
+    "TARGETS",
     "Keep32bit",
     "Keep32bitName",
-    "OPTIMIZERS",
-    "OptimizerName",
-    "SwapResult",
+    "OptimizerSwapResult",
     "check_keep_32bit",
     "estimate_state_bytes",
     "optimizer_state_bytes",
@@ -50,19 +51,6 @@ __all__ = [
     "swap_optimizer",
     "swap_optimizers",
 ]
-
-#: Names of the optimizers a swap can produce.
-OptimizerName = Literal[
-    "adam8bit",
-    "adamw8bit",
-    "lion8bit",
-    "sgd8bit",
-    "paged_adam8bit",
-    "paged_adamw8bit",
-    "paged_lion8bit",
-    "adamw_fused",
-]
-OPTIMIZERS: Final[tuple[str, ...]] = get_args(OptimizerName)
 
 #: Named rules for which parameters keep 32-bit optimizer state.
 Keep32bitName = Literal["embeddings", "none"]
@@ -116,16 +104,18 @@ _TARGETS: Final[Mapping[str, _Target]] = {
     "paged_lion8bit": _Target("PagedLion8bit", "lion", _LION, "decoupled"),
     "adamw_fused": _Target("AdamW", "adam", _ADAMW, "decoupled", flags=frozenset({"amsgrad", "maximize"}), bnb=False),
 }
+#: The optimizers of :data:`lightning_tune.vocab.OPTIMIZERS` a swap builds: all but the module's own AdamW and SGD.
+TARGETS: Final[tuple[str, ...]] = tuple(_TARGETS)
 
 
-@dataclass(frozen=True)
-class SwapResult:
-    """What one swap did.
+@dataclass
+class OptimizerSwapResult(SurgeryResult):
+    """What one swap did. :meth:`restore` re-points the schedulers :func:`swap_optimizers` moved back to ``old``.
 
     Attributes:
         old: The optimizer that was replaced (left untouched).
         new: The optimizer that replaces it, over the same parameter objects.
-        optimizer_name: The name it was built from, one of :data:`OPTIMIZERS`.
+        optimizer: The name it was built from, one of :data:`TARGETS`.
         kept_32bit: Names of the parameters kept in 32-bit state by ``keep_32bit`` (every alias of a tied parameter),
             empty for ``"adamw_fused"``, whose state is all 32-bit.
         changes: One line per setting that a swap across algorithm families dropped or filled in; empty when the
@@ -135,20 +125,16 @@ class SwapResult:
 
     old: Optimizer
     new: Optimizer
-    optimizer_name: str
+    optimizer: str
     kept_32bit: tuple[str, ...]
     changes: tuple[str, ...] = ()
     min_8bit_size: int = 4096
     kept_params: tuple[Tensor, ...] = field(default=(), repr=False, compare=False)
 
     def describe(self) -> str:
-        """Render the swap as a plain-text table: groups, state precision and what changed.
-
-        Returns:
-            A multi-line string.
-        """
-        target = _TARGETS[self.optimizer_name]
-        title = f"{type(self.old).__name__} -> {type(self.new).__name__} ({self.optimizer_name!r})"
+        """The swap as plain-text tables, for printing: groups, state precision and what changed."""
+        target = _TARGETS[self.optimizer]
+        title = f"{type(self.old).__name__} -> {type(self.new).__name__} ({self.optimizer!r})"
         keys = [k for k in ("lr", "betas", "momentum", "eps", "weight_decay") if k in target.hyper]
         rows = [["group", "tensors", "elements", *keys]]
         for index, group in enumerate(self.new.param_groups):
@@ -164,7 +150,7 @@ class SwapResult:
         for label, members in buckets.items():
             names = ", ".join(self.kept_32bit) if label == "32-bit (kept)" else ""
             state.append([label, str(len(members)), f"{_numel(members):,}", names])
-        lines = [title, _table(rows), _table(state)]
+        lines = [title, table(rows), table(state)]
         lines.append("changes: none" if not self.changes else "changes:\n" + "\n".join(f"  {c}" for c in self.changes))
         return "\n".join(lines)
 
@@ -180,7 +166,7 @@ class SwapResult:
         """
         kept = {id(p) for p in self.kept_params}
         small = f"32-bit (< {self.min_8bit_size:,})"
-        if _TARGETS[self.optimizer_name].bnb:
+        if _TARGETS[self.optimizer].bnb:
             buckets: dict[str, list[Tensor]] = {"8-bit": [], "32-bit (kept)": [], small: []}
         else:
             buckets = {f"32-bit ({'fused AdamW' if self.new.param_groups[0].get('fused') else 'AdamW'})": []}
@@ -226,19 +212,20 @@ def check_keep_32bit(value: Any) -> None:
 
 
 def swap_optimizer(
-    optimizer: Optimizer,
+    old: Optimizer,
+    /,
     *,
-    optimizer_name: OptimizerName,
+    optimizer: OptimizerName,
     module: nn.Module | None = None,
     keep_32bit: Keep32bit = "embeddings",
     min_8bit_size: int = 4096,
-) -> SwapResult:
-    """Build the optimizer named ``optimizer_name`` over the parameters and groups of ``optimizer``.
+) -> OptimizerSwapResult:
+    """Build the optimizer named ``optimizer`` over the parameters and groups of ``old``.
 
     Every parameter group keeps its parameter objects, its hyperparameters (``lr``, ``betas``, ``eps``,
     ``weight_decay``, ``momentum``: what the target takes) and any other key it holds (``initial_lr`` and the other
     keys schedulers add, a group ``name``). Kernel switches (``foreach``, ``fused``, ``capturable``) are the target's
-    own. ``optimizer`` itself is not modified.
+    own. ``old`` itself is not modified.
 
     Settings the target cannot honour:
 
@@ -252,11 +239,12 @@ def swap_optimizer(
     * Across families (``SGD`` into ``"adamw8bit"``, ``AdamW`` into ``"lion8bit"``, any other torch optimizer): the
       caller asked for a different algorithm, so settings with a same-named counterpart are carried over, the rest
       are dropped, missing ones take the target's defaults, and one ``UserWarning`` lists it all (also in
-      :attr:`SwapResult.changes`).
+      :attr:`OptimizerSwapResult.changes`).
 
     Args:
-        optimizer: A torch optimizer that has not stepped yet (no state).
-        optimizer_name: What to build, one of :data:`OPTIMIZERS`.
+        old: A torch optimizer that has not stepped yet (no state).
+        optimizer: What to build, one of :data:`TARGETS` or an alias (``"adamw_8bit"``); named as everywhere in the
+            package (``OptimizerSwap(optimizer=)``, ``TunePlugin(optimizer=)``, the ``optimizer`` config key).
         module: The model owning the parameters; needed to find embeddings and parameter names (any bitsandbytes
             target with ``keep_32bit`` other than ``"none"``).
         keep_32bit: Which parameters keep 32-bit optimizer state: ``"embeddings"`` (every parameter owned by an
@@ -266,12 +254,12 @@ def swap_optimizer(
         min_8bit_size: Tensors with fewer elements keep 32-bit state (bitsandbytes' own rule), >= 1.
 
     Returns:
-        The :class:`SwapResult`.
+        The :class:`OptimizerSwapResult`.
 
     Raises:
-        TypeError: If ``optimizer``, ``module`` or ``keep_32bit`` has the wrong type, or ``min_8bit_size`` is not an
-            integer.
-        ValueError: If ``optimizer_name`` or ``keep_32bit`` is unknown, ``min_8bit_size < 1``, ``optimizer`` is already
+        TypeError: If ``old``, ``optimizer``, ``module`` or ``keep_32bit`` has the wrong type, or ``min_8bit_size`` is
+            not an integer.
+        ValueError: If ``optimizer`` or ``keep_32bit`` is unknown, ``min_8bit_size < 1``, ``old`` is already
             a bitsandbytes optimizer or has state, ``module`` is missing where needed, or a setting cannot be
             honoured (above).
         ModuleNotFoundError: If a bitsandbytes target is asked for and bitsandbytes is not installed; the message
@@ -282,67 +270,66 @@ def swap_optimizer(
         >>> import torch
         >>> net = torch.nn.Sequential(torch.nn.Embedding(10, 4), torch.nn.Linear(4, 2))
         >>> opt = torch.optim.AdamW(net.parameters(), lr=1e-3, weight_decay=0.1)
-        >>> result = swap_optimizer(opt, optimizer_name="adamw_fused", module=net)
+        >>> result = swap_optimizer(opt, optimizer="adamw_fused", module=net)
         >>> type(result.new).__name__, result.new.param_groups[0]["weight_decay"]
         ('AdamW', 0.1)
         >>> all(a is b for a, b in zip(result.new.param_groups[0]["params"], net.parameters()))
         True
     """
-    if not isinstance(optimizer, Optimizer):
-        raise TypeError(f"`optimizer` must be a torch.optim.Optimizer, got {optimizer!r} ({type(optimizer).__name__})")
-    check_choice("optimizer_name", optimizer_name, OPTIMIZERS)
+    if not isinstance(old, Optimizer):
+        raise TypeError(f"`old` must be a torch.optim.Optimizer, got {old!r} ({type(old).__name__})")
+    name = canonical_optimizer(optimizer, allowed=TARGETS)
     if module is not None and not isinstance(module, nn.Module):
         raise TypeError(f"`module` must be a torch.nn.Module or None, got {module!r} ({type(module).__name__})")
     check_keep_32bit(keep_32bit)
     check_int("min_8bit_size", min_8bit_size, minimum=1)
-    target = _TARGETS[optimizer_name]
-    old_name = type(optimizer).__name__
-    if type(optimizer).__module__.split(".")[0] == "bitsandbytes":
+    target = _TARGETS[name]
+    old_name = type(old).__name__
+    if type(old).__module__.split(".")[0] == "bitsandbytes":
         raise ValueError(
-            f"`optimizer` is already a bitsandbytes optimizer ({old_name}); swap the torch optimizer it replaced "
-            "instead"
+            f"`old` is already a bitsandbytes optimizer ({old_name}); swap the torch optimizer it replaced instead"
         )
-    stepped = sum(1 for state in optimizer.state.values() if state)
+    stepped = sum(1 for state in old.state.values() if state)
     if stepped:
         raise ValueError(
-            f"`optimizer` ({old_name}) already holds state for {stepped} parameter(s); swap it before its first step "
+            f"`old` ({old_name}) already holds state for {stepped} parameter(s); swap it before its first step "
             "(state restored from a checkpoint afterwards goes into the new optimizer)"
         )
     if target.bnb and keep_32bit != "none" and module is None:
+        rule = repr(keep_32bit) if isinstance(keep_32bit, str) else "a callable"
         raise ValueError(
-            f"`module` must be given with keep_32bit={_rule_name(keep_32bit)}: it is where embeddings and parameter "
+            f"`module` must be given with keep_32bit={rule}: it is where embeddings and parameter "
             "names are found; pass the model, or keep_32bit='none'"
         )
-    if target.bnb and any(_is_dtensor(p) for p in _unique_params(optimizer)):
+    if target.bnb and any(_is_dtensor(p) for p in _unique_params(old)):
         raise ValueError(
-            f"{optimizer_name!r} ({target.class_name}) cannot step these parameters: they are DTensors, as FSDP2's "
+            f"{name!r} ({target.class_name}) cannot step these parameters: they are DTensors, as FSDP2's "
             "`fully_shard` (ModelParallelStrategy) makes them, and bitsandbytes' 8-bit kernels take plain tensors "
             "only. Use 'adamw_fused' (torch's AdamW steps DTensors, and its state is sharded with the parameters, "
             "1/N per rank), or an 8-bit optimizer under DDP or FSDPStrategy"
         )
     bnb = require("bitsandbytes", feature=_FEATURE) if target.bnb else None
 
-    groups, changes = _plan_groups(optimizer, optimizer_name, target)
+    groups, changes = _plan_groups(old, name, target)
     if changes:
         warnings.warn(
-            f"swapping {old_name} into {optimizer_name!r} ({target.class_name}) changes the algorithm:\n  "
+            f"swapping {old_name} into {name!r} ({target.class_name}) changes the algorithm:\n  "
             + "\n  ".join(changes),
             UserWarning,
             stacklevel=2,
         )
     if bnb is None:
-        new = _fused_adamw(groups, optimizer_name)
-        return SwapResult(optimizer, new, optimizer_name, (), tuple(changes), min_8bit_size)
-    kept, kept_names = _kept_params(optimizer, module, keep_32bit)
+        return OptimizerSwapResult(old, _fused_adamw(groups, name), name, (), tuple(changes), min_8bit_size)
+    kept, kept_names = _kept_params(old, module, keep_32bit)
     new = _build_bnb(bnb, target, groups, min_8bit_size)
     _install_overrides(bnb, new, kept)
-    result = SwapResult(optimizer, new, optimizer_name, kept_names, tuple(changes), min_8bit_size, tuple(kept))
+    result = OptimizerSwapResult(old, new, name, kept_names, tuple(changes), min_8bit_size, tuple(kept))
     if result.saves_nothing:
         warnings.warn(_nothing_saved(result), UserWarning, stacklevel=2)
     return result
 
 
-def _nothing_saved(result: SwapResult) -> str:
+def _nothing_saved(result: OptimizerSwapResult) -> str:
     """Why a bitsandbytes swap stores nothing in 8 bits, and what would help."""
     buckets = result.state_buckets()
     small = buckets[f"32-bit (< {result.min_8bit_size:,})"]
@@ -355,7 +342,7 @@ def _nothing_saved(result: SwapResult) -> str:
         else "Choose fewer parameters for keep_32bit"
     )
     return (
-        f"{result.optimizer_name!r} stores no optimizer state in 8 bits, so it saves no memory: of the "
+        f"{result.optimizer!r} stores no optimizer state in 8 bits, so it saves no memory: of the "
         f"{sum(len(v) for k, v in buckets.items() if k != _FROZEN)} trainable tensor(s), {len(small)} are under "
         f"min_8bit_size={result.min_8bit_size:,} elements (the largest has {largest:,}) and "
         f"{len(buckets['32-bit (kept)'])} are kept 32-bit{frozen}. {help_small}."
@@ -367,10 +354,10 @@ def swap_optimizers(
     lr_scheduler_configs: Sequence[Any],
     module: nn.Module | None,
     *,
-    optimizer_name: OptimizerName,
+    optimizer: OptimizerName,
     keep_32bit: Keep32bit = "embeddings",
     min_8bit_size: int = 4096,
-) -> tuple[list[Optimizer], list[Any], list[SwapResult]]:
+) -> tuple[list[Optimizer], list[Any], list[OptimizerSwapResult]]:
     """Swap several optimizers and re-point their schedulers: the hook for a precision plugin's ``connect``.
 
     Args:
@@ -378,12 +365,13 @@ def swap_optimizers(
         lr_scheduler_configs: Lightning ``LRSchedulerConfig`` objects and/or bare torch schedulers; those driving one
             of ``optimizers`` are re-pointed in place (:func:`repoint_schedulers`).
         module: The model owning the parameters (see :func:`swap_optimizer`); a DDP wrapper works too.
-        optimizer_name: What to build, one of :data:`OPTIMIZERS`.
+        optimizer: What to build, one of :data:`TARGETS` or an alias.
         keep_32bit: Which parameters keep 32-bit state (see :func:`swap_optimizer`).
         min_8bit_size: Tensors with fewer elements keep 32-bit state, >= 1.
 
     Returns:
-        ``(new optimizers, the scheduler configs (the same objects, re-pointed), one SwapResult per optimizer)``.
+        ``(new optimizers, the scheduler configs (the same objects, re-pointed), one OptimizerSwapResult per
+        optimizer)``; restoring a result points its schedulers back to the old optimizer.
 
     Raises:
         TypeError: If an argument has the wrong type.
@@ -394,14 +382,13 @@ def swap_optimizers(
         if isinstance(value, (str, Optimizer)) or not isinstance(value, Iterable):
             raise TypeError(f"`{name}` must be a sequence (a list of them), got {value!r} ({type(value).__name__})")
     results = [
-        swap_optimizer(
-            optimizer, optimizer_name=optimizer_name, module=module, keep_32bit=keep_32bit, min_8bit_size=min_8bit_size
-        )
-        for optimizer in optimizers
+        swap_optimizer(old, optimizer=optimizer, module=module, keep_32bit=keep_32bit, min_8bit_size=min_8bit_size)
+        for old in optimizers
     ]
     configs = list(lr_scheduler_configs)
     for result in results:
-        repoint_schedulers(configs, result.old, result.new)
+        if repoint_schedulers(configs, result.old, result.new):
+            result._undo.append(functools.partial(repoint_schedulers, configs, result.new, result.old))
     return [result.new for result in results], configs, results
 
 
@@ -609,9 +596,9 @@ def _plan_groups(optimizer: Optimizer, name: str, target: _Target) -> tuple[list
         groups.append(new_group)
     if problems:
         raise ValueError(
-            f"`optimizer` {old_name} cannot be swapped into {name!r} ({target.class_name}) without changing its update "
+            f"`old` ({old_name}) cannot be swapped into {name!r} ({target.class_name}) without changing its update "
             "rule: " + "; ".join(problems) + ". Change these settings in configure_optimizers, or choose another "
-            f"optimizer from {', '.join(repr(o) for o in OPTIMIZERS)}"
+            f"optimizer from {', '.join(repr(o) for o in TARGETS)}"
         )
     if changes:
         changes.insert(0, f"{old_name} -> {target.class_name}: a different algorithm; settings mapped by name")
@@ -779,14 +766,3 @@ def _fmt(value: Any) -> str:
     if isinstance(value, tuple):
         return "(" + ", ".join(_fmt(v) for v in value) + ")"
     return "-" if value is None else repr(value) if isinstance(value, str) else str(value)
-
-
-def _rule_name(rule: Keep32bit) -> str:
-    return repr(rule) if isinstance(rule, str) else "a callable"
-
-
-def _table(rows: list[list[str]]) -> str:
-    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
-    return "\n".join(
-        "  ".join(cell.ljust(width) for cell, width in zip(row, widths, strict=True)).rstrip() for row in rows
-    )

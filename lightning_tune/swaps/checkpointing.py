@@ -3,8 +3,8 @@
 :func:`checkpoint_blocks` finds the transformer blocks of a model and makes each one recompute its activations in the
 backward pass instead of keeping them (``torch.utils.checkpoint``, non-reentrant), by giving each block instance a
 ``forward`` of its own. The classes, the parameters and the module tree are untouched, so optimizers and checkpoints
-stay valid, and the returned :class:`CheckpointResult` undoes it. :class:`ActivationCheckpointing` does it for the
-duration of each Trainer run.
+stay valid, and the returned :class:`CheckpointResult` undoes it.
+:class:`~lightning_tune.callbacks.surgery.ActivationCheckpointing` does it for the duration of each Trainer run.
 
 Blocks found, in this order, when no ``block_types`` are given:
 
@@ -17,25 +17,32 @@ Blocks found, in this order, when no ``block_types`` are given:
 
 from __future__ import annotations
 
-import sys
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Final, Literal
+from typing import Any, Final, Literal
 
 import torch
-from lightning.pytorch.callbacks import Callback
-from lightning.pytorch.utilities import rank_zero_info
 from torch import nn
 from torch.utils.checkpoint import checkpoint
-from typing_extensions import override
 
-from lightning_tune._surgery import InstanceForward, SurgeryResult, remove_forward
+from lightning_tune._surgery import (
+    InstanceForward,
+    SurgeryResult,
+    inside,
+    pretrained_model_class,
+    refuse_wrapped,
+    remove_forward,
+)
 from lightning_tune._validation import check_bool
 
-if TYPE_CHECKING:
-    import lightning.pytorch as pl
-
-__all__ = ["ActivationCheckpointing", "BlockTypes", "CheckpointEntry", "CheckpointResult", "checkpoint_blocks"]
+__all__ = [
+    "BlockTypes",
+    "CheckpointEntry",
+    "CheckpointResult",
+    "CheckpointedForward",
+    "checkpoint_blocks",
+    "type_matcher",
+]
 
 #: Blocks to checkpoint: module classes, or class names (``"Block"``) / qualified names (``"torch.nn.X"``) for YAML.
 BlockTypes = type[nn.Module] | str | Sequence[type[nn.Module] | str]
@@ -73,11 +80,7 @@ class CheckpointResult(SurgeryResult):
     entries: list[CheckpointEntry] = field(default_factory=list)
 
     def describe(self) -> str:
-        """One line per checkpointed block, for printing.
-
-        Returns:
-            A title line and the blocks, grouped by class.
-        """
+        """A title line, then the checkpointed blocks grouped by class, for printing."""
         by_type: dict[tuple[str, str], list[str]] = {}
         for entry in self.entries:
             by_type.setdefault((entry.module_type, entry.method), []).append(entry.path or "(root)")
@@ -89,7 +92,7 @@ class CheckpointResult(SurgeryResult):
         return "\n".join(lines)
 
 
-class _CheckpointedForward(InstanceForward):
+class CheckpointedForward(InstanceForward):
     """An instance-level ``forward`` that runs the block's own forward under ``torch.utils.checkpoint``."""
 
     def __init__(self, module: nn.Module, original: Any, preserve_rng_state: bool) -> None:
@@ -97,6 +100,7 @@ class _CheckpointedForward(InstanceForward):
         self.preserve_rng_state = preserve_rng_state
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        """Run the block, under ``torch.utils.checkpoint`` when gradients are enabled."""
         if not torch.is_grad_enabled():  # nothing is saved for backward: recomputing would only cost time
             return self.call_original(*args, **kwargs)
         return checkpoint(
@@ -106,44 +110,24 @@ class _CheckpointedForward(InstanceForward):
 
 def _wrap(module: nn.Module, preserve_rng_state: bool) -> Callable[[], None]:
     current = module.__dict__.get("forward")
-    if not isinstance(current, _CheckpointedForward):
-        setattr(module, "forward", _CheckpointedForward(module, current, preserve_rng_state))  # noqa: B010
-    return lambda: remove_forward(module, _CheckpointedForward)
-
-
-def _pretrained_model_class() -> type | None:
-    # a PreTrainedModel can exist only once transformers' modeling module was imported: never import it here
-    cls = getattr(sys.modules.get("transformers.modeling_utils"), "PreTrainedModel", None)
-    return cls if isinstance(cls, type) else None
-
-
-def _refuse_wrapped(module: nn.Module) -> None:
-    wrappers: list[type] = [nn.DataParallel, nn.parallel.DistributedDataParallel]
-    if torch.distributed.is_available():
-        from torch.distributed import fsdp
-
-        wrappers += [cls for name in ("FullyShardedDataParallel", "FSDPModule") if (cls := getattr(fsdp, name, None))]
-    for path, child in module.named_modules():
-        if isinstance(child, tuple(wrappers)):
-            where = "the model" if path == "" else f"{path!r} inside {type(module).__name__}"
-            raise TypeError(
-                f"checkpoint_blocks got {where} wrapped in {type(child).__name__}. Checkpoint the bare model, before "
-                "the strategy wraps it (the ActivationCheckpointing callback does this in `setup`)."
-            )
+    if not isinstance(current, CheckpointedForward):
+        setattr(module, "forward", CheckpointedForward(module, current, preserve_rng_state))  # noqa: B010
+    return lambda: remove_forward(module, CheckpointedForward)
 
 
 def _outermost(module: nn.Module, match: Callable[[nn.Module], bool]) -> Iterator[tuple[str, nn.Module]]:
     """Modules for which ``match`` holds, skipping those nested inside an earlier match."""
     roots: list[str] = []
     for path, child in module.named_modules():
-        if _inside(path, roots):
+        if inside(path, roots):
             continue
         if match(child):
             roots.append(path)
             yield path, child
 
 
-def _type_matcher(block_types: BlockTypes) -> Callable[[nn.Module], bool]:
+def type_matcher(block_types: BlockTypes) -> Callable[[nn.Module], bool]:
+    """A test for the modules ``block_types`` names; raises ``TypeError``/``ValueError`` for a bad ``block_types``."""
     items = (
         [block_types] if isinstance(block_types, (str, type)) or not isinstance(block_types, Sequence) else block_types
     )
@@ -171,7 +155,7 @@ def _type_matcher(block_types: BlockTypes) -> Callable[[nn.Module], bool]:
 def _largest_uniform_list(module: nn.Module, outside: list[str]) -> tuple[str, nn.ModuleList] | None:
     best: tuple[int, str, nn.ModuleList] | None = None
     for path, child in module.named_modules():
-        if not isinstance(child, nn.ModuleList) or len(child) < 2 or _inside(path, outside):
+        if not isinstance(child, nn.ModuleList) or len(child) < 2 or inside(path, outside):
             continue
         if len({type(block) for block in child}) != 1:
             continue
@@ -179,14 +163,6 @@ def _largest_uniform_list(module: nn.Module, outside: list[str]) -> tuple[str, n
         if best is None or size > best[0]:
             best = (size, path, child)
     return None if best is None else (best[1], best[2])
-
-
-def _inside(path: str, roots: list[str]) -> bool:
-    return any(root == "" or path == root or path.startswith(root + ".") for root in roots)
-
-
-def _join(prefix: str, name: str) -> str:
-    return f"{prefix}.{name}" if prefix else name
 
 
 def checkpoint_blocks(
@@ -223,15 +199,15 @@ def checkpoint_blocks(
     if not isinstance(module, nn.Module):
         raise TypeError(f"`module` must be a torch.nn.Module, got {type(module).__name__}")
     check_bool("preserve_rng_state", preserve_rng_state)
-    _refuse_wrapped(module)
+    refuse_wrapped(module, surgery="checkpoint_blocks", callback="ActivationCheckpointing")
     result = CheckpointResult()
     blocks: list[tuple[str, nn.Module]] = []
     if block_types is not None:
-        blocks = list(_outermost(module, _type_matcher(block_types)))
+        blocks = list(_outermost(module, type_matcher(block_types)))
         if not blocks:
             raise ValueError(f"`block_types` {block_types!r} matched no module of {type(module).__name__}")
     else:
-        pretrained = _pretrained_model_class()
+        pretrained = pretrained_model_class()
         hf_roots: list[str] = []
         if pretrained is not None:
             for path, model in _outermost(module, lambda m: isinstance(m, pretrained)):
@@ -242,13 +218,13 @@ def checkpoint_blocks(
         blocks = [
             (path, child)
             for path, child in _outermost(module, lambda m: isinstance(m, _TORCH_LAYERS))
-            if not _inside(path, hf_roots)
+            if not inside(path, hf_roots)
         ]
         if not blocks and not hf_roots:
             found = _largest_uniform_list(module, hf_roots)
             if found is not None:
                 prefix, blocks_list = found
-                blocks = [(_join(prefix, name), child) for name, child in blocks_list.named_children()]
+                blocks = [(f"{prefix}.{name}".lstrip("."), child) for name, child in blocks_list.named_children()]
         if not blocks and not hf_roots:
             raise ValueError(
                 f"found no transformer blocks in {type(module).__name__}: no Hugging Face model, no "
@@ -273,52 +249,3 @@ def _enable_transformers(model: Any, result: CheckpointResult) -> None:
         disable = model.gradient_checkpointing_disable
     if not was_on:
         result._undo.append(disable)
-
-
-class ActivationCheckpointing(Callback):
-    """Checkpoint the model's transformer blocks for each Trainer run, without editing the module.
-
-    The blocks are wrapped in ``setup``, before the strategy moves the model and wraps it in DDP, and restored in
-    ``teardown``. Trade: one extra forward of each block in the backward pass for not keeping the block's
-    activations.
-
-    Args:
-        block_types: Classes or class names of the blocks (``"Block"``, ``"torch.nn.TransformerEncoderLayer"``);
-            ``None`` finds them (see :func:`checkpoint_blocks`).
-        preserve_rng_state: Replay the RNG state in the recomputation, so dropout masks match.
-        verbose: Print which blocks were wrapped.
-
-    Raises:
-        TypeError: If an argument has the wrong type.
-        ValueError: If ``block_types`` is an empty sequence. Finding no blocks raises at ``setup``.
-
-    Example:
-        >>> from lightning.pytorch import Trainer
-        >>> trainer = Trainer(callbacks=[ActivationCheckpointing()], logger=False)
-    """
-
-    def __init__(
-        self, block_types: BlockTypes | None = None, *, preserve_rng_state: bool = True, verbose: bool = True
-    ) -> None:
-        if block_types is not None:
-            _type_matcher(block_types)
-        check_bool("preserve_rng_state", preserve_rng_state)
-        check_bool("verbose", verbose)
-        self.block_types = block_types
-        self.preserve_rng_state = preserve_rng_state
-        self.verbose = verbose
-        self.result: CheckpointResult | None = None
-
-    @override
-    def setup(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
-        if self.result is not None:  # a setup without its teardown: start from the originals
-            self.result.restore()
-        self.result = checkpoint_blocks(pl_module, self.block_types, preserve_rng_state=self.preserve_rng_state)
-        if self.verbose:
-            rank_zero_info(self.result.describe())
-
-    @override
-    def teardown(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
-        if self.result is not None:
-            self.result.restore()
-            self.result = None

@@ -1,4 +1,5 @@
-"""Presets: activation checkpointing, torch.compile in place, and the DeepSpeed strategy built from a plan."""
+"""Module surgery and its callbacks: activation checkpointing, torch.compile in place, the one base that swaps in
+``setup`` and undoes in ``teardown``, and the DeepSpeed strategy built from a plan."""
 
 from __future__ import annotations
 
@@ -10,20 +11,80 @@ from typing import Any
 
 import pytest
 import torch
+from lightning.pytorch import Callback
 from lightning.pytorch.strategies import deepspeed as lightning_deepspeed
 from torch import nn
 
-from lightning_tune.demos import DemoGPT, GPTConfig
-from lightning_tune.presets import (
-    ActivationCheckpointing,
-    DeepSpeedSettings,
-    TorchCompile,
-    checkpoint_blocks,
-    compile_modules,
-    deepspeed_settings,
-    deepspeed_strategy,
-)
+from lightning_tune import _surgery
+from lightning_tune.callbacks import ActivationCheckpointing, AttentionSwap, SurgeryCallback, TorchCompile
+from lightning_tune.demos import DemoGPT, GPTConfig, SyntheticTokenDataModule
+from lightning_tune.plugins import DeepSpeedSettings, deepspeed_settings, deepspeed_strategy
+from lightning_tune.swaps import checkpoint_blocks, compile_modules
 from tests.helpers import Regressor, make_trainer
+
+TINY = GPTConfig(d_model=32, n_layers=2, seq_len=16, vocab_size=32)
+
+
+def instance_forwards(module: nn.Module) -> dict[str, Any]:
+    return {name: vars(child)["forward"] for name, child in module.named_modules() if "forward" in vars(child)}
+
+
+# ----------------------------------------------------------------------------------------- the surgery callback base
+
+SURGERY_CALLBACKS = [
+    pytest.param(lambda: ActivationCheckpointing(verbose=False), ["model.blocks.0", "model.blocks.1"], id="checkpoint"),
+    pytest.param(lambda: TorchCompile(backend="eager", verbose=False), ["model"], id="compile"),
+    pytest.param(
+        lambda: AttentionSwap("sdpa", verbose=False), ["model.blocks.0.attn", "model.blocks.1.attn"], id="attn"
+    ),
+]
+
+
+@pytest.mark.parametrize(("make", "paths"), SURGERY_CALLBACKS)
+def test_surgery_callbacks_swap_in_setup_undo_in_teardown_and_never_stack(
+    make: Any, paths: list[str], tmp_path: Any
+) -> None:
+    model = DemoGPT(TINY)
+    callback = make()
+    assert isinstance(callback, SurgeryCallback)
+    trainer = make_trainer(tmp_path, [])
+    callback.setup(trainer, model, "fit")
+    first = instance_forwards(model)
+    assert sorted(first) == paths
+    callback.setup(trainer, model, "fit")  # a setup without its teardown (an interrupted run): start afresh
+    again = instance_forwards(model)
+    assert sorted(again) == paths
+    for wrapper in again.values():  # each wrap runs the class's forward, never an earlier wrap
+        assert not isinstance(wrapper, _surgery.InstanceForward) or wrapper.original is None
+    callback.teardown(trainer, model, "fit")
+    assert instance_forwards(model) == {} and callback.result is None
+
+    seen: list[list[str]] = []
+
+    class Probe(Callback):
+        def on_train_batch_start(self, trainer: Any, pl_module: Any, batch: Any, batch_idx: int) -> None:
+            seen.append(sorted(instance_forwards(pl_module)))
+
+    for _ in range(2):  # a second fit with the same callback swaps again, once
+        trainer = make_trainer(tmp_path, [callback, Probe()], max_steps=1)
+        trainer.fit(model, datamodule=SyntheticTokenDataModule(2, seq_len=16, vocab_size=32, train_sequences=8))
+        assert instance_forwards(model) == {} and callback.result is None
+    assert seen == [paths, paths]
+
+
+def test_surgery_callback_prints_what_it_changed(monkeypatch: pytest.MonkeyPatch, tmp_path: Any) -> None:
+    import lightning_tune.callbacks.surgery as surgery
+
+    printed: list[str] = []
+    monkeypatch.setattr(surgery, "rank_zero_info", printed.append)
+    model = DemoGPT(TINY)
+    for callback in (ActivationCheckpointing(), ActivationCheckpointing(verbose=False)):
+        callback.setup(make_trainer(tmp_path, []), model, "fit")
+        callback.teardown(make_trainer(tmp_path, []), model, "fit")
+    assert printed == [
+        "Activation checkpointing: 2 module(s)\n  Block via torch.utils.checkpoint: model.blocks.0, model.blocks.1"
+    ]
+
 
 # ------------------------------------------------------------------------------------------ activation checkpointing
 
@@ -122,29 +183,12 @@ class ModuleLogits(nn.Module):
 def test_refuses_ddp_wrapped_modules_and_models_without_blocks() -> None:
     wrapped = nn.Module()
     wrapped.inner = nn.DataParallel(nn.Linear(2, 2))
-    with pytest.raises(TypeError, match="'inner' inside Module wrapped in DataParallel. Checkpoint the bare model"):
+    with pytest.raises(TypeError, match="'inner' inside Module wrapped in DataParallel. Apply it to the bare model"):
         checkpoint_blocks(wrapped)
     with pytest.raises(ValueError, match="found no transformer blocks in Linear"):
         checkpoint_blocks(nn.Linear(2, 2))
     with pytest.raises(ValueError, match=r"`block_types` 'Nope' matched no module of Linear"):
         checkpoint_blocks(nn.Linear(2, 2), "Nope")
-
-
-def test_callback_checkpoints_for_the_run_and_restores_after(tmp_path: Any) -> None:
-    model = DemoGPT(GPTConfig(d_model=32, n_layers=2, seq_len=16, vocab_size=32))
-    callback = ActivationCheckpointing(verbose=False)
-    seen: list[bool] = []
-
-    class Probe(ActivationCheckpointing):
-        def on_train_batch_start(self, trainer: Any, pl_module: Any, batch: Any, batch_idx: int) -> None:
-            seen.append("forward" in pl_module.model.blocks[0].__dict__)
-
-    from lightning_tune.demos import SyntheticTokenDataModule
-
-    trainer = make_trainer(tmp_path, [callback, Probe(block_types="Block", verbose=False)], max_steps=1)
-    trainer.fit(model, datamodule=SyntheticTokenDataModule(2, seq_len=16, vocab_size=32, train_sequences=8))
-    assert seen == [True]
-    assert "forward" not in model.model.blocks[0].__dict__
 
 
 # --------------------------------------------------------------------------------------------------- torch.compile
@@ -269,7 +313,7 @@ def test_missing_deepspeed_names_the_extra(monkeypatch: pytest.MonkeyPatch) -> N
         deepspeed_strategy(stage=2)
 
 
-PRESET_BAD = [
+SURGERY_BAD = [
     pytest.param(
         lambda: DeepSpeedSettings(stage=4), ValueError, "`stage` must be one of 0, 1, 2, 3, got 4", id="ds-stage"
     ),
@@ -359,8 +403,8 @@ PRESET_BAD = [
 ]
 
 
-@pytest.mark.parametrize(("build", "error", "message"), PRESET_BAD)
-def test_bad_preset_arguments(build: Any, error: type[Exception], message: str) -> None:
+@pytest.mark.parametrize(("build", "error", "message"), SURGERY_BAD)
+def test_bad_surgery_arguments(build: Any, error: type[Exception], message: str) -> None:
     with pytest.raises(error) as info:
         build()
     assert str(info.value).startswith(message), str(info.value)

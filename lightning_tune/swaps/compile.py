@@ -1,9 +1,10 @@
-"""``torch.compile`` of an unmodified model, in place, for the duration of each Trainer run.
+"""``torch.compile`` of an unmodified model, in place and undoably.
 
 :func:`compile_modules` gives each chosen submodule an instance ``forward`` compiled by ``torch.compile``. The module
 object and its parameters stay, so the optimizers the LightningModule built, its checkpoints and its ``state_dict``
 keys (no ``_orig_mod.`` prefix, as ``torch.compile(module)`` would add) all stay as they were. The returned
-:class:`CompileResult` undoes it. :class:`TorchCompile` does it in ``setup`` and undoes it in ``teardown``.
+:class:`CompileResult` undoes it. :class:`~lightning_tune.callbacks.surgery.TorchCompile` does it in ``setup`` and
+undoes it in ``teardown``.
 
 Which modules, by default: every direct child of the LightningModule that holds parameters (its network), since a
 ``training_step`` may call ``self.net(x)`` rather than ``self(x)``; children without parameters (losses, metrics)
@@ -15,20 +16,14 @@ from __future__ import annotations
 import weakref
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Final, Literal, get_args
+from typing import Any, Final, Literal, get_args
 
-from lightning.pytorch.callbacks import Callback
-from lightning.pytorch.utilities import rank_zero_info
 from torch import nn
-from typing_extensions import override
 
 from lightning_tune._surgery import SurgeryResult
 from lightning_tune._validation import check_bool, check_choice, check_strings
 
-if TYPE_CHECKING:
-    import lightning.pytorch as pl
-
-__all__ = ["COMPILE_MODES", "CompileMode", "CompileResult", "TorchCompile", "check_compile_options", "compile_modules"]
+__all__ = ["COMPILE_MODES", "CompileMode", "CompileResult", "check_compile_options", "compile_modules", "is_compiled"]
 
 #: ``torch.compile`` modes.
 CompileMode = Literal["default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs"]
@@ -48,15 +43,11 @@ class CompileResult(SurgeryResult):
     paths: list[str] = field(default_factory=list)
 
     def describe(self) -> str:
-        """One line naming the compiled modules.
-
-        Returns:
-            The line.
-        """
+        """One line naming the compiled modules."""
         return f"torch.compile: {', '.join(p or '(root)' for p in self.paths)}"
 
 
-def _compiled(module: nn.Module) -> bool:
+def is_compiled(module: nn.Module) -> bool:
     """Whether ``module`` already runs compiled: by ``nn.Module.compile()`` or by a compiled instance ``forward``."""
     # `nn.Module.compile()` stores its compiled `_call_impl` in this instance attribute (read only, never written)
     if module.__dict__.get("_compiled_call_impl") is not None:
@@ -187,76 +178,8 @@ def compile_modules(
         kwargs["options"] = dict(options)
     result = CompileResult()
     for name, target in targets:
-        if _compiled(target):
+        if is_compiled(target):
             continue  # compiled before (by the user or an earlier call): leave theirs
         result._undo.append(_compile_forward(target, kwargs))
         result.paths.append(name)
     return result
-
-
-class TorchCompile(Callback):
-    """Compile the LightningModule's network with ``torch.compile`` for each Trainer run, keeping its parameters.
-
-    Args:
-        modules: Submodule names to compile (``""``: the LightningModule, i.e. its ``forward``); ``None``: every
-            direct child that holds parameters.
-        mode: ``"default"``, ``"reduce-overhead"``, ``"max-autotune"``, ``"max-autotune-no-cudagraphs"`` or ``None``.
-        fullgraph: Make a graph break an error.
-        dynamic: ``None`` (detect dynamic shapes), ``True`` or ``False``.
-        backend: A backend from ``torch.compiler.list_backends(exclude_tags=())`` or a callable.
-        options: Backend options (not together with ``mode``).
-        verbose: Print what was compiled.
-
-    Raises:
-        TypeError: If an argument has the wrong type.
-        ValueError: If ``mode`` or ``backend`` is unknown, or both ``mode`` and ``options`` are given.
-
-    Example:
-        >>> from lightning.pytorch import Trainer
-        >>> trainer = Trainer(callbacks=[TorchCompile(mode="max-autotune")], logger=False)
-    """
-
-    def __init__(
-        self,
-        modules: Sequence[str] | None = None,
-        *,
-        mode: CompileMode | None = None,
-        fullgraph: bool = False,
-        dynamic: bool | None = None,
-        backend: str | Callable[..., Any] = "inductor",
-        options: dict[str, Any] | None = None,
-        verbose: bool = True,
-    ) -> None:
-        check_compile_options(mode=mode, fullgraph=fullgraph, dynamic=dynamic, backend=backend, options=options)
-        check_strings("modules", modules, what="submodule names", allow_none=True)
-        check_bool("verbose", verbose)
-        self.modules = None if modules is None else list(modules)
-        self.mode = mode
-        self.fullgraph = fullgraph
-        self.dynamic = dynamic
-        self.backend = backend
-        self.options = options
-        self.verbose = verbose
-        self.result: CompileResult | None = None
-
-    @override
-    def setup(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
-        if self.result is not None:
-            self.result.restore()
-        self.result = compile_modules(
-            pl_module,
-            self.modules,
-            mode=self.mode,
-            fullgraph=self.fullgraph,
-            dynamic=self.dynamic,
-            backend=self.backend,
-            options=self.options,
-        )
-        if self.verbose:
-            rank_zero_info(self.result.describe())
-
-    @override
-    def teardown(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
-        if self.result is not None:
-            self.result.restore()
-            self.result = None

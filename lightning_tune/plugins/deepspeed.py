@@ -5,8 +5,8 @@ arguments it gives Lightning's ``DeepSpeedStrategy``; :func:`deepspeed_strategy`
 Lightning itself turns those arguments into DeepSpeed's config dict (``strategy.config["zero_optimization"]``), so
 the pack does not restate DeepSpeed's defaults.
 
-A plan is any object with the fields ``stage: int``, ``offload_optimizer: bool`` and ``offload_parameters: bool``,
-such as the :class:`~lightning_tune.plan.zero.ZeroPlan` that ``plan_zero`` returns.
+A plan is the :class:`~lightning_tune.plan.zero.ZeroPlan` that ``plan_zero`` returns (any object with its fields
+``stage``, ``offload_optimizer`` and ``offload_parameters`` works too).
 
 DeepSpeed needs the optional package (``pip install 'lightning-tune[deepspeed]'``) and, under Lightning, CUDA GPUs:
 Lightning refuses the strategy on CPU when the run starts.
@@ -17,7 +17,7 @@ from __future__ import annotations
 import inspect
 import warnings
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import KW_ONLY, dataclass, field, fields
 from types import MappingProxyType
 from typing import TYPE_CHECKING, Any, Final
 
@@ -26,6 +26,8 @@ from lightning_tune._validation import check_bool, check_int
 
 if TYPE_CHECKING:
     from lightning.pytorch.strategies import DeepSpeedStrategy
+
+    from lightning_tune.plan.zero import ZeroPlan
 
 __all__ = ["ZERO_STAGES", "DeepSpeedSettings", "build_strategy", "deepspeed_settings", "deepspeed_strategy"]
 
@@ -67,6 +69,7 @@ class DeepSpeedSettings:
     """
 
     stage: int = 2
+    _: KW_ONLY
     offload_optimizer: bool = False
     offload_parameters: bool = False
     pin_memory: bool = False
@@ -111,31 +114,18 @@ class DeepSpeedSettings:
         Returns:
             ``stage``, the offload flags, ``pin_memory`` and the extra arguments.
         """
-        return {
-            "stage": self.stage,
-            "offload_optimizer": self.offload_optimizer,
-            "offload_parameters": self.offload_parameters,
-            "pin_memory": self.pin_memory,
-            **self.extra,
-        }
+        return {f.name: getattr(self, f.name) for f in fields(self) if f.name != "extra"} | dict(self.extra)
 
     def describe(self) -> str:
-        """One line saying what the configuration shards and offloads.
-
-        Returns:
-            The line.
-        """
-        offloaded = [
-            what
-            for what, on in (("optimizer state", self.offload_optimizer), ("parameters", self.offload_parameters))
-            if on
-        ]
+        """One line saying what the configuration shards and offloads."""
+        parts = (("optimizer state", self.offload_optimizer), ("parameters", self.offload_parameters))
+        offloaded = [what for what, on in parts if on]
         tail = f", {' and '.join(offloaded)} offloaded to CPU" if offloaded else ""
         return f"DeepSpeed ZeRO stage {self.stage}{tail}"
 
 
 def deepspeed_settings(
-    plan: Any = None,
+    plan: ZeroPlan | None = None,
     *,
     stage: int | None = None,
     offload_optimizer: bool | None = None,
@@ -146,7 +136,7 @@ def deepspeed_settings(
     """Settings from a plan, or from explicit stage and offload choices.
 
     Args:
-        plan: An object with ``stage``, ``offload_optimizer`` and ``offload_parameters`` (e.g. a ``ZeroPlan``), or
+        plan: A ``ZeroPlan`` (or an object with its ``stage``, ``offload_optimizer`` and ``offload_parameters``), or
             ``None`` to use the explicit arguments.
         stage: ZeRO stage (default 2) when no plan is given.
         offload_optimizer: Offload optimizer state (default ``False``) when no plan is given.
@@ -163,8 +153,8 @@ def deepspeed_settings(
         ValueError: If both a plan and explicit stage/offload arguments are given, or the combination is invalid.
 
     Example:
-        >>> from types import SimpleNamespace
-        >>> plan = SimpleNamespace(stage=3, offload_optimizer=True, offload_parameters=True)
+        >>> from lightning_tune.plan.zero import ZeroPlan
+        >>> plan = ZeroPlan(stage=3, offload_optimizer=True, offload_parameters=True, per_gpu_bytes=1, reason="tight")
         >>> deepspeed_settings(plan).describe()
         'DeepSpeed ZeRO stage 3, optimizer state and parameters offloaded to CPU'
     """
@@ -205,24 +195,13 @@ def deepspeed_settings(
     return DeepSpeedSettings(**values, pin_memory=pin_memory, extra=strategy_kwargs)
 
 
-def deepspeed_strategy(
-    plan: Any = None,
-    *,
-    stage: int | None = None,
-    offload_optimizer: bool | None = None,
-    offload_parameters: bool | None = None,
-    pin_memory: bool = False,
-    **strategy_kwargs: Any,
-) -> DeepSpeedStrategy:
-    """Lightning's ``DeepSpeedStrategy`` for a plan or explicit choices (arguments as :func:`deepspeed_settings`).
+def deepspeed_strategy(plan: ZeroPlan | None = None, **settings: Any) -> DeepSpeedStrategy:
+    """Lightning's ``DeepSpeedStrategy`` for a plan or explicit choices: ``build_strategy(deepspeed_settings(...))``.
 
     Args:
-        plan: An object with ``stage``, ``offload_optimizer`` and ``offload_parameters``, or ``None``.
-        stage: ZeRO stage when no plan is given (default 2).
-        offload_optimizer: Offload optimizer state when no plan is given.
-        offload_parameters: Offload parameters when no plan is given (stage 3).
-        pin_memory: Pin offloaded CPU memory.
-        **strategy_kwargs: Further ``DeepSpeedStrategy`` arguments.
+        plan: A ``ZeroPlan``, or ``None``.
+        **settings: The keyword arguments of :func:`deepspeed_settings`: ``stage``, ``offload_optimizer``,
+            ``offload_parameters``, ``pin_memory`` and further ``DeepSpeedStrategy`` arguments.
 
     Returns:
         The strategy, for ``Trainer(strategy=...)`` (CUDA only).
@@ -233,15 +212,7 @@ def deepspeed_strategy(
         ModuleNotFoundError: If deepspeed is not installed; the message names
             ``pip install 'lightning-tune[deepspeed]'``.
     """
-    settings = deepspeed_settings(
-        plan,
-        stage=stage,
-        offload_optimizer=offload_optimizer,
-        offload_parameters=offload_parameters,
-        pin_memory=pin_memory,
-        **strategy_kwargs,
-    )
-    return build_strategy(settings)
+    return build_strategy(deepspeed_settings(plan, **settings))
 
 
 def build_strategy(settings: DeepSpeedSettings) -> DeepSpeedStrategy:

@@ -1,0 +1,204 @@
+"""The callbacks that change the LightningModule for one Trainer run, through one base, :class:`SurgeryCallback`.
+
+Each wires a surgery of :mod:`lightning_tune.swaps` to Lightning's hooks: made in ``setup``, before the strategy
+moves the model and wraps it in DDP/FSDP, and undone in ``teardown``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from typing import TYPE_CHECKING, Any
+
+from lightning.pytorch.callbacks import Callback
+from lightning.pytorch.utilities import rank_zero_info
+from typing_extensions import override
+
+from lightning_tune._surgery import SurgeryResult
+from lightning_tune._validation import check_bool, check_strings
+from lightning_tune.swaps.attention import AttentionSwapResult, swap_attention
+from lightning_tune.swaps.checkpointing import BlockTypes, CheckpointResult, checkpoint_blocks, type_matcher
+from lightning_tune.swaps.compile import CompileMode, CompileResult, check_compile_options, compile_modules
+from lightning_tune.vocab import Attention, canonical_attention, precision_dtype
+
+if TYPE_CHECKING:
+    import lightning.pytorch as pl
+
+__all__ = ["ActivationCheckpointing", "AttentionSwap", "SurgeryCallback", "TorchCompile"]
+
+
+class SurgeryCallback(Callback):
+    """Apply a module surgery in ``setup`` and undo it in ``teardown``; a subclass implements :meth:`apply`.
+
+    ``setup`` runs before the strategy moves the model and wraps it in DDP/FSDP, so the surgery sees the bare model.
+    A ``setup`` without its ``teardown`` (an interrupted run) first undoes the earlier change, so changes never stack.
+
+    Args:
+        verbose: Print what was changed, on rank zero.
+
+    Raises:
+        TypeError: If ``verbose`` is not a bool.
+
+    Attributes:
+        result: What the surgery of the current run changed; ``None`` outside a run.
+
+    Example:
+        >>> from lightning_tune.swaps.compile import compile_modules
+        >>> class EagerCompile(SurgeryCallback):
+        ...     def apply(self, trainer, pl_module):
+        ...         return compile_modules(pl_module, backend="eager")
+        >>> EagerCompile(verbose=False).result is None
+        True
+    """
+
+    def __init__(self, *, verbose: bool = True) -> None:
+        check_bool("verbose", verbose)
+        self.verbose = verbose
+        self.result: SurgeryResult | None = None
+
+    def apply(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> SurgeryResult:
+        """Change ``pl_module`` in place and return what was changed."""
+        raise NotImplementedError
+
+    @override
+    def setup(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
+        self.teardown(trainer, pl_module, stage)
+        self.result = self.apply(trainer, pl_module)
+        if self.verbose:
+            rank_zero_info(self.result.describe())
+
+    @override
+    def teardown(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
+        if self.result is not None:
+            self.result.restore()
+            self.result = None
+
+
+class ActivationCheckpointing(SurgeryCallback):
+    """Checkpoint the model's transformer blocks for each Trainer run, without editing the module.
+
+    The blocks are wrapped by :func:`~lightning_tune.swaps.checkpointing.checkpoint_blocks` in ``setup`` and restored
+    in ``teardown``. Trade: one extra forward of each block in the backward pass for not keeping its activations.
+
+    Args:
+        block_types: Classes or class names of the blocks (``"Block"``, ``"torch.nn.TransformerEncoderLayer"``);
+            ``None`` finds them (see :func:`~lightning_tune.swaps.checkpointing.checkpoint_blocks`).
+        preserve_rng_state: Replay the RNG state in the recomputation, so dropout masks match.
+        verbose: Print which blocks were wrapped.
+
+    Raises:
+        TypeError: If an argument has the wrong type.
+        ValueError: If ``block_types`` is an empty sequence. Finding no blocks raises at ``setup``.
+
+    Example:
+        >>> from lightning.pytorch import Trainer
+        >>> trainer = Trainer(callbacks=[ActivationCheckpointing()], logger=False)
+    """
+
+    def __init__(
+        self, block_types: BlockTypes | None = None, *, preserve_rng_state: bool = True, verbose: bool = True
+    ) -> None:
+        super().__init__(verbose=verbose)
+        if block_types is not None:
+            type_matcher(block_types)
+        check_bool("preserve_rng_state", preserve_rng_state)
+        self.block_types = block_types
+        self.preserve_rng_state = preserve_rng_state
+
+    def apply(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> CheckpointResult:
+        """Checkpoint the blocks of ``pl_module``."""
+        return checkpoint_blocks(pl_module, self.block_types, preserve_rng_state=self.preserve_rng_state)
+
+
+class TorchCompile(SurgeryCallback):
+    """Compile the LightningModule's network with ``torch.compile`` for each Trainer run, keeping its parameters.
+
+    :func:`~lightning_tune.swaps.compile.compile_modules` compiles in ``setup``; ``teardown`` makes it eager again.
+
+    Args:
+        modules: Submodule names to compile (``""``: the LightningModule, i.e. its ``forward``); ``None``: every
+            direct child that holds parameters.
+        mode: ``"default"``, ``"reduce-overhead"``, ``"max-autotune"``, ``"max-autotune-no-cudagraphs"`` or ``None``.
+        fullgraph: Make a graph break an error.
+        dynamic: ``None`` (detect dynamic shapes), ``True`` or ``False``.
+        backend: A backend from ``torch.compiler.list_backends(exclude_tags=())`` or a callable.
+        options: Backend options (not together with ``mode``).
+        verbose: Print what was compiled.
+
+    Raises:
+        TypeError: If an argument has the wrong type.
+        ValueError: If ``mode`` or ``backend`` is unknown, or both ``mode`` and ``options`` are given.
+
+    Example:
+        >>> from lightning.pytorch import Trainer
+        >>> trainer = Trainer(callbacks=[TorchCompile(mode="max-autotune")], logger=False)
+    """
+
+    def __init__(
+        self,
+        modules: Sequence[str] | None = None,
+        *,
+        mode: CompileMode | None = None,
+        fullgraph: bool = False,
+        dynamic: bool | None = None,
+        backend: str | Callable[..., Any] = "inductor",
+        options: Mapping[str, Any] | None = None,
+        verbose: bool = True,
+    ) -> None:
+        super().__init__(verbose=verbose)
+        check_compile_options(mode=mode, fullgraph=fullgraph, dynamic=dynamic, backend=backend, options=options)
+        check_strings("modules", modules, what="submodule names", allow_none=True)
+        self.modules = None if modules is None else list(modules)
+        self.mode = mode
+        self.fullgraph = fullgraph
+        self.dynamic = dynamic
+        self.backend = backend
+        self.options = options
+
+    def apply(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> CompileResult:
+        """Compile the chosen submodules of ``pl_module``."""
+        return compile_modules(
+            pl_module,
+            self.modules,
+            mode=self.mode,
+            fullgraph=self.fullgraph,
+            dynamic=self.dynamic,
+            backend=self.backend,
+            options=self.options,
+        )
+
+
+class AttentionSwap(SurgeryCallback):
+    """Route the module's attention through a faster kernel for the duration of each Trainer run.
+
+    Detected: ``torch.nn.MultiheadAttention`` (and the ``nn.Transformer`` layers), Hugging Face transformers models,
+    and modules whose class source calls ``F.scaled_dot_product_attention``. The compute dtype comes from
+    ``trainer.precision`` (:func:`lightning_tune.vocab.precision_dtype`) and the device from
+    ``trainer.strategy.root_device``; both decide whether ``"auto"`` can pick flash-attn.
+
+    Args:
+        backend: ``"auto"`` (flash-attn where it can run, else SDPA), ``"flash"``, ``"sdpa"`` or ``"eager"``; Hugging
+            Face's names (``"flash_attention_2"``) are aliases.
+        verbose: Print the table of swapped modules at setup.
+
+    Raises:
+        ValueError: If ``backend`` names no attention backend.
+        TypeError: If ``backend`` is not a string or ``verbose`` not a bool.
+
+    Example:
+        >>> from lightning.pytorch import Trainer
+        >>> trainer = Trainer(callbacks=[AttentionSwap("sdpa")], logger=False)
+    """
+
+    def __init__(self, backend: Attention = "auto", *, verbose: bool = True) -> None:
+        super().__init__(verbose=verbose)
+        self.backend = canonical_attention(backend, arg="backend")
+
+    def apply(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> AttentionSwapResult:
+        """Swap the attention of ``pl_module`` for the Trainer's device and precision."""
+        return swap_attention(
+            pl_module,
+            self.backend,
+            device=trainer.strategy.root_device,
+            dtype=precision_dtype(str(trainer.precision)),
+            notify=rank_zero_info,
+        )

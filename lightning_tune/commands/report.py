@@ -1,0 +1,60 @@
+"""``lightning-tune report``: draw the perf/ and tune/ scalars of TensorBoard runs into one PNG and print a summary."""
+
+from __future__ import annotations
+
+import argparse
+from typing import Any
+
+from lightning_tune import report
+from lightning_tune.commands.args import int_at_least, path, text, usage_error
+
+__all__ = ["add_parser"]
+
+
+def add_parser(commands: Any) -> None:
+    """Register the ``report`` sub-command.
+
+    Args:
+        commands: The ``add_subparsers()`` action of the ``lightning-tune`` parser.
+    """
+    parser = commands.add_parser(
+        "report",
+        help="draw throughput, step-time percentiles, memory, LR and batch size from TensorBoard logs into one PNG",
+        description=(
+            "Read the TensorBoard runs under LOGDIR, draw their perf/ and tune/ scalars over training steps into one "
+            "PNG (only the panels that have data) and print a summary table."
+        ),
+    )
+    parser.add_argument(
+        "logdir",
+        metavar="LOGDIR",
+        nargs="?",
+        type=path,
+        default="lightning_logs",
+        help="TensorBoard logs (default: %(default)s)",
+    )
+    parser.add_argument("-o", "--output", type=path, default="report.png", help="PNG to write (default: report.png)")
+    parser.add_argument(
+        "--title", type=text, default=None, help="figure title (default: 'lightning_tune report: <LOGDIR name>')"
+    )
+    low, high = report.MIN_DPI, report.MAX_DPI
+    parser.add_argument(
+        "--dpi",
+        type=int_at_least(low, high),
+        default=report.DEFAULT_DPI,
+        help=f"resolution, {low} to {high} (default: %(default)s, for a 16-inch-wide figure)",
+    )
+    parser.set_defaults(handler=_run)
+
+
+def _run(args: argparse.Namespace) -> int:
+    try:
+        output = report.check_output(args.output)  # refuse a bad output before reading any log
+        runs = report.read_scalars(args.logdir)
+        title = args.title or report.default_title(args.logdir)
+        panels = report.render_report(runs, output, title=title, dpi=args.dpi)
+    except report.ReportError as err:
+        return usage_error("report", err)
+    print(report.summarise(runs))
+    print(f"wrote {output} ({len(panels)} panels: {', '.join(panels)})")
+    return 0
