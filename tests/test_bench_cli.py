@@ -196,8 +196,9 @@ def _flash_message() -> str:
             ["--model", f"{MODULES}:ClockedModule", "--seq-len", "64"], "`seq_len` applies only", id="seq-len-user"
         ),
         pytest.param(["--plot", "out.jpg"], "`plot` must be a path ending in .png, got 'out.jpg'", id="plot"),
-        pytest.param(
-            ["--optimizer", "sgd9"], "--optimizer: must be one of 'adamw', 'sgd', 'adamw_fused'", id="optimizer"
+        pytest.param(["--optimizer", "sgd9"], "--optimizer: must be one of 'adamw_fused', 'adam8bit'", id="optimizer"),
+        pytest.param(  # the module's own optimizer: nothing to swap, refused by the flag itself
+            ["--optimizer", "sgd"], "--optimizer: must be one of 'adamw_fused', 'adam8bit'", id="optimizer-own"
         ),
         pytest.param(["--attention", "fast"], "--attention: must be one of 'auto', 'flash'", id="attention"),
         pytest.param(["--precision", "fp8"], "--precision: must be one of 'auto', '32-true'", id="precision"),

@@ -38,6 +38,11 @@ def test_demo_command_trains_and_prints_a_summary(tmp_path: Path, capsys: pytest
         pytest.param(["demo", "--accelerator", "tpu"], "invalid choice: 'tpu'", id="accelerator"),
         pytest.param(["demo", "--precision", "8-bit"], "--precision: must be one of 'auto', '32-true'", id="precision"),
         pytest.param(["demo", "--devices", "0"], "--devices: must be a device count >= 1", id="zero-devices"),
+        pytest.param(
+            ["demo", "--precision", "transformer-engine", "--accelerator", "cpu"],
+            "transformer_engine",
+            id="precision-without-its-package",
+        ),
         pytest.param(["demo", "--no-such-flag"], "unrecognized arguments: --no-such-flag", id="unknown-flag"),
         pytest.param(["frobnicate"], "invalid choice: 'frobnicate'", id="unknown-command"),
         pytest.param(

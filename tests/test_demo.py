@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import inspect
 import math
 from pathlib import Path
 from typing import Any
@@ -278,6 +279,15 @@ def test_run_demo_rejects_bad_arguments(
         kwargs = {**kwargs, "default_root_dir": kwargs["default_root_dir"].replace("{file}", str(tmp_path / "a-file"))}
     with pytest.raises(error, match=match):
         run_demo(**kwargs)
+
+
+def test_run_demo_shows_the_arguments_of_prepare_demo() -> None:
+    """``help(run_demo)`` lists every argument, and an unknown one is refused naming ``run_demo``."""
+    assert list(inspect.signature(run_demo).parameters.values()) == list(
+        inspect.signature(prepare_demo).parameters.values()
+    )
+    with pytest.raises(TypeError, match=r"run_demo\(\) got an unexpected keyword argument 'steps'"):
+        run_demo(steps=1)  # type: ignore[call-arg]
 
 
 @pytest.mark.parametrize(("precision", "expected"), [("auto", "32-true"), ("bf16", "bf16-mixed"), ("64", "64-true")])

@@ -96,7 +96,9 @@ def test_every_module_imports_first_and_in_any_order() -> None:
     assert result.returncode == 0, result.stderr[-3000:]
 
 
-ENGINES = tuple(f"lightning_tune.{room}" for room in ("batch", "lr", "perf", "plan", "swaps", "_surgery", "vocab"))
+ENGINES = tuple(
+    f"lightning_tune.{room}" for room in ("batch", "lr", "perf", "plan", "report", "swaps", "_surgery", "vocab", "keys")
+)
 # runs a LightningModule's own configure_optimizers/training_step on fake tensors; it still knows no Trainer
 _READS_LIGHTNING_MODULE = {"lightning_tune.plan.measured"}
 

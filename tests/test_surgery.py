@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import copy
+import inspect
 import sys
 import types
 from collections.abc import Iterator
@@ -305,6 +306,11 @@ def test_strategy_from_plan_zero_result(lightning_without_deepspeed_check: None)
     assert zero["stage"] == plan.stage
     assert ("offload_optimizer" in zero) == plan.offload_optimizer
     assert ("offload_param" in zero) == plan.offload_parameters
+
+
+def test_deepspeed_strategy_shows_the_arguments_of_deepspeed_settings() -> None:
+    """``help(deepspeed_strategy)`` lists stage, offload and pinning, not a bare ``**settings``."""
+    assert inspect.signature(deepspeed_strategy).parameters == inspect.signature(deepspeed_settings).parameters
 
 
 def test_missing_deepspeed_names_the_extra(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -288,6 +288,19 @@ def test_arguments_past_window_are_keyword_only() -> None:
         lt.ThroughputLatencyMonitor(50, 10)  # type: ignore[misc]
 
 
+@pytest.mark.parametrize("resumed_at", [0, 3], ids=["fresh-fit", "resumed-fit"])
+def test_warmup_steps_are_the_first_steps_of_each_fit_a_resumed_one_included(tmp_path: Path, resumed_at: int) -> None:
+    checkpoint = None
+    if resumed_at:
+        first = make_trainer(tmp_path, [], max_steps=resumed_at)
+        first.fit(Regressor())
+        checkpoint = tmp_path / "resume.ckpt"
+        first.save_checkpoint(checkpoint)
+    monitor = lt.ThroughputLatencyMonitor(warmup_steps=2)
+    make_trainer(tmp_path, [monitor], max_steps=resumed_at + 5).fit(Regressor(), ckpt_path=checkpoint)
+    assert monitor.summary["steps"] == 3  # the fit's 5 steps, its first 2 left out
+
+
 def test_trainer_that_never_logs_per_step_does_not_break_the_monitor(tmp_path: Path) -> None:
     monitor = lt.ThroughputLatencyMonitor()
     trainer = make_trainer(tmp_path, [monitor], max_steps=4, log_every_n_steps=0)

@@ -91,7 +91,7 @@ class ThroughputLatencyMonitor(Callback):
         log_every_n_steps: Log every this many optimizer steps; ``None`` follows the Trainer's
             ``log_every_n_steps``.
         warmup_steps: Optimizer steps of each fit left out of the figures, >= 0 (cuDNN autotuning, the allocator's
-            growth and compilation make the first ones slow): when global step ``warmup_steps`` ends, the totals,
+            growth and compilation make the first ones slow, a resumed fit's too): when they end, the totals,
             rates and percentile window start afresh, so :attr:`summary` covers only the steps after it.
         percentiles: Percentiles to report, each in (0, 100).
         batch_size_fn: ``fn(batch) -> int`` giving the samples in a batch; default: the leading dimension of the
@@ -136,6 +136,7 @@ class ThroughputLatencyMonitor(Callback):
         check_int("log_every_n_steps", log_every_n_steps, minimum=1, allow_none=True)
         check_int("warmup_steps", warmup_steps, minimum=0)
         self.warmup_steps = warmup_steps
+        self._warmup_end = warmup_steps  # the global step that ends the warm-up of the current fit
         self.percentiles = check_percentiles("percentiles", percentiles)
         for name, fn in (("batch_size_fn", batch_size_fn), ("tokens_fn", tokens_fn)):
             if fn is not None and not callable(fn):
@@ -238,6 +239,10 @@ class ThroughputLatencyMonitor(Callback):
         # the micro-batches DynamicBatchSize runs are trimmed: its figures, not the step batch's, give the padding
         callbacks = trainer.callbacks  # type: ignore[attr-defined]
         self._dynamic = next((cb for cb in callbacks if isinstance(cb, DynamicBatchSize)), None)
+
+    @override
+    def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        self._warmup_end = trainer.global_step + self.warmup_steps  # after a restore: a resumed fit warms up too
 
     # ------------------------------------------------------------------ training
 
@@ -342,7 +347,7 @@ class ThroughputLatencyMonitor(Callback):
         if every and trainer.global_step % every == 0 and trainer.global_step != self._last_logged_step:
             self._last_logged_step = trainer.global_step
             self._log(trainer, self._train_metrics(trainer))
-        if trainer.global_step == self.warmup_steps:  # the warm-up ends: resolve its steps (one wait), forget them
+        if trainer.global_step == self._warmup_end:  # the warm-up ends: resolve its steps (one wait), forget them
             self._resolve_pending()
             self.stats = StepStats(window=self.window, percentiles=self.percentiles)
 

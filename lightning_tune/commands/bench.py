@@ -15,8 +15,9 @@ from pathlib import Path
 from typing import Any
 
 from lightning_tune import bench
-from lightning_tune.commands.args import PROG, attention, int_at_least, optimizer, precision, usage_error
-from lightning_tune.vocab import ACCELERATORS
+from lightning_tune.commands.args import PROG, attention, int_at_least, name_in, precision, usage_error
+from lightning_tune.swaps.optimizer import TARGETS
+from lightning_tune.vocab import ACCELERATORS, canonical_optimizer
 
 __all__ = ["add_parser"]
 
@@ -116,7 +117,7 @@ def add_parser(commands: Any) -> None:
     )
     parser.add_argument(
         "--optimizer",
-        type=optimizer,
+        type=name_in(canonical_optimizer, TARGETS),
         default=None,
         help="swap the module's optimizer through TunePlugin, e.g. adamw8bit (needs bitsandbytes) or adamw_fused",
     )

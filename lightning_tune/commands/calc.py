@@ -42,7 +42,7 @@ def add_parser(commands: Any) -> None:
         description=(
             "Estimate the memory of training a transformer (weights, gradients, optimizer states, activations per "
             "sample) from its shape and print the largest micro-batch that fits one GPU at the safe, optimal and "
-            "aggressive margins (20, 10 and 5 %% of the GPU kept back). Exit status 1 when no batch fits."
+            "aggressive margins (20, 10 and 5 % of the GPU kept back). Exit status 1 when no batch fits."
         ),
     )
     parser.add_argument(

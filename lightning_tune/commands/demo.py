@@ -69,7 +69,7 @@ def _run(args: argparse.Namespace) -> int:
             default_root_dir=args.root_dir,
             enable_progress_bar=not args.no_progress_bar,
         )
-    except (MisconfigurationException, ValueError, TypeError) as err:
+    except (MisconfigurationException, ValueError, TypeError, ModuleNotFoundError) as err:  # e.g. transformer-engine
         return usage_error("demo", err)
     try:
         summary = fit_demo(demo)

@@ -26,8 +26,9 @@ from lightning_tune.callbacks.lr_plateau import AdaptiveLROnPlateau
 from lightning_tune.callbacks.surgery import ActivationCheckpointing, TorchCompile
 from lightning_tune.config.initial_lr import InitialLR
 from lightning_tune.config.precision import lightning_precision
-from lightning_tune.config.training import SCHEDULE_CALLBACKS, SCHEDULES, SWAP_OPTIMIZERS, TrainingConfig
+from lightning_tune.config.training import SCHEDULE_CALLBACKS, SCHEDULES, TrainingConfig
 from lightning_tune.plugins.deepspeed import DeepSpeedSettings
+from lightning_tune.swaps.optimizer import TARGETS
 from lightning_tune.vocab import canonical_attention, canonical_optimizer
 
 __all__ = ["KEYS", "from_config", "load_config"]
@@ -104,7 +105,7 @@ KEYS: Final[dict[str, tuple[str, str, Convert | None]]] = {
     "optimizer": (
         "plugin",
         "optimizer",
-        lambda p, v: canonical_optimizer(v, arg=p, allowed=("adamw", *SWAP_OPTIMIZERS)),
+        lambda p, v: canonical_optimizer(v, arg=p, allowed=("adamw", *TARGETS)),
     ),
     "attention": ("plugin", "attention", lambda p, v: canonical_attention(v, arg=p)),
     "attention.implementation": ("plugin", "attention", lambda p, v: canonical_attention(v, arg=p)),

@@ -17,7 +17,8 @@ from lightning_tune._validation import check_bool, check_choice, check_float, ch
 from lightning_tune.callbacks.lr_schedule import LinearWarmup, OneCycle, WarmupCosine
 from lightning_tune.plugins.deepspeed import DeepSpeedSettings
 from lightning_tune.swaps.checkpointing import BlockTypes
-from lightning_tune.vocab import OPTIMIZERS, canonical_attention, canonical_optimizer, canonical_precision
+from lightning_tune.swaps.optimizer import TARGETS
+from lightning_tune.vocab import canonical_attention, canonical_optimizer, canonical_precision
 
 if TYPE_CHECKING:
     from lightning.pytorch.strategies import Strategy
@@ -33,8 +34,6 @@ SCHEDULE_CALLBACKS: Final[dict[str, type[Callback]]] = {
     "linear_warmup": LinearWarmup,
     "onecycle": OneCycle,
 }
-#: Optimizers a swap builds (the module's own `adamw`/`sgd` need none).
-SWAP_OPTIMIZERS: Final[tuple[str, ...]] = tuple(o for o in OPTIMIZERS if o not in ("adamw", "sgd"))
 
 
 def _check_optional_choice(name: str, value: Any, choices: tuple[str, ...]) -> None:
@@ -105,7 +104,7 @@ class TrainingConfig:
         if self.precision is not None:
             object.__setattr__(self, "precision", canonical_precision(self.precision))
         if self.optimizer is not None:
-            object.__setattr__(self, "optimizer", canonical_optimizer(self.optimizer, allowed=SWAP_OPTIMIZERS))
+            object.__setattr__(self, "optimizer", canonical_optimizer(self.optimizer, allowed=TARGETS))
         if self.attention is not None:
             object.__setattr__(self, "attention", canonical_attention(self.attention))
         for name in ("micro_batch_size", "sequence_length", "accumulate_grad_batches", "checkpoint_every_n_steps"):

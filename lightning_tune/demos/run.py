@@ -107,16 +107,38 @@ class _LossTracker(Callback):
         return float(torch.stack(list(values)).float().mean()) if values else math.nan
 
 
-def run_demo(**options: Any) -> DemoSummary:
+def run_demo(
+    *,
+    max_steps: int = 300,
+    batch_size: int = 32,
+    accelerator: str = "auto",
+    devices: int | str = 1,
+    precision: str = "auto",
+    seed: int = 0,
+    default_root_dir: str | os.PathLike[str] = ".",
+    enable_progress_bar: bool = True,
+    extra_callbacks: Sequence[Callback] = (),
+) -> DemoSummary:
     """Train a small GPT on synthetic tokens with the pack's callbacks and summarise it: ``fit_demo(prepare_demo())``.
 
-    Args:
-        **options: The keyword arguments of :func:`prepare_demo`, which describes the run and its errors.
+    The arguments are those of :func:`prepare_demo`, which describes the run, each argument and its errors.
 
     Returns:
         A :class:`DemoSummary` of the run.
     """
-    return fit_demo(prepare_demo(**options))
+    return fit_demo(
+        prepare_demo(
+            max_steps=max_steps,
+            batch_size=batch_size,
+            accelerator=accelerator,
+            devices=devices,
+            precision=precision,
+            seed=seed,
+            default_root_dir=default_root_dir,
+            enable_progress_bar=enable_progress_bar,
+            extra_callbacks=extra_callbacks,
+        )
+    )
 
 
 @dataclass(frozen=True)

@@ -195,13 +195,24 @@ def deepspeed_settings(
     return DeepSpeedSettings(**values, pin_memory=pin_memory, extra=strategy_kwargs)
 
 
-def deepspeed_strategy(plan: ZeroPlan | None = None, **settings: Any) -> DeepSpeedStrategy:
+def deepspeed_strategy(
+    plan: ZeroPlan | None = None,
+    *,
+    stage: int | None = None,
+    offload_optimizer: bool | None = None,
+    offload_parameters: bool | None = None,
+    pin_memory: bool = False,
+    **strategy_kwargs: Any,
+) -> DeepSpeedStrategy:
     """Lightning's ``DeepSpeedStrategy`` for a plan or explicit choices: ``build_strategy(deepspeed_settings(...))``.
 
     Args:
-        plan: A ``ZeroPlan``, or ``None``.
-        **settings: The keyword arguments of :func:`deepspeed_settings`: ``stage``, ``offload_optimizer``,
-            ``offload_parameters``, ``pin_memory`` and further ``DeepSpeedStrategy`` arguments.
+        plan: A ``ZeroPlan``, or ``None`` to use the explicit arguments.
+        stage: ZeRO stage (default 2) when no plan is given.
+        offload_optimizer: Offload optimizer state (default ``False``) when no plan is given.
+        offload_parameters: Offload parameters (default ``False``) when no plan is given.
+        pin_memory: Pin offloaded CPU memory.
+        **strategy_kwargs: Further ``DeepSpeedStrategy`` arguments.
 
     Returns:
         The strategy, for ``Trainer(strategy=...)`` (CUDA only).
@@ -212,7 +223,8 @@ def deepspeed_strategy(plan: ZeroPlan | None = None, **settings: Any) -> DeepSpe
         ModuleNotFoundError: If deepspeed is not installed; the message names
             ``pip install 'lightning-tune[deepspeed]'``.
     """
-    return build_strategy(deepspeed_settings(plan, **settings))
+    offload = {"offload_optimizer": offload_optimizer, "offload_parameters": offload_parameters}
+    return build_strategy(deepspeed_settings(plan, stage=stage, **offload, pin_memory=pin_memory, **strategy_kwargs))
 
 
 def build_strategy(settings: DeepSpeedSettings) -> DeepSpeedStrategy:
