@@ -301,24 +301,41 @@ class Counted(Cheap):
     def __init__(self, dataset: Any) -> None:
         super().__init__(dataset)
         self.real = self.padded = 0
+        self.shapes_run: list[tuple[int, int]] = []
 
     def training_step(self, batch: Any, batch_idx: int) -> torch.Tensor:
-        self.real += int(batch["attention_mask"].sum())
-        self.padded += batch["attention_mask"].numel()
+        if batch["input_ids"].device.type != "meta":  # not the monitor's FLOP count on a meta-device copy
+            self.real += int(batch["attention_mask"].sum())
+            self.padded += batch["attention_mask"].numel()
+            self.shapes_run.append(tuple(batch["input_ids"].shape))  # type: ignore[arg-type]
         return super().training_step(batch, batch_idx)
 
 
+def torch_step_flops(samples: int, length: int) -> int:
+    """torch's own count of one forward and backward of ``Cheap`` on a batch of this shape."""
+    from torch.utils.flop_counter import FlopCounterMode
+
+    ids = torch.zeros(samples, length, dtype=torch.long)
+    with FlopCounterMode(display=False) as mode:
+        Cheap(None).training_step({"input_ids": ids, "labels": ids}, 0).backward()
+    return mode.get_total_flops()
+
+
 @pytest.mark.parametrize("dynamic", [False, True])
-def test_the_monitor_reports_the_padding_of_the_micro_batches_run(tmp_path: Path, dynamic: bool) -> None:
+def test_the_monitor_reports_the_padding_and_flops_of_the_micro_batches_run(tmp_path: Path, dynamic: bool) -> None:
     module = Counted(TokenDataset(long_tailed_lengths(64 * 4, median=64, max_len=1024, seed=8)))
     logger = Metrics()
-    callbacks: list[Callback] = [lt.ThroughputLatencyMonitor(log_every_n_steps=4)]
+    monitor = lt.ThroughputLatencyMonitor(log_every_n_steps=4, peak_flops=1e12)
+    callbacks: list[Callback] = [monitor]
     if dynamic:
         callbacks.append(lt.DynamicBatchSize(probe=roomy(), adjust_every=1000))
     fit(module, callbacks, tmp_path, accumulate_grad_batches=8, logger=logger, log_every_n_steps=4)
     logged = [row["perf/train/padding_frac"] for row in logger.rows if "perf/train/padding_frac" in row]
     assert logged == [pytest.approx(1 - module.real / module.padded)]
     assert (logged[0] < 0.35) if dynamic else (logged[0] > 0.6)  # what trimming saved shows
+    # MFU counts the FLOPs of the (trimmed) micro-batches that ran, not of the padded batch they were cut from
+    ran = sum(torch_step_flops(*shape) for shape in module.shapes_run)
+    assert monitor.stats.total.flops == pytest.approx(ran, rel=1e-9)
 
 
 def test_label_shift_and_compiled_modules_are_found_as_hugging_face_and_torch_see_them() -> None:
@@ -360,3 +377,24 @@ def test_ddp_ranks_keep_one_token_budget_and_train_every_sample_once(tmp_path: P
     assert ranks[0]["steps"] == ranks[1]["steps"] == 6
     assert sorted(ranks[0]["seen"] + ranks[1]["seen"]) == ranks[0]["expected"]
     assert ranks[0]["weights"] == pytest.approx(ranks[1]["weights"], rel=1e-6)  # gradients were all-reduced
+
+
+class ShapeMemory(lt.SimulatedMemory):
+    """A simulated device that records each micro-batch's (samples, padded length) before it runs."""
+
+    ran: list[tuple[int, int | None]]
+
+    def before_micro_batch(self, batch_size: int, seq_len: int | None = None) -> None:
+        self.ran.append((batch_size, seq_len))
+        super().before_micro_batch(batch_size, seq_len)
+
+
+def test_a_token_budget_stops_at_once_when_the_fewest_samples_at_a_length_do_not_fit(tmp_path: Path) -> None:
+    # 1 MiB per sample at 64 positions: a batch of short samples fits, one 1024-position sample (16 MiB) never does
+    memory = ShapeMemory(total_bytes=12 << 20, fixed_bytes=1 << 20, bytes_per_sample=1 << 20, seq_len=64)
+    memory.ran = []
+    module = Cheap(TokenDataset([16] * 15 + [1024]))
+    with pytest.raises(torch.OutOfMemoryError, match=r"smallest allowed micro-batch \(min_batch_size=1\) on this"):
+        fit(module, [lt.DynamicBatchSize(probe=memory, adjust_every=1000)], tmp_path, accumulate_grad_batches=2)
+    # one failure with the lone long sample, then the clear error: no retries at ever smaller budgets
+    assert memory.ran.count((1, 1024)) == 1

@@ -187,6 +187,8 @@ class MicroBatchRunner:
         free: ``free()`` gives cached memory back (called after a failure, with nothing of it alive).
         shrink: ``shrink(failed_size) -> smaller_size`` after a failure at ``failed_size``.
         min_size: The smallest micro-batch: a failure there cannot be retried.
+        min_samples: With sizes that are token budgets, the fewest samples a micro-batch can hold: a failure in a
+            micro-batch that small cannot be helped by a smaller budget, so it is not retried either.
         agree: For a multi-process run, the agreement (see the module's docstring); ``None`` for one process.
         no_sync: A context manager factory under which backward does not reduce gradients across ranks.
         on_failure: ``on_failure(old_size, new_size, message)`` after each recovered failure (for a warning).
@@ -219,10 +221,11 @@ class MicroBatchRunner:
         agree: Callable[[Sequence[float]], Sequence[float]] | None = None,
         no_sync: Callable[[], contextlib.AbstractContextManager[Any]] = contextlib.nullcontext,
         on_failure: Callable[[int, int, str], None] | None = None,
+        min_samples: int | None = None,
     ) -> None:
         self.forward, self.backward, self.zero_grad, self.free = forward, backward, zero_grad, free
         self.shrink, self.min_size, self.agree, self.no_sync = shrink, min_size, agree, no_sync
-        self.on_failure = on_failure
+        self.on_failure, self.min_samples = on_failure, min_samples
         #: Micro-batch size in use; set by the caller, lowered by :meth:`run` after a failure.
         self.size = 0
         #: Largest micro-batch run since the caller last reset it (a short last batch may be all an interval saw).
@@ -270,8 +273,9 @@ class MicroBatchRunner:
             self.free()
             if code == FATAL:
                 where = "on this rank" if status == FATAL else "on another rank"
+                smallest = self.min_samples or self.min_size
                 raise torch.OutOfMemoryError(
-                    f"out of memory at the smallest allowed micro-batch (min_batch_size={self.min_size}) {where}"
+                    f"out of memory at the smallest allowed micro-batch (min_batch_size={smallest}) {where}"
                     f"{': ' + message if message else ''}; lower `min_batch_size`, free memory (8-bit optimizer, "
                     "activation checkpointing) or use more devices"
                 )
@@ -288,9 +292,11 @@ class MicroBatchRunner:
         total_weight = sum(piece.weight for piece in pieces)
         shown: list[Tensor] = []
         output: Any = None
+        samples = self.size
         self.zero_grad()
         try:
             for i, piece in enumerate(pieces):
+                samples = piece.samples
                 last = i == len(pieces) - 1
                 self.largest_run = max(self.largest_run, piece.samples)
                 # every micro-batch but the last runs without collectives (DDP's forward prepares its all-reduce)
@@ -311,7 +317,8 @@ class MicroBatchRunner:
             # activations) are gone once it has exited
         else:
             return OK, "", output, shown, total_weight
-        return (FATAL if self.size <= self.min_size else RETRY), message, None, [], total_weight
+        smallest = self.size <= self.min_size or (self.min_samples is not None and samples <= self.min_samples)
+        return (FATAL if smallest else RETRY), message, None, [], total_weight
 
 
 def _with_mean(output: Any, earlier: list[Tensor], total_weight: float) -> Any:

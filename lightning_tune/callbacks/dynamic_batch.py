@@ -214,6 +214,8 @@ class DynamicBatchSize(Callback):
         self.micro_batch_tokens: int | None = None
         #: Real and padded tokens of the micro-batches the last step ran (``None`` for batches without a mask).
         self.step_tokens: tuple[int, int] | None = None
+        #: (samples, padded length) of each micro-batch the last step ran, trimmed (``None``: not trimmed).
+        self.step_shapes: list[tuple[int, int]] | None = None
         #: Distinct (samples, padded length) micro-batch shapes run so far (each one a compile under torch.compile).
         self.shapes: set[tuple[int, int]] = set()
         self.token_controller: BatchSizeController | None = None
@@ -587,7 +589,7 @@ class DynamicBatchSize(Callback):
             )
         self._step_args = (batch_idx, args, kwargs)
         deciding = runner.agree is not None and self._steps + 1 >= self.adjust_every
-        self.step_tokens = None
+        self.step_tokens = self.step_shapes = None
         layout = self._layout(batch)
         tokens = sample_tokens(batch, self._shift) if self.loss_weight == "tokens" else None
         size = self.batch_size
@@ -651,7 +653,7 @@ class DynamicBatchSize(Callback):
         )
         if layout is not None:
             run = [(p.samples, p.seq_len or layout.padded) for p in pieces]
-            self.step_tokens = (sum(layout.lengths), sum(b * length for b, length in run))
+            self.step_shapes, self.step_tokens = run, (sum(layout.lengths), sum(b * length for b, length in run))
             self.shapes.update(run)
             if self._compiled:  # one graph for every shape instead of one per shape (and a fall back to eager)
                 for piece in pieces:
@@ -696,7 +698,7 @@ class DynamicBatchSize(Callback):
                 model=MemoryModel(),
                 probe_growth=1.0,  # as a probe from 8 samples to 16: a grid step of tokens changes too little
             )
-        self.runner.min_size = self.token_controller.min_batch_size
+        self.runner.min_size, self.runner.min_samples = self.token_controller.min_batch_size, self.min_batch_size
         return self.micro_batch_tokens
 
     def _token_cap(self) -> int:

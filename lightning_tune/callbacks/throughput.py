@@ -65,6 +65,7 @@ class _Step:
     flops: float = 0.0
     hardware_flops: float = 0.0
     compiled: int = 0
+    shape: tuple[int, int | None] | None = None  # the running batch's samples and length, for its FLOPs
 
 
 @dataclass
@@ -282,10 +283,7 @@ class ThroughputLatencyMonitor(Callback):
         if self.flops_per_batch is not None:
             step.flops += self.flops_per_batch
         elif self.flop_model is not None:  # this batch's shape: its samples and sequence length
-            length = sequence_length(batch)
-            step.flops += self.flop_model.flops(samples, length)
-            hardware = self.hardware_flop_model or self.flop_model
-            step.hardware_flops += hardware.flops(samples, length)
+            step.shape = (samples, sequence_length(batch))
         if isinstance(tokens, Tensor):  # counted on the device; read at logging time
             step.mask_tokens = tokens.detach() if step.mask_tokens is None else step.mask_tokens + tokens.detach()
         elif tokens is not None:
@@ -337,6 +335,7 @@ class ThroughputLatencyMonitor(Callback):
             return
         mark = self._prev_end = self._timer.mark()
         self._count_padding(batch)
+        self._count_batch_flops(step)
         if trainer.global_step == step.global_step:
             return  # accumulating: the optimizer step is still to come
         step.end = mark
@@ -350,6 +349,18 @@ class ThroughputLatencyMonitor(Callback):
         if trainer.global_step == self._warmup_end:  # the warm-up ends: resolve its steps (one wait), forget them
             self._resolve_pending()
             self.stats = StepStats(window=self.window, percentiles=self.percentiles)
+
+    def _count_batch_flops(self, step: _Step) -> None:
+        """Add the batch's FLOPs: of the micro-batches DynamicBatchSize ran (trimmed), else of the batch's shape."""
+        dynamic, shape = self._dynamic, step.shape
+        if self.flop_model is None or shape is None:
+            return
+        step.shape = None
+        ran = dynamic.step_shapes if dynamic is not None and dynamic.runner is not None else None
+        hardware = self.hardware_flop_model or self.flop_model
+        for samples, length in ran or [shape]:
+            step.flops += self.flop_model.flops(samples, length)
+            step.hardware_flops += hardware.flops(samples, length)
 
     def _count_padding(self, batch: Any) -> None:
         """Add the batch's real and padded tokens: as DynamicBatchSize ran them (trimmed), else from the mask."""
