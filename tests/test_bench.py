@@ -43,7 +43,7 @@ def clocked(**kwargs: Any) -> BenchSettings:
 
 def demo(**kwargs: Any) -> BenchSettings:
     defaults: dict[str, Any] = {
-        "seq_len": 16,
+        "sequence_length": 16,
         "model_args": TINY_GPT,
         "accelerator": "cpu",
         "steps": 3,
@@ -218,9 +218,9 @@ def test_eight_bit_optimizer_runs_on_cpu() -> None:
         pytest.param({"warmup": -1}, ValueError, "`warmup` must be an integer >= 0, got -1", id="warmup"),
         pytest.param({"model": "mymodel"}, ValueError, "`model` must be 'package.module:ClassName'", id="spec"),
         pytest.param(
-            {"model": f"{MODULES}:ClockedModule", "seq_len": 64},
+            {"model": f"{MODULES}:ClockedModule", "sequence_length": 64},
             ValueError,
-            "`seq_len` applies only to model='demo'",
+            "`sequence_length` applies only to model='demo'",
             id="seq-len-user-model",
         ),
         pytest.param(

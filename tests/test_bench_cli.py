@@ -126,7 +126,7 @@ def test_demo_sweep_prints_one_table_and_writes_the_same_figures(
     assert record["versions"]["lightning"] == lightning.__version__
     assert record["run"]["device"].startswith("cpu (") and record["run"]["precision"] == "32-true"
     assert datetime.fromisoformat(record["date"]).tzinfo is not None
-    assert record["settings"]["batch_sizes"] == [1, 2] and record["settings"]["seq_len"] == 16
+    assert record["settings"]["batch_sizes"] == [1, 2] and record["settings"]["sequence_length"] == 16
     # the recorded command spells out every option and parses back to the same sweep
     words = shlex.split(record["command"])
     assert words[:2] == ["lightning-tune", "bench"] and "--sequence-length" in words and "--precision" in words
@@ -193,7 +193,9 @@ def _flash_message() -> str:
         pytest.param(["--model-args", "{d_model: 8}"], "--model-args: must be a JSON object", id="model-args-json"),
         pytest.param(["--model-args", '{"depth": 2}'], "must be fields of GPTConfig", id="demo-unknown-arg"),
         pytest.param(
-            ["--model", f"{MODULES}:ClockedModule", "--seq-len", "64"], "`seq_len` applies only", id="seq-len-user"
+            ["--model", f"{MODULES}:ClockedModule", "--seq-len", "64"],
+            "`sequence_length` applies only",
+            id="seq-len-user",
         ),
         pytest.param(["--plot", "out.jpg"], "`plot` must be a path ending in .png, got 'out.jpg'", id="plot"),
         pytest.param(["--optimizer", "sgd9"], "--optimizer: must be one of 'adamw_fused', 'adam8bit'", id="optimizer"),

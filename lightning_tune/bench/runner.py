@@ -119,7 +119,7 @@ class BenchRunner:
         ModuleNotFoundError: If an optional package the settings need is missing (the message names the extra).
 
     Example:
-        >>> runner = BenchRunner(BenchSettings(batch_sizes=(2,), seq_len=8, steps=2, warmup=0,
+        >>> runner = BenchRunner(BenchSettings(batch_sizes=(2,), sequence_length=8, steps=2, warmup=0,
         ...                                    model_args={"d_model": 16, "n_layers": 1}, accelerator="cpu"),
         ...                      progress=False)
         >>> [(r.batch_size, r.status, r.steps) for r in runner.sweep()]

@@ -102,8 +102,8 @@ class BenchSettings:
         datamodule: ``"package.module:ClassName"`` naming a LightningDataModule that provides the data, or
             ``None`` for the module's own dataloaders. Not with the demo.
         datamodule_args: Keyword arguments of the datamodule's constructor.
-        seq_len: Tokens per sequence of the demo; ``None`` means 512. Only for the demo: a module's own data fixes
-            its sequence length.
+        sequence_length: Tokens per sequence of the demo; ``None`` means 512. Only for the demo: a module's own data
+            fixes its sequence length.
         steps: Measured optimizer steps (train) or predict batches (predict) per batch size, >= 2.
         warmup: Steps (or predict batches) run first and left out of the figures, >= 0.
         precision: Precision of :class:`~lightning_tune.TunePlugin` (``"auto"``, ``"32-true"``, ``"bf16-mixed"``,
@@ -122,7 +122,7 @@ class BenchSettings:
         ValueError: If an argument is not allowed.
 
     Example:
-        >>> BenchSettings(batch_sizes=(1, 4), steps=20).seq_len_or_default
+        >>> BenchSettings(batch_sizes=(1, 4), steps=20).demo_sequence_length
         512
     """
 
@@ -132,7 +132,7 @@ class BenchSettings:
     model_args: Mapping[str, Any] = field(default_factory=dict)
     datamodule: str | None = None
     datamodule_args: Mapping[str, Any] = field(default_factory=dict)
-    seq_len: int | None = None
+    sequence_length: int | None = None
     steps: int = 100
     warmup: int = 10
     precision: Precision = "auto"
@@ -169,14 +169,14 @@ class BenchSettings:
         if datamodule_args and self.datamodule is None:
             raise ValueError(f"`datamodule_args` needs a `datamodule`, got {datamodule_args!r} without one")
         object.__setattr__(self, "datamodule_args", datamodule_args)
-        check_int("seq_len", self.seq_len, minimum=1, allow_none=True)
-        if self.seq_len is not None and self.model != DEMO:
+        check_int("sequence_length", self.sequence_length, minimum=1, allow_none=True)
+        if self.sequence_length is not None and self.model != DEMO:
             raise ValueError(
-                f"`seq_len` applies only to model='demo' (a module's own data fixes its sequence length), got "
-                f"seq_len={self.seq_len!r} with model={self.model!r}"
+                "`sequence_length` applies only to model='demo' (a module's own data fixes its sequence length), got "
+                f"sequence_length={self.sequence_length!r} with model={self.model!r}"
             )
         if self.model == DEMO and "seq_len" in self.model_args:
-            raise ValueError("`model_args` must not hold 'seq_len' for the demo; give `seq_len` itself")
+            raise ValueError("`model_args` must not hold 'seq_len' for the demo; give `sequence_length` instead")
         check_int("steps", self.steps, minimum=2)
         check_int("warmup", self.warmup, minimum=0)
         object.__setattr__(self, "precision", canonical_precision(self.precision))
@@ -188,11 +188,11 @@ class BenchSettings:
         check_int("seed", self.seed, minimum=0)
 
     @property
-    def seq_len_or_default(self) -> int | None:
-        """The demo's sequence length (``seq_len``, else 512); ``None`` for a user module."""
+    def demo_sequence_length(self) -> int | None:
+        """The demo's sequence length (``sequence_length``, else 512); ``None`` for a user module."""
         if self.model != DEMO:
             return None
-        return DEFAULT_SEQ_LEN if self.seq_len is None else self.seq_len
+        return DEFAULT_SEQ_LEN if self.sequence_length is None else self.sequence_length
 
     def as_dict(self) -> dict[str, Any]:
         """The settings as JSON-ready builtins.
@@ -207,7 +207,7 @@ class BenchSettings:
             "datamodule": self.datamodule,
             "datamodule_args": dict(self.datamodule_args),
             "batch_sizes": list(self.batch_sizes),
-            "seq_len": self.seq_len_or_default,
+            "sequence_length": self.demo_sequence_length,
             "steps": self.steps,
             "warmup": self.warmup,
             "precision": self.precision,

@@ -132,7 +132,7 @@ class BenchTarget:
         """
         if self.is_demo:
             extra = "".join(f", {key} {value}" for key, value in self.settings.model_args.items())
-            return f"demo GPT (seq_len {self.settings.seq_len_or_default}{extra})"
+            return f"demo GPT (seq_len {self.settings.demo_sequence_length}{extra})"
         data = f" with {self.settings.datamodule}" if self.settings.datamodule else ""
         return f"{self.settings.model}{data}"
 
@@ -165,7 +165,7 @@ class BenchTarget:
         from lightning_tune.demos import DemoGPT, GPTConfig, SyntheticTokenDataModule
 
         settings = self.settings
-        seq_len = settings.seq_len_or_default
+        seq_len = settings.demo_sequence_length
         assert seq_len is not None
         try:
             config = GPTConfig(seq_len=seq_len, **settings.model_args)

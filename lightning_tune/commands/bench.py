@@ -186,7 +186,7 @@ def _settings(args: argparse.Namespace) -> bench.BenchSettings:
         model_args=args.model_args or {},
         datamodule=args.datamodule,
         datamodule_args=args.datamodule_args or {},
-        seq_len=args.sequence_length,
+        sequence_length=args.sequence_length,
         steps=args.steps,
         warmup=args.warmup,
         precision=args.precision,
