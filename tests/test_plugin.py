@@ -200,6 +200,18 @@ def test_missing_bitsandbytes_names_the_extra(monkeypatch: pytest.MonkeyPatch) -
         lt.TunePlugin("32-true", optimizer="adamw8bit")
 
 
+def test_auto_read_before_the_strategy_is_known_gives_way_to_the_strategys_device(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)  # a GPU machine, training on its CPU ...
+    monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda *a, **k: True)
+    plugin = lt.TunePlugin()
+    assert plugin.precision == "bf16-mixed"  # ... read early, as a callback's `setup` does: only a guess
+    trainer = make_trainer(tmp_path, [], max_steps=1, plugins=[plugin])
+    trainer.fit(DemoGPT(SMALL), datamodule=_data())
+    assert trainer.precision == "32-true" and type(plugin.inner) is Precision and plugin.device == "cpu"
+
+
 def test_mixed_precision_follows_the_models_device(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)  # a GPU machine ...
     plugin = lt.TunePlugin("bf16-mixed")

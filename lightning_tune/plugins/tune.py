@@ -251,8 +251,11 @@ class TunePlugin(FSDPPrecision):
 
     def _setup_for(self, strategy: Strategy | None) -> None:
         """Decide the device, ``"auto"`` and the wrapped plugin from the strategy the model is set up under."""
-        if strategy is not None and self._device is None and strategy.root_device.type in ("cuda", "cpu"):
-            self._device = strategy.root_device.type
+        device = strategy.root_device.type if strategy is not None and not self._explicit_device else None
+        if device in ("cuda", "cpu") and device != self._device:
+            self._device, self._inner = device, None  # a guess made before the strategy was known gives way
+            if self.requested_precision == "auto":
+                self._precision = None
         name = _strategy_name(strategy)
         if self._inner is None or name != self._inner_strategy:
             self._inner = _inner_plugin(self.precision, self.device, name)
