@@ -312,7 +312,7 @@ def test_keep_lr_rescales_as_scale_lr_says(tmp_path: Path) -> None:
     assert dyn.effective_batch_size == 128
     assert {n for n, _ in record.lrs} >= {16, 32, 128}  # the effective batch followed the micro-batch
     for samples, lr in record.lrs:  # every step's LR is the configured one scaled for its effective batch
-        assert lr == pytest.approx(lt.scale_lr(0.05, 16, samples, "sqrt"))
+        assert lr == pytest.approx(lt.scale_lr(0.05, 16, samples, rule="sqrt"))
     assert trainer.optimizers[0].param_groups[0]["lr"] == pytest.approx(record.lrs[-1][1])
     assert_each_sample_once(record, 1024)
 
@@ -620,7 +620,7 @@ def test_keep_lr_starts_each_fit_from_the_configured_lr(tmp_path: Path) -> None:
     record.lrs.clear()
     fit(model, [dyn, record], tmp_path)  # the same callback, a new optimizer at 0.05
     for samples, lr in record.lrs:
-        assert lr == pytest.approx(lt.scale_lr(0.05, 8, samples, "linear"))
+        assert lr == pytest.approx(lt.scale_lr(0.05, 8, samples, rule="linear"))
 
 
 def test_a_kept_dataloader_gets_its_batch_sampler_back(tmp_path: Path) -> None:

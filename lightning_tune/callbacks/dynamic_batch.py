@@ -464,7 +464,7 @@ class DynamicBatchSize(Callback):
             return
         n = count_samples(batch)
         if n is not None:
-            factor = scale_lr(1.0, self._configured_effective, n, self.lr_rule)
+            factor = scale_lr(1.0, self._configured_effective, n, rule=self.lr_rule)
             if factor != self._lr_factor:
                 scale_learning_rates(trainer, factor / self._lr_factor)
                 self._lr_factor = factor

@@ -11,7 +11,7 @@ ScaleRule = Literal["sqrt", "linear"]
 SCALE_RULES: Final[tuple[str, ...]] = ("sqrt", "linear")
 
 
-def scale_lr(lr: float, old_batch_size: int, new_batch_size: int, rule: ScaleRule = "sqrt") -> float:
+def scale_lr(lr: float, old_batch_size: int, new_batch_size: int, *, rule: ScaleRule = "sqrt") -> float:
     """Scale a learning rate for a new batch size.
 
     ``"sqrt"`` multiplies by ``sqrt(new / old)`` (the usual rule for Adam-family optimizers); ``"linear"`` by
