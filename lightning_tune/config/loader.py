@@ -14,6 +14,7 @@ import re
 import warnings
 from collections import defaultdict
 from collections.abc import Callable, Collection, Iterator, Mapping
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Final
 
@@ -26,7 +27,7 @@ from lightning_tune.callbacks.lr_plateau import AdaptiveLROnPlateau
 from lightning_tune.callbacks.surgery import ActivationCheckpointing, TorchCompile
 from lightning_tune.config.initial_lr import InitialLR
 from lightning_tune.config.precision import lightning_precision
-from lightning_tune.config.training import SCHEDULE_CALLBACKS, SCHEDULES, TrainingConfig
+from lightning_tune.config.training import SCHEDULE_CALLBACKS, SCHEDULES, Schedule, TrainingConfig
 from lightning_tune.plugins.deepspeed import DeepSpeedSettings
 from lightning_tune.swaps.optimizer import TARGETS
 from lightning_tune.vocab import canonical_attention, canonical_optimizer
@@ -287,7 +288,7 @@ def from_config(path_or_dict: str | os.PathLike[str] | Mapping[str, Any]) -> Tra
         except (TypeError, ValueError) as err:
             problems.append(err)
             failed.add((part, arg))
-    config = _assemble(given, paths, failed, problems, source=data)
+    config = _assemble(_Rules(given, paths, failed, problems), source=data)
     if len(problems) == 1:
         raise problems[0]
     if problems:
@@ -338,205 +339,214 @@ def _refused(path: str, reason: str) -> ValueError:
     return ValueError(f"`{path}` cannot be honoured: {reason}")
 
 
-def _build(
-    factory: Callable[..., Any], kwargs: dict[str, Any], paths: dict[str, str], problems: list[Exception]
-) -> Any:
-    """``factory(**kwargs)``, or ``None`` and its error (naming keys, not arguments) added to ``problems``."""
-    missing = [
-        arg
-        for arg, p in inspect.signature(factory).parameters.items()
-        if p.default is p.empty and p.kind is not p.VAR_KEYWORD and arg not in kwargs
-    ]
-    if missing:
-        problems.append(ValueError(f"{factory.__name__} needs `{paths[missing[0]]}`"))
-        return None
-    try:
-        return factory(**kwargs)
-    except (TypeError, ValueError) as err:
-        message = str(err)
-        for arg, path in paths.items():
-            message = message.replace(f"`{arg}`", f"`{path}`")
-        problems.append(type(err)(message))
-        return None
-
-
-def _assemble(
-    given: dict[str, dict[str, Any]],
-    paths: dict[str, dict[str, str]],
-    failed: set[tuple[str, str]],
-    problems: list[Exception],
-    source: Any,
-) -> TrainingConfig | None:
+def _assemble(rules: _Rules, source: Any) -> TrainingConfig | None:
     """Check what only the file knows (keys that must agree), build each part, and the :class:`TrainingConfig`."""
-    present = {part for part, kwargs in given.items() if kwargs}
-
-    def key(part: str, arg: str) -> str:
-        return f"`{paths[part][arg]}`"
-
-    def bad(part: str, arg: str, rest: str) -> None:
-        problems.append(ValueError(f"{key(part, arg)} {rest}"))
-
-    def enabled(part: str) -> bool:  # a section given is on unless `enabled: false`
-        return part in present and given[part].pop("enabled", True) is not False
-
-    # precision (config/precision.py's rule), keep_batchnorm_fp32, loss scaling
-    prec, precision, known = given["precision"], None, True  # known: given well, or not at all
-    mixed = "mixed" if prec.get("mixed") is not None else "amp"
-    if prec.get("mixed") is not None and prec.get("amp") is not None and prec["mixed"] != prec["amp"]:
-        bad("precision", "mixed", f"({prec['mixed']}) and {key('precision', 'amp')} ({prec['amp']}) disagree")
-    try:
-        precision = lightning_precision(
-            prec.get("name"), prec.get(mixed), key=paths["precision"]["name"], mixed_key=paths["precision"][mixed]
-        )
-    except (TypeError, ValueError) as err:
-        problems.append(err)
-        known = False
-    if prec.get("keep_batchnorm_fp32") is False:
-        why = "torch.autocast always runs batch norm in float32; it cannot be turned off"
-        bad("precision", "keep_batchnorm_fp32", f"cannot be honoured: {why}")
-    elif prec.get("keep_batchnorm_fp32") and precision in ("16-true", "bf16-true"):
-        why = "stores every weight, batch norm included, in half precision; use mixed precision (autocast keeps fp32)"
-        bad("precision", "keep_batchnorm_fp32", f"cannot be honoured: {precision!r} {why}")
-    scaling = given["loss_scaling"]
-    if scaling and known and not (precision or "").startswith("16-"):
-        why = f"loss scaling applies to fp16 only, and the precision is {precision or '32-true'!r} (bf16 needs none)"
-        bad("loss_scaling", next(iter(scaling)), f"cannot be honoured: {why}")
-    # batch sizes, per device
-    batch = given["batch"]
-    total, micro, accumulate = (batch.get(k) for k in ("batch_size", "micro_batch_size", "accumulate_grad_batches"))
-    micro_key, accumulate_key = key("batch", "micro_batch_size"), key("batch", "accumulate_grad_batches")
-    if total is not None and micro is not None and accumulate is not None and micro * accumulate != total:
-        product = f"({micro} x {accumulate} = {micro * accumulate})"
-        bad("batch", "batch_size", f"({total}) must equal {micro_key} x {accumulate_key} {product} per device")
-    elif total is not None and (micro is None or accumulate is None) and (one := micro or accumulate):
-        if total % one:
-            bad(
-                "batch",
-                "batch_size",
-                f"({total}) must be a multiple of {micro_key if micro else accumulate_key} ({one})",
-            )
-        micro, accumulate = (micro, total // one) if micro else (total // one, accumulate)
-    elif total is not None and micro is None and accumulate is None:
-        micro = total
-    # learning rate: InitialLR, the schedule callback; a key the chosen schedule's callback does not take is an error
-    lr, schedule = given["schedule"], given["schedule"].pop("schedule", None)
-    initial = _build(InitialLR, given["initial_lr"], paths["initial_lr"], problems) if given["initial_lr"] else None
-    takes = {name: set(inspect.signature(cls).parameters) for name, cls in SCHEDULE_CALLBACKS.items()}
-    takes["linear_warmup"].add("constant_after_warmup")
-    for arg in list(lr) if ("schedule", "schedule") not in failed else []:  # a bad name is one problem, not more
-        if schedule not in (schedules := [name for name, args in takes.items() if arg in args]):
-            now = f"is {schedule!r}" if schedule else "is not set"
-            options = " or ".join(map(repr, schedules))
-            bad("schedule", arg, f"applies to schedule {options}, but {key('schedule', 'schedule')} {now}")
-            lr.pop(arg)
-    if lr.pop("constant_after_warmup", True) is False:
-        why = "schedule 'linear_warmup' holds the learning rate after the warm-up; for a decay use "
-        bad(
-            "schedule",
-            "constant_after_warmup",
-            f"cannot be honoured: {why}'cosine_with_warmup' (with `min_lr`) or 'onecycle'",
-        )
-    if schedule == "onecycle" and initial is not None:
-        why = f"which starts at `max_lr` / `div_factor`; give the peak as {key('schedule', 'max_lr')}"
-        bad("initial_lr", "lr", f"does not apply to schedule 'onecycle', {why}")
-    if initial is not None and isinstance(lr.get("min_lr"), float) and lr["min_lr"] > initial.lr:
-        bad("schedule", "min_lr", f"({lr['min_lr']:g}) must not exceed {key('initial_lr', 'lr')} ({initial.lr:g})")
-    if schedule is not None:
-        _build(SCHEDULE_CALLBACKS[schedule], lr, paths["schedule"], problems)
-    # the callbacks, each built (and so checked) when its section is given, used when it is on
-    on = {part: enabled(part) for part in ("plateau", "dynamic_batch", "checkpointing", "compile", "deepspeed")}
-    factories = {"plateau": AdaptiveLROnPlateau, "dynamic_batch": DynamicBatchSize}
-    factories.update(checkpointing=ActivationCheckpointing, compile=TorchCompile)
-    built = {
-        part: _build(cls, given[part], paths[part], problems) for part, cls in factories.items() if part in present
-    }
-    if (dynamic := built.get("dynamic_batch")) is not None and micro is not None:
-        low, high = dynamic.min_batch_size, dynamic.max_batch_size
-        if not low <= micro <= (high or micro):
-            where = f"[{key('dynamic_batch', 'min_batch_size')}, {key('dynamic_batch', 'max_batch_size')}]"
-            bad(
-                "batch",
-                "micro_batch_size",
-                f"({micro}) is the starting batch size and must lie in {where} = [{low}, {high}]",
-            )
-    # CPU offload: DeepSpeedSettings, with the loss scaling and the process-group backend
-    ds, devices = given["deepspeed"], given["devices"]
-    ds.setdefault("offload_optimizer", True)
-    ds.setdefault("stage", 3 if ds.get("offload_parameters") else 2)
-    if ds.pop("offload_gradients", ds["offload_optimizer"]) != ds["offload_optimizer"]:
-        why = (
-            "DeepSpeed's optimizer offload moves each gradient partition to the CPU for the optimizer step and has no "
-        )
-        follow = f"separate gradient switch; remove the key (gradients follow {key('deepspeed', 'offload_optimizer')})"
-        bad("deepspeed", "offload_gradients", f"cannot be honoured: {why}{follow}")
-    if on["deepspeed"] and not ds["offload_optimizer"] and not ds.get("offload_parameters"):
-        what = f"{key('deepspeed', 'offload_optimizer')} or {key('deepspeed', 'offload_parameters')}"
-        bad("deepspeed", "enabled", f"is true but nothing is offloaded: set {what} to true")
-    if (backend := devices.get("process_group_backend")) is not None and not devices.get("data_parallel"):
-        why = f"sets the process-group backend of data parallelism: it needs `{paths['devices']['data_parallel']}: "
-        bad("devices", "process_group_backend", f"({backend!r}) {why}data_parallel`")
-    extra = {**scaling, **({"process_group_backend": backend} if backend else {})}
-    built["deepspeed"] = _build(DeepSpeedSettings, {**ds, "extra": extra}, paths["deepspeed"], problems)
-    deepspeed = built["deepspeed"] if on["deepspeed"] else None  # checked when off too: nothing given is ignored
-    static = [arg for arg, value in scaling.items() if arg != "loss_scale" or value]  # `loss_scale: dynamic` is 0
-    if deepspeed is None and static and (precision or "").startswith("16-"):
-        why = (
-            "outside DeepSpeed, Lightning's 16-mixed scales the loss with torch.amp.GradScaler's dynamic scale, which "
-            "has no static scale or hysteresis and is not configurable through the pack; use `training.cpu_offload` "
-            "(DeepSpeed), or remove the key (`loss_scale: dynamic` is what GradScaler does)"
-        )
-        bad("loss_scaling", static[0], f"cannot be honoured: {why}")
-    # the plugin's optimizer ('adamw' is the module's own), parallelism, checkpoints, DataLoader
-    optimizer = None if given["plugin"].get("optimizer") == "adamw" else given["plugin"].get("optimizer")
-    if optimizer is not None and on["deepspeed"]:
-        why = (
-            f"{optimizer!r} swaps the module's optimizer, which DeepSpeed replaces with its own when "
-            "`training.cpu_offload` is on; use 'adamw' (DeepSpeed offloads it to CPU Adam) or turn CPU offload off"
-        )
-        bad("plugin", "optimizer", f"cannot be honoured: {why}")
-    parallel = given["model_parallel"]
-    sizes = [arg for arg, size in parallel.items() if arg != "enabled" and size > 1]
-    if parallel.get("enabled") or (parallel.get("enabled") is None and sizes):
-        bad(
-            "model_parallel",
-            "enabled" if parallel.get("enabled") else sizes[0],
-            f"cannot be honoured: {_MODEL_PARALLEL}",
-        )
-    checkpoint, loader = given["checkpoint"], given["dataloader"]
-    if checkpoint.get("async_checkpoint") and on["deepspeed"]:
-        why = "DeepSpeed writes its sharded checkpoints itself; Lightning's AsyncCheckpointIO does not apply"
-        bad("checkpoint", "async_checkpoint", f"cannot be honoured: {why}")
-    for arg in ("prefetch_factor", "persistent_workers"):
-        if loader.get(arg) and not loader.get("num_workers"):
-            why = f"set {key('dataloader', 'num_workers')} to 1 or more, got {loader.get('num_workers')!r}"
-            bad("dataloader", arg, f"needs worker processes (torch's DataLoader refuses it without them); {why}")
-    if problems:
+    precision = rules.precision()
+    micro, accumulate = rules.batch_sizes()
+    initial, schedule = rules.learning_rate()
+    on = rules.callbacks(micro)
+    deepspeed, backend = rules.cpu_offload(precision, offload=on["deepspeed"])
+    optimizer = rules.plugin_and_dataloader(offload=on["deepspeed"])
+    if rules.problems:
         return None
+    given = rules.given
     blocks = given["checkpointing"].get("block_types")
+    blocks = (tuple(blocks) if isinstance(blocks, list) else blocks) or "auto"
     return TrainingConfig(
         precision=precision,
         micro_batch_size=micro,
-        sequence_length=batch.get("sequence_length"),
+        sequence_length=given["batch"].get("sequence_length"),
         accumulate_grad_batches=accumulate,
-        dataloader_kwargs=loader,
+        dataloader_kwargs=given["dataloader"],
         initial_lr=initial.lr if initial is not None else None,
         schedule=schedule,
-        schedule_kwargs=lr,
+        schedule_kwargs=given["schedule"],
         plateau_kwargs=given["plateau"] if on["plateau"] else None,
         dynamic_batch_kwargs=given["dynamic_batch"] if on["dynamic_batch"] else None,
         optimizer=optimizer,
         attention=given["plugin"].get("attention"),
-        checkpointing_blocks=(blocks if not isinstance(blocks, list) else tuple(blocks)) or "auto"
-        if on["checkpointing"]
-        else None,
+        checkpointing_blocks=blocks if on["checkpointing"] else None,
         compile_kwargs=given["compile"] if on["compile"] else None,
         deepspeed=deepspeed,
-        devices=devices.get("devices"),
-        data_parallel=bool(devices.get("data_parallel")),
+        devices=given["devices"].get("devices"),
+        data_parallel=bool(given["devices"].get("data_parallel")),
         process_group_backend=backend if deepspeed is None else None,
         source=source,
-        **checkpoint,
+        **given["checkpoint"],
     )
+
+
+@dataclass
+class _Rules:
+    """The rules between keys, one method a block; each problem, naming its keys by dotted path, joins ``problems``."""
+
+    given: dict[str, dict[str, Any]]  # part -> argument -> value, converted; a rule pops what it settles
+    paths: dict[str, dict[str, str]]  # part -> argument -> dotted key
+    failed: set[tuple[str, str]]  # (part, argument) whose value was refused already
+    problems: list[Exception]
+
+    def key(self, part: str, arg: str) -> str:
+        return f"`{self.paths[part][arg]}`"
+
+    def bad(self, part: str, arg: str, rest: str) -> None:
+        self.problems.append(ValueError(f"{self.key(part, arg)} {rest}"))
+
+    def refuse(self, part: str, arg: str, why: str) -> None:
+        self.bad(part, arg, f"cannot be honoured: {why}")
+
+    def build(self, factory: Callable[..., Any], part: str, kwargs: dict[str, Any] | None = None) -> Any:
+        """``factory(**kwargs)`` (the part's arguments by default), or ``None`` and its error (naming keys) noted."""
+        kwargs, paths = self.given[part] if kwargs is None else kwargs, self.paths[part]
+        missing = [
+            arg
+            for arg, p in inspect.signature(factory).parameters.items()
+            if p.default is p.empty and p.kind is not p.VAR_KEYWORD and arg not in kwargs
+        ]
+        if missing:
+            self.problems.append(ValueError(f"{factory.__name__} needs `{paths[missing[0]]}`"))
+            return None
+        try:
+            return factory(**kwargs)
+        except (TypeError, ValueError) as err:
+            message = str(err)
+            for arg, path in paths.items():
+                message = message.replace(f"`{arg}`", f"`{path}`")
+            self.problems.append(type(err)(message))
+            return None
+
+    def precision(self) -> str | None:
+        """Lightning's precision (config/precision.py's rule); keep_batchnorm_fp32 and loss scaling must suit it."""
+        prec, precision, known = self.given["precision"], None, True  # known: given well, or not at all
+        mixed, amp = prec.get("mixed"), prec.get("amp")
+        if mixed is not None and amp is not None and mixed != amp:
+            self.bad("precision", "mixed", f"({mixed}) and {self.key('precision', 'amp')} ({amp}) disagree")
+        try:
+            keys, which = self.paths["precision"], "mixed" if mixed is not None else "amp"
+            precision = lightning_precision(prec.get("name"), prec.get(which), key=keys["name"], mixed_key=keys[which])
+        except (TypeError, ValueError) as err:
+            self.problems.append(err)
+            known = False
+        if prec.get("keep_batchnorm_fp32") is False:
+            why = "torch.autocast always runs batch norm in float32; it cannot be turned off"
+            self.refuse("precision", "keep_batchnorm_fp32", why)
+        elif prec.get("keep_batchnorm_fp32") and precision in ("16-true", "bf16-true"):
+            why = f"{precision!r} stores every weight, batch norm included, in half precision; use mixed precision"
+            self.refuse("precision", "keep_batchnorm_fp32", f"{why} (autocast keeps fp32)")
+        if (scaling := self.given["loss_scaling"]) and known and not (precision or "").startswith("16-"):
+            why = f"loss scaling applies to fp16 only, and the precision is {precision or '32-true'!r}"
+            self.refuse("loss_scaling", next(iter(scaling)), f"{why} (bf16 needs none)")
+        return precision
+
+    def batch_sizes(self) -> tuple[int | None, int | None]:
+        """Micro-batch size and accumulation, per device: `batch_size` is their product, or gives the one missing."""
+        batch = self.given["batch"]
+        total, micro, accumulate = (batch.get(k) for k in ("batch_size", "micro_batch_size", "accumulate_grad_batches"))
+        micro_key, accumulate_key = self.key("batch", "micro_batch_size"), self.key("batch", "accumulate_grad_batches")
+        if total is not None and micro is not None and accumulate is not None and micro * accumulate != total:
+            product = f"({micro} x {accumulate} = {micro * accumulate})"
+            self.bad("batch", "batch_size", f"({total}) must equal {micro_key} x {accumulate_key} {product} per device")
+        elif total is not None and (micro is None or accumulate is None) and (one := micro or accumulate):
+            if total % one:
+                which = micro_key if micro else accumulate_key
+                self.bad("batch", "batch_size", f"({total}) must be a multiple of {which} ({one})")
+            micro, accumulate = (micro, total // one) if micro else (total // one, accumulate)
+        elif total is not None and micro is None and accumulate is None:
+            micro = total
+        return micro, accumulate
+
+    def learning_rate(self) -> tuple[InitialLR | None, Schedule | None]:
+        """InitialLR and the schedule callback; a key the chosen schedule's callback does not take is an error."""
+        lr, schedule = self.given["schedule"], self.given["schedule"].pop("schedule", None)
+        initial = self.build(InitialLR, "initial_lr") if self.given["initial_lr"] else None
+        takes = {name: set(inspect.signature(cls).parameters) for name, cls in SCHEDULE_CALLBACKS.items()}
+        takes["linear_warmup"].add("constant_after_warmup")
+        for arg in list(lr) if ("schedule", "schedule") not in self.failed else []:  # a bad name is one problem
+            if schedule not in (schedules := [name for name, args in takes.items() if arg in args]):
+                now = f"{self.key('schedule', 'schedule')} " + (f"is {schedule!r}" if schedule else "is not set")
+                self.bad("schedule", arg, f"applies to schedule {' or '.join(map(repr, schedules))}, but {now}")
+                lr.pop(arg)
+        if lr.pop("constant_after_warmup", True) is False:
+            why = "schedule 'linear_warmup' holds the learning rate after the warm-up; for a decay use "
+            self.refuse("schedule", "constant_after_warmup", f"{why}'cosine_with_warmup' (with `min_lr`) or 'onecycle'")
+        if schedule == "onecycle" and initial is not None:
+            why = f"which starts at `max_lr` / `div_factor`; give the peak as {self.key('schedule', 'max_lr')}"
+            self.bad("initial_lr", "lr", f"does not apply to schedule 'onecycle', {why}")
+        if initial is not None and isinstance(lr.get("min_lr"), float) and lr["min_lr"] > initial.lr:
+            limit = f"{self.key('initial_lr', 'lr')} ({initial.lr:g})"
+            self.bad("schedule", "min_lr", f"({lr['min_lr']:g}) must not exceed {limit}")
+        if schedule is not None:
+            self.build(SCHEDULE_CALLBACKS[schedule], "schedule")
+        return initial, schedule
+
+    def callbacks(self, micro: int | None) -> dict[str, bool]:
+        """Which sections are on; each callback is built (and so checked) when its section is given, on or off."""
+        present = {part for part, kwargs in self.given.items() if kwargs}
+        on = {  # a section given is on unless `enabled: false`
+            part: part in present and self.given[part].pop("enabled", True) is not False
+            for part in ("plateau", "dynamic_batch", "checkpointing", "compile", "deepspeed")
+        }
+        factories = {"plateau": AdaptiveLROnPlateau, "dynamic_batch": DynamicBatchSize}
+        factories.update(checkpointing=ActivationCheckpointing, compile=TorchCompile)
+        built = {part: self.build(cls, part) for part, cls in factories.items() if part in present}
+        if (dynamic := built.get("dynamic_batch")) is not None and micro is not None:
+            low, high = dynamic.min_batch_size, dynamic.max_batch_size
+            if not low <= micro <= (high or micro):
+                where = ", ".join(self.key("dynamic_batch", f"{end}_batch_size") for end in ("min", "max"))
+                rest = f"is the starting batch size and must lie in [{where}] = [{low}, {high}]"
+                self.bad("batch", "micro_batch_size", f"({micro}) {rest}")
+        return on
+
+    def cpu_offload(self, precision: str | None, *, offload: bool) -> tuple[DeepSpeedSettings | None, str | None]:
+        """DeepSpeedSettings, with the loss scaling and the process-group backend; built (so checked) when off too."""
+        ds, devices, scaling = self.given["deepspeed"], self.given["devices"], self.given["loss_scaling"]
+        ds.setdefault("offload_optimizer", True)
+        ds.setdefault("stage", 3 if ds.get("offload_parameters") else 2)
+        optimizer_key = self.key("deepspeed", "offload_optimizer")
+        if ds.pop("offload_gradients", ds["offload_optimizer"]) != ds["offload_optimizer"]:
+            why = "DeepSpeed's optimizer offload moves each gradient partition to the CPU for the optimizer step"
+            why += f" and has no separate gradient switch; remove the key (gradients follow {optimizer_key})"
+            self.refuse("deepspeed", "offload_gradients", why)
+        if offload and not ds["offload_optimizer"] and not ds.get("offload_parameters"):
+            what = f"{optimizer_key} or {self.key('deepspeed', 'offload_parameters')}"
+            self.bad("deepspeed", "enabled", f"is true but nothing is offloaded: set {what} to true")
+        if (backend := devices.get("process_group_backend")) is not None and not devices.get("data_parallel"):
+            strategy = self.paths["devices"]["data_parallel"]
+            why = f"sets the process-group backend of data parallelism: it needs `{strategy}: data_parallel`"
+            self.bad("devices", "process_group_backend", f"({backend!r}) {why}")
+        extra = {**scaling, **({"process_group_backend": backend} if backend else {})}
+        settings = self.build(DeepSpeedSettings, "deepspeed", {**ds, "extra": extra})
+        deepspeed = settings if offload else None  # checked when off too: nothing given is ignored
+        static = [arg for arg, value in scaling.items() if arg != "loss_scale" or value]  # `loss_scale: dynamic` is 0
+        if deepspeed is None and static and (precision or "").startswith("16-"):
+            why = (
+                "outside DeepSpeed, Lightning's 16-mixed scales the loss with torch.amp.GradScaler's dynamic scale, "
+                "which has no static scale or hysteresis and is not configurable through the pack; use "
+                "`training.cpu_offload` (DeepSpeed), or remove the key (`loss_scale: dynamic` is what GradScaler does)"
+            )
+            self.refuse("loss_scaling", static[0], why)
+        return deepspeed, backend
+
+    def plugin_and_dataloader(self, *, offload: bool) -> str | None:
+        """The plugin's optimizer ('adamw' is the module's own: None), no model parallelism, checkpoints, DataLoader."""
+        optimizer = None if self.given["plugin"].get("optimizer") == "adamw" else self.given["plugin"].get("optimizer")
+        if optimizer is not None and offload:
+            why = (
+                f"{optimizer!r} swaps the module's optimizer, which DeepSpeed replaces with its own when "
+                "`training.cpu_offload` is on; use 'adamw' (DeepSpeed offloads it to CPU Adam) or turn CPU offload off"
+            )
+            self.refuse("plugin", "optimizer", why)
+        parallel = self.given["model_parallel"]
+        sizes = [arg for arg, size in parallel.items() if arg != "enabled" and size > 1]
+        if parallel.get("enabled") or (parallel.get("enabled") is None and sizes):
+            self.refuse("model_parallel", "enabled" if parallel.get("enabled") else sizes[0], _MODEL_PARALLEL)
+        if self.given["checkpoint"].get("async_checkpoint") and offload:
+            why = "DeepSpeed writes its sharded checkpoints itself; Lightning's AsyncCheckpointIO does not apply"
+            self.refuse("checkpoint", "async_checkpoint", why)
+        loader, workers = self.given["dataloader"], self.given["dataloader"].get("num_workers")
+        for arg in [arg for arg in ("prefetch_factor", "persistent_workers") if loader.get(arg) and not workers]:
+            why = f"set {self.key('dataloader', 'num_workers')} to 1 or more, got {workers!r}"
+            self.bad("dataloader", arg, f"needs worker processes (torch's DataLoader refuses it without them); {why}")
+        return optimizer
 
 
 def _lacking(config: TrainingConfig, paths: dict[str, dict[str, str]]) -> list[str]:
