@@ -19,6 +19,7 @@ from lightning_tune.batch.runner import (
 )
 from lightning_tune.batch.sampler import ResizableBatchSampler
 from lightning_tune.batch.split import split_batch, split_sizes
+from lightning_tune.batch.tokens import TokenBudget
 
 __all__ = [
     "ALLOCATION_FAILURE_MESSAGES",
@@ -33,6 +34,7 @@ __all__ = [
     "ResizableBatchSampler",
     "SimulatedMemory",
     "StepOutcome",
+    "TokenBudget",
     "all_reduce_max",
     "cut_step",
     "expandable_segments",

@@ -149,14 +149,17 @@ def loss_of(output: Any) -> Tensor | None:
     return None
 
 
-def _scaled(output: Any, weight: float) -> Any:
-    if weight == 1.0:
-        return output
+def _with_loss(output: Any, change: Callable[[Tensor], Tensor]) -> Any:
+    """``output`` with its loss (a tensor, or a mapping's ``"loss"``) replaced by ``change(loss)``."""
     if isinstance(output, Tensor):
-        return output * weight
+        return change(output)
     if isinstance(output, Mapping) and isinstance(output.get("loss"), Tensor):
-        return {**output, "loss": output["loss"] * weight}
+        return {**output, "loss": change(output["loss"])}
     return output
+
+
+def _scaled(output: Any, weight: float) -> Any:
+    return output if weight == 1.0 else _with_loss(output, lambda loss: loss * weight)
 
 
 @dataclass
@@ -266,7 +269,9 @@ class MicroBatchRunner:
             agreed = list(self.agree(values)) if self.agree is not None else values
             code = int(agreed[0])
             if code == OK:
-                return StepOutcome(_with_mean(output, shown, total_weight), agreed[1:], failures)
+                output = _with_mean(output, shown, total_weight)
+                output = output if leave_last_backward else _with_loss(output, Tensor.detach)  # every backward ran
+                return StepOutcome(output, agreed[1:], failures)
             del output, shown  # nothing of the failed attempt stays alive while memory is freed
             self.largest_run = 0  # the interval starts again at the smaller size
             self.zero_grad()
@@ -327,8 +332,7 @@ def _with_mean(output: Any, earlier: list[Tensor], total_weight: float) -> Any:
     if loss is None or (not earlier and total_weight == 1.0):
         return output
     value = (torch.stack([*earlier, loss.detach()]).sum() / total_weight).to(loss.dtype)
-    shown = loss + (value - loss.detach())
-    return shown if isinstance(output, Tensor) else {**output, "loss": shown}
+    return _with_loss(output, lambda loss: loss + (value - loss.detach()))
 
 
 def all_reduce_max(values: Sequence[float], *, device: torch.device, timeout: float, group: Any = None) -> list[float]:

@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import inspect
+import itertools
 import math
 import warnings
 from collections.abc import Callable, Sequence
@@ -39,6 +40,7 @@ from lightning_tune.batch.runner import (
 )
 from lightning_tune.batch.sampler import ResizableBatchSampler
 from lightning_tune.batch.sharded import GatheredStep
+from lightning_tune.batch.tokens import TokenBudget
 from lightning_tune.batch.trim import PaddingLayout, cut_sequences, padding_layout, sample_tokens
 from lightning_tune.callbacks._logging import log_every_n_steps
 from lightning_tune.callbacks._resizable_loader import (
@@ -141,24 +143,18 @@ class DynamicBatchSize(Callback):
         trim_keys: Sequence[str] = (),
         pad_to_multiple_of: int = 8,
     ) -> None:
+        # min/max_batch_size, multiple_of and min_change are checked by the controller, pad_to_multiple_of by the tokens
         check_float("target_vram", target_vram, low=0.0, high=0.98, low_inclusive=False)
-        check_int("min_batch_size", min_batch_size, minimum=1)
-        check_int("max_batch_size", max_batch_size, minimum=1, allow_none=True)
         check_int("adjust_every", adjust_every, minimum=1)
         check_choice("keep", keep, KEEPS)
         check_choice("lr_rule", lr_rule, SCALE_RULES)
-        check_int("multiple_of", multiple_of, minimum=1)
-        check_float("min_change", min_change, low=0.0)
         check_bool("sync_oom", sync_oom)
         check_float("reserve_gib", reserve_gib, low=0.0)
         check_float("agree_timeout", agree_timeout, low=0.0, low_inclusive=False)
         check_choice("loss_weight", loss_weight, LOSS_WEIGHTS)
         check_int("label_shift", label_shift, minimum=0, allow_none=True)
-        check_int("pad_to_multiple_of", pad_to_multiple_of, minimum=1)
         if isinstance(trim_keys, str) or not all(isinstance(k, str) for k in trim_keys):
             raise TypeError(f"`trim_keys` must be a sequence of key names (strings), got {trim_keys!r}")
-        if max_batch_size is not None and min_batch_size > max_batch_size:
-            raise ValueError(f"`min_batch_size` ({min_batch_size}) must not exceed `max_batch_size` ({max_batch_size})")
         if probe is not None and not isinstance(probe, MemoryProbe):
             raise TypeError(
                 "`probe` must be a memory probe (CudaMemory, SimulatedMemory or an object with total_bytes, "
@@ -210,22 +206,16 @@ class DynamicBatchSize(Callback):
         self._step_args: tuple[int, tuple[Any, ...], dict[str, Any]] = (0, (), {})
         self._gathered: GatheredStep | None = None  # FSDP2: parameters gathered once per step
         # variable-length batches
-        #: Padded tokens per micro-batch in use, when micro-batches are budgeted in tokens (else ``None``).
-        self.micro_batch_tokens: int | None = None
+        self.tokens = TokenBudget(self.controller, pad_to_multiple_of=pad_to_multiple_of)
         #: Real and padded tokens of the micro-batches the last step ran (``None`` for batches without a mask).
         self.step_tokens: tuple[int, int] | None = None
         #: (samples, padded length) of each micro-batch the last step ran, trimmed (``None``: not trimmed).
         self.step_shapes: list[tuple[int, int]] | None = None
         #: Distinct (samples, padded length) micro-batch shapes run so far (each one a compile under torch.compile).
         self.shapes: set[tuple[int, int]] = set()
-        self.token_controller: BatchSizeController | None = None
         self._shift = 0  # label_shift as resolved at train start
-        self._largest_tokens = 0  # largest micro-batch in tokens since the allocator's cache was last emptied
-        self._longest = 0  # longest padded length seen (the token cap is the effective batch times it)
         self._micro_batches = 0  # micro-batches of the last step
-        self._layout_warned = False
-        self._compiled = False
-        self._compile_warned = False
+        self._layout_warned = self._compiled = self._compile_warned = False
 
     def __repr__(self) -> str:
         return (
@@ -237,6 +227,16 @@ class DynamicBatchSize(Callback):
     def effective_batch_size(self) -> int | None:
         """Samples per optimizer step: held constant with ``keep="effective"``."""
         return None if self.batch_size is None else self._window_size()
+
+    @property
+    def micro_batch_tokens(self) -> int | None:
+        """Padded tokens per micro-batch in use, when micro-batches are budgeted in tokens (else ``None``)."""
+        return self.tokens.budget
+
+    @property
+    def token_controller(self) -> BatchSizeController | None:
+        """The controller of :attr:`micro_batch_tokens` (``None`` while there is no budget)."""
+        return None if self.tokens.budget is None else self.tokens.controller
 
     @property
     def accumulate_grad_batches(self) -> int | None:
@@ -306,13 +306,6 @@ class DynamicBatchSize(Callback):
             )
         # FSDP2: the parameters are gathered once per step, so the micro-batches run with no collective
         self._gathered = GatheredStep(pl_module) if fsdp2 else None
-        agree = None
-        if distributed and (ddp or fsdp2) and self.sync_oom:
-            device = trainer.strategy.root_device
-
-            def agree(values: Sequence[float]) -> Sequence[float]:
-                return all_reduce_max(values, device=device, timeout=self.agree_timeout)
-
         self.runner = MicroBatchRunner(
             forward=self._forward,
             backward=self._backward_micro_batch,
@@ -320,7 +313,7 @@ class DynamicBatchSize(Callback):
             free=self._free_after_failure,
             shrink=self._shrink,
             min_size=self.min_batch_size,
-            agree=agree,
+            agree=self._max_over_ranks if distributed and (ddp or fsdp2) and self.sync_oom else None,
             no_sync=getattr(trainer.strategy, "block_backward_sync", contextlib.nullcontext),
             on_failure=self._on_failure,
         )
@@ -353,8 +346,7 @@ class DynamicBatchSize(Callback):
         if self._loader is not None and self._original_batch_sampler is not None:
             # a DataLoader the module or DataModule keeps must come back as it was given
             set_batch_sampler(self._loader, self._original_batch_sampler)
-        self._loader = self._sampler = self._original_batch_sampler = None
-        self.runner = self._gathered = None
+        self._loader = self._sampler = self._original_batch_sampler = self.runner = self._gathered = None
         self._unquiet()
 
     # -- the DataLoader ----------------------------------------------------------------------------------------------
@@ -368,15 +360,12 @@ class DynamicBatchSize(Callback):
         self._compiled = _has_compiled(pl_module)
         self._install(trainer)
         assert self.probe is not None
+        free = self.probe.free
         for optimizer in trainer.optimizers:
             if not isinstance(optimizer, torch.optim.LBFGS):  # LBFGS runs its closure many times
                 # update_wrapper keeps an LR scheduler's mark on the step, or torch warns it was overridden
-                optimizer.step = functools.update_wrapper(  # type: ignore[method-assign]
-                    functools.partial(
-                        step_with_retry, optimizer, optimizer.step, free=self.probe.free, warn=rank_zero_warn
-                    ),
-                    optimizer.step,
-                )
+                retry = functools.partial(step_with_retry, optimizer, optimizer.step, free=free, warn=rank_zero_warn)
+                optimizer.step = functools.update_wrapper(retry, optimizer.step)  # type: ignore[method-assign]
 
     @override
     def on_train_epoch_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
@@ -401,12 +390,10 @@ class DynamicBatchSize(Callback):
 
     @override
     def on_validation_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
-        if (
-            self._active and self.probe is not None and trainer.state.fn == "fit"
-        ):  # validation's memory is not training's
-            self.probe.free()
+        if self._active and self.probe is not None and trainer.state.fn == "fit":
+            self.probe.free()  # validation's memory is not training's
             self.probe.reset_peak()
-            self._largest_tokens = 0
+            self.tokens.largest = 0
 
     def _install(self, trainer: pl.Trainer) -> None:
         loader, inner, loader_batch, drop_last, original = loader_parts(trainer)
@@ -493,66 +480,46 @@ class DynamicBatchSize(Callback):
                 f"{self.oom_recoveries} out-of-memory error{'s' * (self.oom_recoveries != 1)} recovered"
             )
 
+    def _max_over_ranks(self, values: Sequence[float]) -> list[float]:
+        """The element-wise maximum of ``values`` over the ranks (of one rank: ``values``)."""
+        trainer = self._trainer
+        assert trainer is not None
+        if trainer.world_size == 1:
+            return list(values)
+        return all_reduce_max(values, device=trainer.strategy.root_device, timeout=self.agree_timeout)
+
     def _interval_figures(self) -> list[float]:
         """This rank's interval figures: peak, pressure, (negated) budget, largest micro-batch in tokens."""
         assert self.probe is not None
         peak, pressure = self._val_figures
-        return [
-            float(max(self.probe.peak_bytes(), peak)),
-            float(self.probe.pressure() or pressure),
-            -self._budget()[1],
-            float(self._largest_tokens),
-        ]
+        peak, pressure = max(self.probe.peak_bytes(), peak), self.probe.pressure() or pressure
+        return [float(peak), float(pressure), -self._budget()[1], float(self.tokens.largest)]
 
     def _decide(self, trainer: pl.Trainer) -> None:
         assert self.probe is not None and self.batch_size is not None and self.runner is not None
-        # under DDP the worst rank's figures, agreed in the step's own collective; else this rank's own
-        figures = self._figures or self._interval_figures()
-        if self._figures is None and trainer.world_size > 1:  # no agreement ran (sync_oom=False, or not DDP)
-            figures = all_reduce_max(figures, device=trainer.strategy.root_device, timeout=self.agree_timeout)
+        # the worst rank's figures, agreed in the step's own collective, or here when none ran (no `sync_oom`)
+        figures = self._figures or self._max_over_ranks(self._interval_figures())
         self._figures, self._val_figures, self._steps = None, (0, False), 0
-        peak, pressure, budget = figures[0], figures[1] > 0, -figures[2]
-        if len(figures) > 3:  # the ranks' largest micro-batch in tokens, so that they take the same decision
-            self._largest_tokens = int(figures[3])
+        memory: dict[str, Any] = {"peak_bytes": figures[0], "pressure": figures[1] > 0, "budget_bytes": -figures[2]}
+        self.tokens.largest = int(figures[3])  # the ranks' largest micro-batch in tokens: one decision on all
         ran = self.runner.largest_run or self.batch_size  # a short last batch of an epoch may be all it saw
         self.runner.largest_run = 0
-        controller, size, cap = self.controller, self.batch_size, self._cap()
-        tokens = self.micro_batch_tokens is not None and self.token_controller is not None
-        if self.micro_batch_tokens is not None and self.token_controller is not None:
-            controller, size, cap = self.token_controller, self.micro_batch_tokens, self._token_cap()
-            # the peak read is the reserved memory, whose cached blocks hold the largest micro-batch since the
-            # cache was last emptied: that, not this interval's largest, is what the peak is recorded against
-            ran = self._largest_tokens or size
-        decision = controller.decide(
-            size,
-            peak_bytes=peak,
-            total_bytes=self.probe.capacity_bytes(),
-            pressure=pressure,
-            cap=cap,
-            observed_size=ran,
-            budget_bytes=budget,
-        )
-        self.last_decision, self.decisions = decision, self.decisions + 1
-        shrunk = decision.batch_size < size
-        if tokens:
-            if decision.batch_size != size:
-                rank_zero_info(
-                    f"DynamicBatchSize: micro-batch {size} -> {decision.batch_size} padded tokens ({decision.reason})"
-                )
-            self.micro_batch_tokens = decision.batch_size
-            if shrunk:
-                self._largest_tokens = 0
+        tokens, size = self.tokens.budget is not None, self.tokens.budget or self.batch_size
+        if tokens:  # the peak is the reserved memory's, whose cached blocks hold the largest micro-batch in tokens
+            decide = functools.partial(self.tokens.decide, self._configured_effective)
         else:
-            self._resize(trainer, decision.batch_size, decision.reason)
-        if shrunk:  # give the larger size's cached blocks back, or the next peak of reserved memory still shows them
+            decide = functools.partial(self.controller.decide, size, cap=self._cap(), observed_size=ran)
+        decision = decide(total_bytes=self.probe.capacity_bytes(), **memory)
+        self.last_decision, self.decisions = decision, self.decisions + 1
+        if decision.batch_size != size:
+            unit = " padded tokens" if tokens else ""
+            rank_zero_info(f"DynamicBatchSize: micro-batch {size} -> {decision.batch_size}{unit} ({decision.reason})")
+            if not tokens:
+                self._set_batch_size(trainer, decision.batch_size)
+        # give the larger size's cached blocks back, or the next peak of reserved memory still shows them
+        if decision.batch_size < size:
             self.probe.free()
         self.probe.reset_peak()
-
-    def _resize(self, trainer: pl.Trainer, batch_size: int, why: str) -> None:
-        if batch_size == self.batch_size:
-            return
-        rank_zero_info(f"DynamicBatchSize: micro-batch {self.batch_size} -> {batch_size} ({why})")
-        self._set_batch_size(trainer, batch_size)
 
     def _set_batch_size(self, trainer: pl.Trainer, batch_size: int) -> None:
         """Use ``batch_size``; unless the effective batch is held, the sampler's steps and the schedules follow."""
@@ -594,7 +561,8 @@ class DynamicBatchSize(Callback):
         tokens = sample_tokens(batch, self._shift) if self.loss_weight == "tokens" else None
         size = self.batch_size
         if layout is not None and self.keep == "effective":  # micro-batches become budgets of padded tokens
-            size = self._token_budget(layout.padded)
+            size = self.tokens.start(layout.padded, size, agree=self._max_over_ranks)
+            runner.min_size, runner.min_samples = self.tokens.controller.min_batch_size, self.min_batch_size
         if self._gathered is not None:
             self._gathered.begin()
         outcome = runner.run(
@@ -609,17 +577,10 @@ class DynamicBatchSize(Callback):
             self._figures = outcome.payload
         if self._gathered is not None:  # agreed: every backward ran, so reduce the gradients and reshard
             self._gathered.reduce()
-        if trainer.world_size > 1 and self._gathered is None:  # DDP: the last backward is Lightning's
-            return outcome.output
-        return _detached(outcome.output)  # every backward has run: Lightning's own backward is a no-op
+        return outcome.output  # DDP: the last backward is Lightning's; else every backward ran (the loss is detached)
 
     def _cut(
-        self,
-        batch: Any,
-        n: int,
-        size: int,
-        layout: PaddingLayout | None = None,
-        tokens: Sequence[int] | None = None,
+        self, batch: Any, n: int, size: int, layout: PaddingLayout | None, tokens: Sequence[int] | None
     ) -> list[MicroBatch]:
         """The step's micro-batches with their weights (see ``docs/dynamic_batch.md``, "Short last batch").
 
@@ -632,13 +593,10 @@ class DynamicBatchSize(Callback):
             tail_weight = 1.0 / max(tail * self._user_accumulation, 1)
         if layout is None and tokens is None:
             return cut_step(batch, size, sample_weight=sample_weight, tail=tail, tail_weight=tail_weight)
-        budget = self.micro_batch_tokens is not None and layout is not None
-        upper = self.max_batch_size or n
+        budget = self.tokens.budget is not None and layout is not None
 
         def fits(length: int | None) -> int:
-            if not (budget and length):
-                return size
-            return self.controller.round_down(max(self.min_batch_size, min(size // length, upper)))  # on the grid
+            return self.tokens.samples_at(size, length, n) if budget and length else size
 
         pieces = cut_sequences(
             batch,
@@ -656,10 +614,8 @@ class DynamicBatchSize(Callback):
             self.step_shapes, self.step_tokens = run, (sum(layout.lengths), sum(b * length for b, length in run))
             self.shapes.update(run)
             if self._compiled:  # one graph for every shape instead of one per shape (and a fall back to eager)
-                for piece in pieces:
-                    for key in layout.keys:
-                        for dim in (0, 1):
-                            torch._dynamo.maybe_mark_dynamic(piece.batch[key], dim)
+                for piece, key, dim in itertools.product(pieces, layout.keys, (0, 1)):
+                    torch._dynamo.maybe_mark_dynamic(piece.batch[key], dim)
             self._micro_batches = len(pieces)
             if budget:
                 self.batch_size = max(b for b, _ in run)
@@ -675,35 +631,6 @@ class DynamicBatchSize(Callback):
             self._layout_warned = True
             rank_zero_warn(f"DynamicBatchSize: {caught[0].message}")
         return layout
-
-    def _token_budget(self, padded: int) -> int:
-        """Padded tokens per micro-batch; the first step converts the micro-batch: its samples x the padded length."""
-        assert self.batch_size is not None and self.runner is not None
-        self._longest = max(self._longest, padded)
-        if self.micro_batch_tokens is None:
-            trainer = self._trainer
-            if trainer is not None and trainer.world_size > 1:  # once: every rank starts from the same budget
-                agreed = all_reduce_max(
-                    [float(padded)], device=trainer.strategy.root_device, timeout=self.agree_timeout
-                )
-                padded = int(agreed[0])
-            self.micro_batch_tokens = self.batch_size * padded
-        if self.token_controller is None:
-            self.token_controller = BatchSizeController(
-                target=self.target_vram,
-                min_batch_size=self.min_batch_size * self.pad_to_multiple_of,
-                max_batch_size=None,
-                multiple_of=self.multiple_of * self.pad_to_multiple_of,
-                min_change=self.controller.min_change,
-                model=MemoryModel(),
-                probe_growth=1.0,  # as a probe from 8 samples to 16: a grid step of tokens changes too little
-            )
-        self.runner.min_size, self.runner.min_samples = self.token_controller.min_batch_size, self.min_batch_size
-        return self.micro_batch_tokens
-
-    def _token_cap(self) -> int:
-        """The most padded tokens a step can hold: its samples at the longest padded length seen."""
-        return self._configured_effective * self._longest
 
     def _check_recompiles(self) -> None:
         """Warn once when a compiled module has seen nearly as many shapes as Dynamo compiles before giving up."""
@@ -732,7 +659,7 @@ class DynamicBatchSize(Callback):
 
     def _forward(self, piece: MicroBatch) -> Any:
         assert self.probe is not None
-        self._largest_tokens = max(self._largest_tokens, piece.samples * (piece.seq_len or 1))
+        self.tokens.largest = max(self.tokens.largest, piece.samples * (piece.seq_len or 1))
         self.probe.before_micro_batch(piece.samples, piece.seq_len)
         batch_idx, args, kwargs = self._step_args
         return self._originals["training_step"](piece.batch, batch_idx, *args, **kwargs)
@@ -742,7 +669,8 @@ class DynamicBatchSize(Callback):
         assert trainer is not None
         device = trainer.strategy.root_device.type
         # Lightning runs backward outside autocast; this one runs inside training_step
-        with torch.autocast(device_type=device, enabled=False) if torch.is_autocast_enabled(device) else _nothing():
+        autocast_off = torch.autocast(device_type=device, enabled=False) if torch.is_autocast_enabled(device) else None
+        with autocast_off or contextlib.nullcontext():
             trainer.strategy.backward(loss, trainer.optimizers[0] if trainer.optimizers else None)
 
     def _backward(self, loss: Tensor, *args: Any, **kwargs: Any) -> None:
@@ -788,12 +716,9 @@ class DynamicBatchSize(Callback):
                 "cannot be recovered under several processes"
             )
         capacity, budget = self._budget()
-        self._largest_tokens = 0
-        if self.micro_batch_tokens is not None and self.token_controller is not None:
-            smaller = self.token_controller.on_oom(
-                failed, total_bytes=capacity, cap=self._token_cap(), budget_bytes=budget
-            )
-            self.micro_batch_tokens = smaller
+        self.tokens.largest = 0
+        if self.tokens.budget is not None:
+            smaller = self.tokens.on_oom(failed, self._configured_effective, total_bytes=capacity, budget_bytes=budget)
         else:
             smaller = self.controller.on_oom(failed, total_bytes=capacity, cap=self._cap(), budget_bytes=budget)
             self._set_batch_size(trainer, smaller)
@@ -831,9 +756,7 @@ class DynamicBatchSize(Callback):
             "consumed": self._consumed,
             "batches_done": self._batches_done,
             "order": None,
-            "micro_batch_tokens": self.micro_batch_tokens,
-            "longest": self._longest,
-            "token_controller": None if self.token_controller is None else self.token_controller.state_dict(),
+            **self.tokens.state_dict(),  # micro_batch_tokens, longest, token_controller
         }
         trainer = self._trainer
         if self._sampler is not None and trainer is not None and trainer.world_size == 1:
@@ -855,15 +778,10 @@ class DynamicBatchSize(Callback):
                 f"{self._user_accumulation}, which is used from here on"
             )
         self.batch_size = max(self.min_batch_size, min(state["batch_size"], self._cap() or state["batch_size"]))
-        self._lr_factor = state["lr_factor"]
+        self._lr_factor, self._steps = state["lr_factor"], state["steps"]
         self.oom_recoveries, self.decisions = state["oom_recoveries"], state.get("decisions", 0)
-        self._steps = state["steps"]
         self.controller.load_state_dict(state["controller"])
-        self.micro_batch_tokens, self._longest = state.get("micro_batch_tokens"), state.get("longest", 0)
-        if self.micro_batch_tokens is not None and state.get("token_controller") is not None:
-            self._token_budget(self._longest)
-            assert self.token_controller is not None
-            self.token_controller.load_state_dict(state["token_controller"])
+        self.tokens.load_state_dict(state)
         sampler.batch_size = self._window_size()
         if trainer.fit_loop.restarted_mid_epoch and state["consumed"]:  # resumed mid-epoch: skip what was trained
             order = state["order"]
@@ -881,11 +799,6 @@ class DynamicBatchSize(Callback):
                 warnings.filters.remove(self._quiet)  # type: ignore[attr-defined]
             warnings._filters_mutated()  # type: ignore[attr-defined]
             self._quiet = None
-
-
-@contextlib.contextmanager
-def _nothing() -> Any:
-    yield
 
 
 def _check_sharded_strategy(strategy: Any) -> bool:
@@ -914,14 +827,6 @@ def _check_sharded_strategy(strategy: Any) -> bool:
             "others waiting in one. Use tensor_parallel_size=1 (FSDP2 only) or DDP"
         )
     return True
-
-
-def _detached(output: Any) -> Any:
-    if isinstance(output, Tensor):
-        return output.detach()
-    if isinstance(output, dict) and isinstance(output.get("loss"), Tensor):
-        return {**output, "loss": output["loss"].detach()}
-    return output
 
 
 def _causal_lm_shift(module: torch.nn.Module) -> int:
