@@ -39,6 +39,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from lightning_tune._validation import check_int
 from lightning_tune.batch.split import split_sizes
 from lightning_tune.perf.batch import count_samples, sequence_length
 
@@ -226,6 +227,8 @@ class MicroBatchRunner:
         on_failure: Callable[[int, int, str], None] | None = None,
         min_samples: int | None = None,
     ) -> None:
+        check_int("min_size", min_size, minimum=1)
+        check_int("min_samples", min_samples, minimum=1, allow_none=True)
         self.forward, self.backward, self.zero_grad, self.free = forward, backward, zero_grad, free
         self.shrink, self.min_size, self.agree, self.no_sync = shrink, min_size, agree, no_sync
         self.on_failure, self.min_samples = on_failure, min_samples

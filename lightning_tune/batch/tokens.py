@@ -36,6 +36,8 @@ class TokenBudget:
     """
 
     def __init__(self, samples: BatchSizeController, *, pad_to_multiple_of: int) -> None:
+        if not isinstance(samples, BatchSizeController):
+            raise TypeError(f"`samples` must be a BatchSizeController, got {samples!r} ({type(samples).__name__})")
         check_int("pad_to_multiple_of", pad_to_multiple_of, minimum=1)
         self.budget: int | None = None
         self.samples, self.longest, self.largest = samples, 0, 0
