@@ -43,7 +43,7 @@ from lightning.pytorch.callbacks import BatchSizeFinder
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from _data import RandomTokenDataModule, RandomTokens, window_sizes  # noqa: E402
-from _results import QUIET_TRAINER, device_name, header_lines, run_header, write_results  # noqa: E402
+from _results import QUIET_TRAINER, Cost, Rows, calibrate, device_name, header_lines, plan, run_header, write_results  # noqa: E402
 
 import lightning_tune as lt  # noqa: E402
 from lightning_tune.demos import DemoGPT, GPTConfig, SyntheticTokenDataModule  # noqa: E402
@@ -246,7 +246,13 @@ def _train(
 
 
 def _model_config(args: argparse.Namespace, seq_len: int) -> GPTConfig:
-    return GPTConfig(d_model=args.d_model, n_layers=args.n_layers, n_heads=max(1, args.d_model // 64), seq_len=seq_len)
+    return GPTConfig(
+        vocab_size=args.vocab_size,
+        d_model=args.d_model,
+        n_layers=args.n_layers,
+        n_heads=max(1, args.d_model // 64),
+        seq_len=seq_len,
+    )
 
 
 def _frac(row: dict[str, Any], key: str) -> str:
@@ -351,6 +357,126 @@ def doubling(args: argparse.Namespace) -> tuple[dict[str, Any], str]:
         "",
     ]
     return record, "\n".join(lines)
+
+
+def _with(args: argparse.Namespace, **changes: Any) -> argparse.Namespace:
+    return argparse.Namespace(**(vars(args) | changes))
+
+
+_HEADER = ("Run", "Micro-batch", "Effective batch", "Samples/s", "Tokens/s", "Peak reserved / target", "OOMs recovered",
+           "Settled after", "Outcome")  # fmt: skip
+
+
+def _cells(name: str, r: dict[str, Any], seq_len: int) -> list[Any]:
+    settled = f"{r['settle_steps']} steps ({r['settle_seconds']:.1f} s)" if "settle_steps" in r else "-"
+    outcome = f"out of memory at step {r['oom_at_step']}" if r.get("oom_at_step") else f"{r['steps_done']} steps"
+    sps = r["samples_per_sec"]
+    return [name, r["micro_batch"], r["effective_batch"], f"{sps:,.1f}", f"{sps * seq_len:,.0f}",
+            _frac(r, "peak_reserved_over_target"), r.get("oom_recoveries", "-"), settled, outcome]  # fmt: skip
+
+
+def part(rows: Rows, *, smoke: bool) -> str:
+    """The suite's part, where memory binds on any device: two calibration runs (micro-batches of 8 and 16) give the
+    seconds and the share of the device per sample; the effective batch is four times the micro-batch that fits in
+    the target; then, each run a row as it ends: DynamicBatchSize, a fixed micro-batch of 8, the expert's sweep and
+    its best micro-batch, BatchSizeFinder's search and its pick, and sequences doubling mid-run with the finder's pick
+    kept (sized to run out of memory) and with DynamicBatchSize."""
+    if smoke:  # a simulated device of 10 000 units: 2 000 fixed, 400 a sample, so 17 samples fit in 0.9 of it
+        argv = "--simulate --precision 32-true --seq-len 8 --d-model 32 --n-layers 1 --vocab-size 64 --batch-size 8 "
+        argv += "--adjust-every 1 --finder-trials 1 --sim-per-sample 400"
+    else:  # the LM head's logits over a 32k vocabulary dominate a sample's memory, as in a fine-tune
+        argv = "--seq-len 512 --d-model 512 --n-layers 8 --adjust-every 2"
+    args = build_parser().parse_args(argv.split())
+    config = _model_config(args, args.seq_len)
+    # calibration: single micro-batches of 8 and 16, one optimizer step each after the first
+    measured = {}
+    for micro in (8, 16):
+        cost, result = calibrate(
+            rows, "fixed", lambda n, m=micro: _train(_with(args, batch_size=m, accumulate=1, measure=1), config,
+                                                   micro=m, seq_len=args.seq_len, steps=n), micro_batch=micro,
+        )  # fmt: skip
+        measured[micro] = cost, result
+    (cost8, run8), (cost16, run16) = measured[8], measured[16]
+    if run16.get("oom_at_step") or "peak_reserved_frac" not in run16:
+        raise RuntimeError(f"a micro-batch of 16 does not fit in {args.target} of this device: nothing to size")
+    per_sample = (run16["peak_reserved_frac"] - run8["peak_reserved_frac"]) / 8
+    fixed_frac = run8["peak_reserved_frac"] - 8 * per_sample
+    fits = max(8, int((args.target - fixed_frac) / max(per_sample, 1e-9)))
+    effective = 8 * max(2, round(4 * fits / 8))
+    sample_s = {8: cost8.step / 8, 16: cost16.step / 16}
+    # steps of the six runs at the effective batch, in two thirds of what is left (the sweep and the finder's search
+    # take the rest); DynamicBatchSize gets `settle` more steps to settle before it is timed
+    settle = 0 if smoke else 8
+    at_effective = Cost(cost16.overhead, effective * sample_s[16])
+    steps, _ = plan(rows.left() / 1.5 - settle * at_effective.step, [at_effective] * 6, lo=4, hi=4 if smoke else 24)
+    args = _with(args, batch_size=8, accumulate=effective // 8, steps=steps, measure=max(2, steps // 3),
+                 double_steps=2 * steps)  # fmt: skip
+    rows.choose(model=str(config), fits_in_one_micro_batch=fits, effective_batch=effective, steps=steps,
+                measured_steps=args.measure, per_sample_share=round(per_sample, 5), fixed_share=round(fixed_frac, 4),
+                target=args.target)  # fmt: skip
+
+    def cost(micro: int, n: int = steps) -> float:
+        return cost16.overhead + n * effective * sample_s[8 if micro <= 8 else 16]
+
+    results: dict[str, dict[str, Any]] = {}
+    rows.table(*_HEADER)
+
+    def train(name: str, micro: int | None, label: str, **kwargs: Any) -> dict[str, Any] | None:
+        n = kwargs.get("steps", steps)
+        if not rows.fits(cost(micro or 16, n) * (2 if "double_at" in kwargs else 1), label):
+            return None
+        result = _train(args, kwargs.pop("config", config), micro=micro, seq_len=args.seq_len, **{"steps": n, **kwargs})
+        results[name] = result
+        rows.add(name, result, _cells(label, result, args.seq_len))
+        return result
+
+    dynamic = train("dynamic", None, f"DynamicBatchSize from 8 (target {args.target})", steps=steps + settle)
+    train("fixed", 8, "fixed micro-batch 8")
+    # the expert's sweep: powers of two from 8, one short run each, until one runs out of memory
+    sweep: dict[int, float] = {}
+    start, micro = time.perf_counter(), 8
+    while micro <= effective and rows.fits(cost16.overhead + 2 * 4 * micro * sample_s[16], f"sweep at {micro}"):
+        result = _train(_with(args, batch_size=micro, accumulate=4, measure=1), config, micro=micro,
+                        seq_len=args.seq_len, steps=2)  # fmt: skip
+        rows.add("sweep", {"micro_batch": micro, **result}, _cells(f"sweep: {micro} x 4", result, args.seq_len))
+        if result.get("oom_at_step"):
+            break
+        sweep[micro] = result["samples_per_sec"]
+        micro *= 2
+    if sweep:
+        best = max(sweep, key=sweep.__getitem__)
+        rows.add("sweep_time", {"seconds": time.perf_counter() - start, "best": best})
+        train(
+            "best_fixed",
+            best,
+            f"best fixed micro-batch of the sweep ({best}; sweep {time.perf_counter() - start:.1f} s)",
+        )
+    pick = None
+    if rows.fits(cost16.overhead * 12, "BatchSizeFinder's search"):
+        pick, search_s = _find(args, config, args.seq_len)
+        rows.add("finder_search", {"pick": pick, "seconds": search_s})
+        train("finder", pick, f"BatchSizeFinder's pick ({pick}; search {search_s:.1f} s)")
+    rows.text(f"Sequences double from {args.seq_len} to {2 * args.seq_len} tokens after step {steps}.")
+    rows.table(*_HEADER)
+    long = _model_config(args, 2 * args.seq_len)
+    double = {"config": long, "steps": 2 * steps, "double_at": steps}
+    train("doubling_dynamic", None, "DynamicBatchSize, sequences doubling", **{**double, "steps": 2 * steps + settle})
+    if pick is not None:
+        train("doubling_finder_kept", pick, f"BatchSizeFinder's pick ({pick}) kept, sequences doubling", **double)
+    if dynamic is None or "fixed" not in results:
+        return "DynamicBatchSize or the fixed run not measured"
+    ratio = {
+        k: dynamic["samples_per_sec"] / r["samples_per_sec"]
+        for k, r in results.items()
+        if k in ("fixed", "best_fixed", "finder")
+    }
+    kept = results.get("doubling_finder_kept", {})
+    return (
+        "DynamicBatchSize "
+        + ", ".join(f"{v:.2f}x {k}" for k, v in ratio.items())
+        + f" at effective batch {effective}; finder's pick after doubling: "
+        + (f"OOM at step {kept['oom_at_step']}" if kept.get("oom_at_step") else "ran" if kept else "not measured")
+    )
 
 
 class _TimedDynamicBatchSize(lt.DynamicBatchSize):
@@ -534,6 +660,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--seq-len", type=int, default=1024)
     parser.add_argument("--d-model", type=int, default=1024)
     parser.add_argument("--n-layers", type=int, default=12)
+    parser.add_argument("--vocab-size", type=int, default=32768)
     parser.add_argument("--precision", default="bf16-mixed")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--simulate", action="store_true", help="CPU smoke run against a SimulatedMemory device")

@@ -1,22 +1,11 @@
 #!/usr/bin/env bash
-# Install bitsandbytes and flash-attn-4 on a GPU machine without network access, from the folder
-# benchmarks/prepare_wheels.sh filled: split wheels are joined with cat, then pip installs from the folder alone.
+# Install, on a GPU machine without network access, whatever subset of the wheels benchmarks/prepare_wheels.sh
+# fetched is present: split wheels are joined when all their pieces are there (and their sha256 checks out), every
+# complete wheel is installed with pip --no-index --no-deps, and the script says which rows of the suite that
+# enables (bitsandbytes: the 8-bit optimizer rows; flash-attn-4: the flash-attn attention row). A wheel still missing
+# pieces is left out with a message; the suite runs without it and its rows say why they were not measured.
 #
-#   bash benchmarks/gpu_setup.sh benchmarks/wheels
+#   bash benchmarks/gpu_setup.sh benchmarks/wheels/*
 set -euo pipefail
-dir=${1:-benchmarks/wheels}
-work=$(mktemp -d)
-trap 'rm -rf "$work"' EXIT
-cp "$dir"/*.whl "$work"/ 2>/dev/null || true
-for first in "$dir"/*.whl.part.00; do
-  [ -e "$first" ] || continue
-  name=$(basename "${first%.part.00}")
-  cat "${first%.part.00}".part.* > "$work/$name"
-done
-# the folder holds the complete set prepare_wheels.sh resolved: install exactly those files, nothing resolved here
-python -m pip install --quiet --no-index --no-deps "$work"/*.whl
-python - <<'PY'
-import bitsandbytes, flash_attn.cute, torch
-print(f"bitsandbytes {bitsandbytes.__version__}, flash_attn.cute importable, torch {torch.__version__}, "
-      f"{torch.cuda.get_device_name() if torch.cuda.is_available() else 'no CUDA device'}")
-PY
+if [ "$#" -eq 0 ]; then set -- benchmarks/wheels/*; fi
+exec python "$(dirname "$0")/_wheels.py" install "$@"

@@ -21,7 +21,7 @@ from typing import Any
 
 import lightning.pytorch as pl
 import torch
-from _results import device_name, header_lines, run_header, write_results
+from _results import Rows, calibrate, device_name, header_lines, plan, run_header, write_results
 from lightning.pytorch.callbacks import Callback, ThroughputMonitor
 
 import lightning_tune as lt
@@ -218,6 +218,65 @@ def measure(
         "log every 10 steps here (the Trainer's default is 50), so logging is 5x more frequent than by default.",
     ]
     return result, "\n".join(lines) + "\n"
+
+
+NAMES = {
+    "none": "no monitor",
+    "lightning_tune": "lightning_tune ThroughputLatencyMonitor",
+    "lightning": "Lightning ThroughputMonitor",
+}
+
+
+def part(rows: Rows, *, smoke: bool) -> str:
+    """The suite's part: one calibration run per setting, then as many interleaved rounds (up to 7 of up to 200
+    steps) as the part's share allows, each run a row as it ends. Returns the headline."""
+    cuda = torch.cuda.is_available() and not smoke
+    config = GPTConfig(seq_len=16, d_model=32, n_layers=1, n_heads=2) if smoke else GPTConfig()
+    kwargs: dict[str, Any] = {
+        "batch_size": 4 if smoke else 64,
+        "accelerator": "cuda" if cuda else "cpu",
+        "precision": "bf16-mixed" if cuda else "32-true",
+        "config": config,
+    }
+    warmup = 1 if smoke else 20
+    costs = {s: calibrate(rows, s, lambda n, s=s: run_once(s, steps=n, warmup=1, **kwargs))[0] for s in NAMES}
+    steps, rounds = plan(
+        rows.left(),
+        list(costs.values()),
+        lo=warmup + 3,
+        hi=warmup + (3 if smoke else 200),
+        max_rounds=1 if smoke else 7,
+    )
+    rows.choose(batch=kwargs["batch_size"], precision=kwargs["precision"], steps=steps, warmup=warmup, rounds=rounds)
+    rows.table("Round", "Setting", "ms/step", "µs/step in the monitor's hooks")
+    times: dict[str, list[float]] = {s: [] for s in NAMES}
+    hooks: dict[str, list[float]] = {s: [] for s in NAMES}
+    rng = random.Random(0)
+    for index in range(rounds):
+        order = list(NAMES)
+        rng.shuffle(order)
+        if not rows.fits(sum(costs[s](steps) for s in order), f"round {index + 1} of {rounds}"):
+            break  # only whole rounds: the per-round ratio pairs each run with that round's run without a monitor
+        for setting in order:
+            ms, us = run_once(setting, steps=steps, warmup=warmup, **kwargs)
+            times[setting].append(ms)
+            hooks[setting].append(us)
+            rows.add("run", {"round": index + 1, "setting": setting, "ms_per_step": ms, "hook_us_per_step": us},
+                     [index + 1, NAMES[setting], f"{ms:.3f}", f"{us:.1f}"])  # fmt: skip
+    if not times["none"]:
+        return "no whole round in the share"
+    medians = {s: statistics.median(v) for s, v in times.items()}
+    paired = {s: statistics.median(t / n for t, n in zip(times[s], times["none"], strict=True)) - 1 for s in NAMES}
+    rows.table("Setting", "median ms/step", "vs none (median of per-round ratios)", "µs/step in the hooks")
+    for s in NAMES:
+        summary = {"setting": s, "median_ms_per_step": medians[s], "paired_overhead_vs_none": paired[s],
+                   "median_hook_us_per_step": statistics.median(hooks[s]), "rounds": len(times[s])}  # fmt: skip
+        rows.add("median", summary, [NAMES[s], f"{medians[s]:.3f}", f"{100 * paired[s]:+.2f} %",
+                                     f"{summary['median_hook_us_per_step']:.1f}"])  # fmt: skip
+    return (
+        f"ThroughputLatencyMonitor {100 * paired['lightning_tune']:+.1f} %, Lightning's ThroughputMonitor "
+        f"{100 * paired['lightning']:+.1f} % on a {medians['none']:.2f} ms step"
+    )
 
 
 def main() -> None:

@@ -18,6 +18,8 @@ model with the package's own count, the convention of ``docs/peak_flops.md``) ov
 same denominator for every row. Goal: lightning_tune >= 3x plain and >= 0.95x hand-tuned.
 
     python benchmarks/pack.py --out benchmarks/results/pack_gpu
+
+writes each row to ``<out>.jsonl`` and ``<out>.md`` as it is measured.
 """
 
 from __future__ import annotations
@@ -31,7 +33,7 @@ from typing import Any
 import lightning.pytorch as pl
 import torch
 from _data import RandomTokenDataModule, window_sizes
-from _results import QUIET_TRAINER, device_name, header_lines, run_header, write_results
+from _results import QUIET_TRAINER, Cost, Rows, calibrate, device_name, plan, run_header
 from lightning.pytorch.callbacks import Callback
 from swaps import Probe, _free
 from torch.nn.attention import SDPBackend, sdpa_kernel
@@ -96,11 +98,7 @@ def fit(
     if kind == "lightning_tune":
         plugin = lt.TunePlugin("auto", attention="auto", optimizer="adamw_fused")
         plugins, precision = [plugin], None
-        prior = lt.measure_memory(
-            _meta_model(config),
-            lambda n: (torch.zeros(n, config.seq_len, dtype=torch.long),) * 2,
-            precision=plugin.precision,
-        )
+        prior = _prior(config, plugin.precision, args.batch_device)
         # without CUDA (the smoke run) memory is simulated, with the planner's own figures
         simulated = None
         if args.accelerator != "cuda":
@@ -143,6 +141,22 @@ def fit(
     }
 
 
+_PRIORS: dict[tuple[str, str, str], lt.MemoryEstimate] = {}
+
+
+def _prior(config: GPTConfig, precision: str, batch_device: str) -> lt.MemoryEstimate:
+    """``measure_memory``'s prior for the model on the meta device, with a batch made on ``batch_device`` as a loader
+    makes it (once per configuration: every lightning_tune run of the part starts from the same prior)."""
+    key = (repr(config), precision, batch_device)
+    if key not in _PRIORS:
+        _PRIORS[key] = lt.measure_memory(
+            _meta_model(config),
+            lambda n: (torch.zeros(n, config.seq_len, dtype=torch.long, device=batch_device),) * 2,
+            precision=precision,  # type: ignore[arg-type]
+        )
+    return _PRIORS[key]
+
+
 def _hand_precision(args: argparse.Namespace) -> str:
     return "bf16-mixed" if args.accelerator == "cuda" else "32-true"  # no bf16 autocast worth timing on a CPU
 
@@ -152,7 +166,16 @@ def _meta_model(config: GPTConfig) -> DemoGPT:
         return DemoGPT(config)
 
 
-def pack(args: argparse.Namespace) -> tuple[dict[str, Any], str]:
+LABELS = {
+    "plain": "plain Lightning (fp32 defaults)",
+    "hand_tuned": "hand-tuned (bf16-mixed on a GPU, SDPA flash, fused AdamW, the sweep's best micro-batch)",
+    "lightning_tune": 'lightning_tune (`TunePlugin(precision="auto")`, swaps, DynamicBatchSize from the prior)',
+}
+
+
+def part(rows: Rows, args: argparse.Namespace) -> str:
+    """The expert's sweep (each size a row, and the calibration of the hand-tuned runs at it), one calibration run of
+    plain Lightning and of lightning_tune, then interleaved rounds sized to what is left, each run a row."""
     config = GPTConfig(
         vocab_size=args.vocab_size,
         seq_len=args.seq_len,
@@ -162,118 +185,150 @@ def pack(args: argparse.Namespace) -> tuple[dict[str, Any], str]:
     )
     effective = args.effective_batch
     common = {"config": config, "effective": effective, "args": args}
+    params = sum(p.numel() for p in _meta_model(config).parameters())
+    per_sample = flops_per_sample(config)
+    peak = peak_flops(device_name(), torch.bfloat16) if args.accelerator == "cuda" else None
+    rows.text(
+        f"{params / 1e6:.1f} M parameters ({config}); optimizer steps of exactly {effective} samples. MFU against the "
+        f"dense bf16 peak ({'n/a' if peak is None else f'{peak / 1e12:.0f} TFLOP/s'}), {per_sample / 1e9:.1f} GFLOP "
+        "per sample (forward + backward, causal attention by the pairs it attends)."
+    )
 
-    # the expert's sweep: the fixed micro-batch with the best samples/s (not counted in the comparison)
-    sweep: dict[int, dict[str, Any]] = {}
+    def cells(label: str, result: dict[str, Any]) -> list[Any]:
+        if result.get("oom"):
+            return [label, result["micro_batch"], "out of memory", "", "", ""]
+        sps = result["samples_per_sec"]
+        mfu = "n/a" if peak is None else f"{sps * per_sample / peak:.1%}"
+        return [
+            label,
+            result["micro_batch"],
+            f"{sps:,.1f}",
+            f"{sps * config.seq_len:,.0f}",
+            mfu,
+            f"{result['peak_reserved_gib']:.1f}",
+        ]
+
+    header = ("Run", "micro-batch", "samples/s", "tokens/s", "MFU", "peak reserved GiB")
+    # the expert's sweep (its time is not in the comparison); each size's run is its calibration too
+    rows.table(*header)
+    sweep: dict[int, tuple[Cost, dict[str, Any]]] = {}
     micro = args.sweep_from
     while micro <= effective:
-        sweep[micro] = fit("hand_tuned", micro=micro, steps=args.sweep_steps, measure=args.sweep_steps // 2, **common)
-        if sweep[micro].get("oom"):
+        measure = max(1, args.sweep_steps // 2)
+        cost, result = calibrate(
+            rows,
+            "hand_tuned",
+            lambda n, m=micro, k=measure: fit("hand_tuned", micro=m, steps=n, measure=k, **common),
+            steps=args.sweep_steps,
+            micro_batch=micro,
+        )
+        sweep[micro] = cost, result
+        rows.add("sweep", {"micro_batch": micro, **result}, cells(f"sweep: hand-tuned at {micro}", result))
+        if result.get("oom") or rows.left() <= 0:
             break
         micro *= 2
-    fitting = [m for m, r in sweep.items() if not r.get("oom")]
+    fitting = [m for m, (_, r) in sweep.items() if not r.get("oom")]
     if not fitting:
         raise RuntimeError(f"no micro-batch from {args.sweep_from} fits on this device")
-    best = max(fitting, key=lambda m: sweep[m]["samples_per_sec"])
+    best = max(fitting, key=lambda m: sweep[m][1]["samples_per_sec"])
 
     # plain Lightning: the hand-tuned micro-batch, or the largest power-of-two fraction of it that fits in fp32
     plain_micro = best
-    runs: dict[str, list[dict[str, Any]]] = {"plain": [], "hand_tuned": [], "lightning_tune": []}
-    for index in range(args.rounds):
-        order = list(runs) if index % 2 == 0 else list(reversed(runs))
+    while True:
+        plain_cost, result = calibrate(
+            rows,
+            "plain",
+            lambda n, m=plain_micro: fit("plain", micro=m, steps=n, measure=1, **common),
+            micro_batch=plain_micro,
+        )
+        if not result.get("oom") or plain_micro == 1:
+            break
+        plain_micro //= 2
+    tune_cost, _ = calibrate(
+        rows,
+        "lightning_tune",
+        lambda n: fit("lightning_tune", micro=args.start_micro, steps=n, measure=1, **common),
+        steps=2,
+        micro_batch=args.start_micro,
+    )
+    costs = {"plain": plain_cost, "hand_tuned": sweep[best][0], "lightning_tune": tune_cost}
+    settle = max(0, args.tune_steps - args.steps)  # lightning_tune's extra steps to settle before it is timed
+    measure, rounds = plan(
+        rows.left() - tune_cost.step * settle * args.rounds,
+        list(costs.values()),
+        lo=1,
+        hi=args.measure,
+        max_rounds=args.rounds,
+    )
+    warm = args.steps - args.measure
+    rows.choose(
+        hand_tuned_micro_batch=best,
+        plain_micro_batch=plain_micro,
+        timed_steps=measure,
+        warmup_steps=warm,
+        settle_steps=settle,
+        rounds=rounds,
+    )
+    # lightning_tune first: a cut by time takes the last run of a round
+    micros = {"lightning_tune": args.start_micro, "hand_tuned": best, "plain": plain_micro}
+    runs: dict[str, list[dict[str, Any]]] = {kind: [] for kind in micros}
+    rows.table(*header)
+    for index in range(rounds):
+        order = list(micros) if index % 2 == 0 else list(reversed(micros))
         for kind in order:
-            if kind == "plain":
-                result = fit("plain", micro=plain_micro, steps=args.steps, measure=args.measure, **common)
-                while result.get("oom") and plain_micro > 1:
-                    plain_micro //= 2
-                    result = fit("plain", micro=plain_micro, steps=args.steps, measure=args.measure, **common)
-            elif kind == "hand_tuned":
-                result = fit("hand_tuned", micro=best, steps=args.steps, measure=args.measure, **common)
-            else:
-                result = fit(
-                    "lightning_tune", micro=args.start_micro, steps=args.tune_steps, measure=args.measure, **common
-                )
+            steps = warm + measure + (settle if kind == "lightning_tune" else 0)
+            if not rows.fits(costs[kind](steps), f"round {index + 1}, {kind}"):
+                break
+            result = fit(kind, micro=micros[kind], steps=steps, measure=measure, **common)
             runs[kind].append(result)
-        print(f"round {index + 1}/{args.rounds} done", flush=True)
-
-    per_sample = flops_per_sample(config)
-    device = device_name()
-    peak = peak_flops(device, torch.bfloat16) if torch.cuda.is_available() else None
-    summary: dict[str, dict[str, Any]] = {}
+            rows.add("run", {"round": index + 1, "kind": kind, **result}, cells(f"round {index + 1}: {kind}", result))
+        else:
+            continue
+        break
+    rows.table(*header)
+    medians: dict[str, float] = {}
     for kind, results in runs.items():
         ok = [r for r in results if not r.get("oom")]
-        if not ok:
-            summary[kind] = {"oom": True}
-            continue
-        sps = statistics.median(r["samples_per_sec"] for r in ok)
-        summary[kind] = {
-            "micro_batch": ok[-1]["micro_batch"],
-            "samples_per_sec": sps,
-            "tokens_per_sec": sps * config.seq_len,
-            "mfu": sps * per_sample / peak if peak else None,
-            "peak_reserved_gib": statistics.median(r["peak_reserved_gib"] for r in ok),
-        }
-    ratios = {}
-    if all(not summary[k].get("oom") for k in summary):
-        tuned = summary["lightning_tune"]["samples_per_sec"]
-        ratios = {
-            "lightning_tune_vs_plain": tuned / summary["plain"]["samples_per_sec"],
-            "lightning_tune_vs_hand_tuned": tuned / summary["hand_tuned"]["samples_per_sec"],
-        }
-    params = sum(p.numel() for p in _meta_model(config).parameters())
-    record = {
-        **run_header("pack", device),
-        "model": config.__dict__,
-        "parameters": params,
-        "effective_batch": effective,
-        "flops_per_sample": per_sample,
-        "peak_flops_bf16": peak,
-        "sweep": {str(k): v for k, v in sweep.items()},
-        "hand_tuned_micro_batch": best,
-        "runs": runs,
-        "median": summary,
-        "ratios": ratios,
-        "goal_met": bool(ratios)
-        and ratios["lightning_tune_vs_plain"] >= 3
-        and ratios["lightning_tune_vs_hand_tuned"] >= 0.95,
-    }
-    labels = {
-        "plain": f"plain Lightning (fp32 defaults, micro-batch {plain_micro})",
-        "hand_tuned": f"hand-tuned ({_hand_precision(args)}, SDPA flash, fused AdamW, micro-batch {best}, swept)",
-        "lightning_tune": 'lightning_tune (`TunePlugin(precision="auto")`, swaps, DynamicBatchSize from the prior)',
-    }
-    lines = [f"# The pack on the demo GPT — {device}", "", *header_lines(record)]
-    lines += [
-        f"{params / 1e6:.1f} M parameters ({config}); optimizer steps of exactly {effective} samples; medians of "
-        f"{args.rounds} interleaved rounds, each timed over its last {args.measure} steps. MFU against the dense bf16 "
-        f"peak ({'n/a' if peak is None else f'{peak / 1e12:.0f} TFLOP/s'}) for every row, "
-        f"{per_sample / 1e9:.1f} GFLOP per sample (forward + backward, causal attention by the pairs it attends).",
-        "",
-        "| Configuration | micro-batch | samples/s | tokens/s | MFU | peak reserved GiB |",
-        "| --- | --- | --- | --- | --- | --- |",
-    ]
-    for kind, row in summary.items():
-        if row.get("oom"):
-            lines.append(f"| {labels[kind]} | | out of memory | | | |")
-            continue
-        mfu = "n/a" if row["mfu"] is None else f"{row['mfu']:.1%}"
-        lines.append(
-            f"| {labels[kind]} | {row['micro_batch']} | {row['samples_per_sec']:,.1f} | {row['tokens_per_sec']:,.0f} "
-            f"| {mfu} | {row['peak_reserved_gib']:.1f} |"
-        )
-    lines += [
-        "",
-        "Sweep of the hand-tuned micro-batch (samples/s): "
-        + ", ".join(f"{m}: {'OOM' if r.get('oom') else format(r['samples_per_sec'], ',.1f')}" for m, r in sweep.items())
-        + ".",
-    ]
-    if ratios:
-        lines += [
-            "",
-            f"lightning_tune / plain: {ratios['lightning_tune_vs_plain']:.2f}x (goal >= 3x); lightning_tune / "
-            f"hand-tuned: {ratios['lightning_tune_vs_hand_tuned']:.2f}x (goal >= 0.95x).",
-        ]
-    return record, "\n".join(lines) + "\n"
+        if ok:
+            medians[kind] = statistics.median(r["samples_per_sec"] for r in ok)
+            median = {
+                "micro_batch": ok[-1]["micro_batch"],
+                "samples_per_sec": medians[kind],
+                "peak_reserved_gib": statistics.median(r["peak_reserved_gib"] for r in ok),
+                "runs": len(ok),
+            }
+            rows.add(
+                "median",
+                {"kind": kind, **median, "mfu": peak and medians[kind] * per_sample / peak},
+                cells(f"median: {LABELS[kind]}", median),
+            )
+    if len(medians) < 3:
+        return f"{len(medians)} of 3 configurations measured"
+    plain_x, hand_x = medians["lightning_tune"] / medians["plain"], medians["lightning_tune"] / medians["hand_tuned"]
+    rows.add(
+        "ratios",
+        {
+            "lightning_tune_vs_plain": plain_x,
+            "lightning_tune_vs_hand_tuned": hand_x,
+            "goal_met": plain_x >= 3 and hand_x >= 0.95,
+        },
+    )
+    rows.text(
+        f"lightning_tune / plain: {plain_x:.2f}x (goal >= 3x); lightning_tune / hand-tuned: {hand_x:.2f}x "
+        "(goal >= 0.95x)."
+    )
+    return f"lightning_tune {plain_x:.2f}x plain, {hand_x:.2f}x hand-tuned"
+
+
+def suite_part(rows: Rows, *, smoke: bool) -> str:
+    """The suite's part: the GPU sizes (this script's defaults), or tiny ones on the CPU with the planner's batch
+    made on the ``meta`` device, another device than the one the planner steps on (as a CPU batch is on a GPU)."""
+    argv = "--sweep-steps 4 --tune-steps 20"  # the script's GPU sizes, with a shorter sweep and settling
+    if smoke:
+        argv = "--accelerator cpu --batch-device meta --vocab-size 64 --seq-len 16 --d-model 32 --n-layers 1 "
+        argv += "--n-heads 2 --effective-batch 8 --sweep-from 4 --sweep-steps 2 --start-micro 2 --adjust-every 1 "
+        argv += "--steps 3 --tune-steps 4 --measure 1 --rounds 1"
+    return part(rows, build_parser().parse_args(argv.split()))
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -293,13 +348,16 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--tune-steps", type=int, default=30, help="steps of the lightning_tune run (settling first)")
     parser.add_argument("--measure", type=int, default=8, help="last steps timed")
     parser.add_argument("--rounds", type=int, default=2)
-    parser.add_argument("--out", type=Path, default=None)
+    parser.add_argument(
+        "--batch-device", default="cpu", help="where the planner's example batch is made (the loader's device)"
+    )
+    parser.add_argument("--out", type=Path, default=Path("pack"), help="writes <out>.jsonl and <out>.md")
     return parser
 
 
 def main() -> None:
     args = build_parser().parse_args()
-    write_results(args.out, *pack(args))
+    part(Rows(args.out, run_header("pack", device_name()), "The pack on the demo GPT"), args)
 
 
 if __name__ == "__main__":

@@ -1,29 +1,17 @@
 #!/usr/bin/env bash
 # Download, on a machine with network access, the wheels the benchmark suite needs on a GPU machine without it:
-# bitsandbytes and flash-attn-4 with what flash-attn-4 needs beyond a CUDA PyTorch install. Wheels larger than 40 MB
-# (nvidia-cutlass-dsl-libs-cu12, about 92 MB) are split into 40 MB pieces, which gpu_setup.sh joins again.
+# bitsandbytes (cut down to the libraries of one CUDA version) and flash-attn-4 with what it adds to a CUDA PyTorch
+# install (nvidia-cutlass-dsl with the libraries of that CUDA major version, quack-kernels, apache-tvm-ffi, ...).
 #
-#   benchmarks/prepare_wheels.sh benchmarks/wheels
+#   bash benchmarks/prepare_wheels.sh benchmarks/wheels 3.12 13
 #
-# Run it with the Python version of the GPU machine (the compiled wheels are built per Python version); the folder
-# then travels with the checkout. It is a download cache: never commit it.
+# The wheels are for the GPU machine's Python (3.12 on the usual CUDA PyTorch image) and its PyTorch's CUDA major
+# version (13; "13.0" keeps bitsandbytes' one CUDA 13.0 library). Wheels over 40 MiB (nvidia-cutlass-dsl-libs-cu13,
+# about 88 MiB) are split into pieces with a manifest, and the files are sorted into DIR/1, DIR/2, ... of at most
+# 64 MiB each, what one transfer to the GPU machine carries; the script lists what it fetched, the sizes, and each
+# folder's files. The folders are a download cache: never commit them.
 set -euo pipefail
-dir=${1:?usage: benchmarks/prepare_wheels.sh DIR}
-mkdir -p "$dir"
-report=$(mktemp)
-trap 'rm -f "$report"' EXIT
-# what installing flash-attn-4 adds to this environment (torch and its own dependencies are already there)
-python -m pip install --dry-run --quiet --report "$report" "flash-attn-4>=4.0.0b0" 2>/dev/null
-pins=$(python - "$report" <<'PY'
-import json, sys
-print(" ".join(f"{i['metadata']['name']}=={i['metadata']['version']}" for i in json.load(open(sys.argv[1]))["install"]))
-PY
-)
-python -m pip download --quiet --no-deps --only-binary=:all: --dest "$dir" "bitsandbytes>=0.50" $pins
-for wheel in "$dir"/*.whl; do
-  if [ "$(stat -c %s "$wheel")" -gt $((40 * 1024 * 1024)) ]; then
-    split -b 40M -d -a 2 "$wheel" "$wheel.part."
-    rm "$wheel"
-  fi
-done
-ls -l "$dir"
+dir=${1:?usage: benchmarks/prepare_wheels.sh DIR PYTHON_VERSION CUDA_MAJOR  (e.g. benchmarks/wheels 3.12 13)}
+python_version=${2:?usage: benchmarks/prepare_wheels.sh DIR PYTHON_VERSION CUDA_MAJOR  (e.g. benchmarks/wheels 3.12 13)}
+cuda=${3:?usage: benchmarks/prepare_wheels.sh DIR PYTHON_VERSION CUDA_MAJOR  (e.g. benchmarks/wheels 3.12 13)}
+exec python "$(dirname "$0")/_wheels.py" fetch "$dir" --python "$python_version" --cuda "$cuda"

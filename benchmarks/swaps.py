@@ -30,7 +30,7 @@ from typing import Any
 
 import lightning.pytorch as pl
 import torch
-from _results import QUIET_TRAINER, device_name, header_lines, run_header, write_results
+from _results import QUIET_TRAINER, Rows, calibrate, device_name, header_lines, now, plan, run_header, write_results
 from lightning.pytorch.callbacks import Callback
 
 import lightning_tune as lt
@@ -317,6 +317,168 @@ def optimizers(
     if missing:
         lines += ["", missing + "."]
     return record, "\n".join(lines) + "\n"
+
+
+def _cells(label: str, result: dict[str, Any]) -> list[Any]:
+    if result.get("oom"):
+        return [label, "out of memory", "", "", "", ""]
+    return [
+        label,
+        f"{result['ms_per_step']:.1f}",
+        f"{result['peak_allocated_gib']:.2f}",
+        f"{result['peak_reserved_gib']:.2f}",
+        f"{result['loss']:.4f}",
+        result.get("kernel") or "as written",
+    ]
+
+
+def _measured_rows(
+    rows: Rows,
+    labels: dict[str, str],
+    settings: dict[str, dict[str, Any]],
+    *,
+    what: str,
+    lo: int,
+    hi: int,
+    max_rounds: int,
+    seconds: float,
+    **kwargs: Any,
+) -> dict[str, dict[str, Any]]:
+    """Calibrate each setting (one 3-step run), pick steps and rounds for ``seconds``, then run interleaved rounds,
+    each run a row as it ends; returns the medians of the settings that ran (``{"oom": True}`` for those that did not
+    fit in memory)."""
+    begin = now()
+    costs = {}
+    summary: dict[str, dict[str, Any]] = {}
+    for name, setting in settings.items():
+        if not rows.fits(0.0, f"{what} {name}: calibration"):
+            break
+        cost, result = calibrate(rows, f"{what} {name}", lambda n, s=setting: run(s, **kwargs, steps=n, warmup=1))
+        if result.get("oom"):
+            summary[name] = {"oom": True}
+        else:
+            costs[name] = cost
+    if not costs:
+        return summary
+    steps, rounds = plan(seconds - (now() - begin), list(costs.values()), lo=lo, hi=hi,
+                         max_rounds=max_rounds)  # fmt: skip
+    warmup = max(1, min(5, steps // 4))
+    rows.choose(**{f"{what} steps": steps, f"{what} warm-up steps": warmup, f"{what} rounds": rounds})
+    rows.table("Setting", "ms/step", "peak allocated GiB", "peak reserved GiB", "loss", "kernel")
+    runs: dict[str, list[dict[str, Any]]] = {name: [] for name in costs}
+    for index in range(rounds):
+        order = list(costs) if index % 2 == 0 else list(reversed(costs))
+        for name in order:
+            if not rows.fits(costs[name](steps), f"{what}, round {index + 1}, {name}"):
+                break
+            result = run(settings[name], **kwargs, steps=steps, warmup=warmup)
+            runs[name].append(result)
+            rows.add("run", {"what": what, "round": index + 1, "setting": name, **result}, _cells(labels[name], result))
+        else:
+            continue
+        break
+    for name, results in runs.items():
+        ok = [r for r in results if not r.get("oom")]
+        if ok:
+            summary[name] = {k: statistics.median(r[k] for r in ok) for k in ok[0] if k != "kernel"}
+            summary[name].update(kernel=ok[0]["kernel"], runs=len(ok), oom_runs=len(results) - len(ok))
+        elif results:
+            summary[name] = {"oom": True}
+    return summary
+
+
+def attention_part(rows: Rows, *, smoke: bool) -> str:
+    """The suite's attention part: at each sequence, each setting calibrated, then rounds for that sequence's half of
+    the share; every (sequence, setting) run is a row written as it ends, so a cut keeps what was measured."""
+    if smoke:
+        sizes = {"seq_lens": [32, 64], "batch_tokens": 128, "d_model": 32, "n_layers": 1, "n_heads": 2}
+        precision, accelerator = "32-true", "cpu"
+    else:  # 8k tokens a batch at both lengths: eager attention's L^2 scores take ~40 GB at 4096
+        sizes = {"seq_lens": [2048, 4096], "batch_tokens": 8192, "d_model": 1024, "n_layers": 8, "n_heads": 16}
+        precision, accelerator = "bf16-mixed", "cuda"
+    labels = {name: label for name, (label, _) in ATTENTION_ROWS.items()}
+    headline = []
+    seq_lens = sizes["seq_lens"]
+    for index, seq in enumerate(seq_lens):
+        config = GPTConfig(seq_len=seq, d_model=sizes["d_model"], n_layers=sizes["n_layers"], n_heads=sizes["n_heads"])
+        batch = max(1, sizes["batch_tokens"] // seq)
+        hi = 4 if smoke else 40
+        data = SyntheticTokenDataModule(
+            batch, seq_len=seq, vocab_size=config.vocab_size, train_sequences=batch * hi, val_sequences=1
+        )
+        settings = {name: setting for name, (_, setting) in ATTENTION_ROWS.items()}
+        flash_note = _flash_check(config, accelerator, precision)
+        if flash_note is not None:
+            del settings["swap_flash"]
+        rows.text(f"Sequence {seq}, batch {batch}, {precision}, {config}.")
+        seconds = rows.left() / (len(seq_lens) - index)
+        summary = _measured_rows(
+            rows, labels, settings, what=f"sequence {seq}", lo=3, hi=hi, max_rounds=1 if smoke else 3,
+            seconds=seconds, config=config, data=data, precision=precision, accelerator=accelerator,
+        )  # fmt: skip
+        base = summary.get("sdpa_untouched", {})
+        rows.table("Attention", "median ms/step", "vs model as written", "peak reserved GiB", "rounds")
+        for name, row in summary.items():
+            ok = not row.get("oom") and not base.get("oom") and base
+            rows.add("median", {"seq_len": seq, "batch": batch, "setting": name, **row}, [
+                labels[name], "out of memory" if row.get("oom") else f"{row['ms_per_step']:.1f}",
+                f"{row['ms_per_step'] / base['ms_per_step']:.2f}x" if ok else "-",
+                "" if row.get("oom") else f"{row['peak_reserved_gib']:.2f}", row.get("runs", 0)])  # fmt: skip
+        if flash_note is not None:
+            rows.add("flash_note", {"seq_len": seq, "flash_note": flash_note})
+            rows.text(f"flash-attn: not measured. {flash_note}.")
+        if "swap_sdpa" in summary and base and not base.get("oom") and not summary["swap_sdpa"].get("oom"):
+            headline.append(f"{seq}: swap_sdpa {summary['swap_sdpa']['ms_per_step'] / base['ms_per_step']:.2f}x")
+    return "; ".join(headline) or "no sequence measured"
+
+
+def optimizers_part(rows: Rows, *, smoke: bool) -> str:
+    """The suite's optimizers part: each optimizer calibrated, then rounds for the share, each run a row."""
+    from lightning_tune import _imports
+
+    if smoke:
+        config, batch, precision, accelerator = (
+            GPTConfig(seq_len=16, d_model=64, n_layers=1, n_heads=2),
+            4,
+            "32-true",
+            "cpu",
+        )
+    else:
+        config, batch, precision, accelerator = (
+            GPTConfig(seq_len=512, d_model=1024, n_layers=12, n_heads=16),
+            16,
+            "bf16-mixed",
+            "cuda",
+        )
+    settings = {name: setting for name, (_, setting) in OPTIMIZER_ROWS.items()}
+    if not _imports.is_available("bitsandbytes"):
+        del settings["adamw8bit"], settings["paged_adamw8bit"]
+        rows.text("bitsandbytes is not installed: the 8-bit rows were not measured.")
+    hi = 4 if smoke else 80
+    data = SyntheticTokenDataModule(
+        batch, seq_len=config.seq_len, vocab_size=config.vocab_size, train_sequences=batch * hi, val_sequences=1
+    )
+    params = sum(p.numel() for p in DemoGPT(config).parameters())
+    rows.text(f"{precision}, {params / 1e6:.1f} M parameters ({config}), batch {batch}.")
+    labels = {name: label for name, (label, _) in OPTIMIZER_ROWS.items()}
+    summary = _measured_rows(
+        rows, labels, settings, what="optimizers", lo=3, hi=hi, max_rounds=1 if smoke else 3, seconds=rows.left(),
+        config=config, data=data, precision=precision, accelerator=accelerator,
+    )  # fmt: skip
+    base = summary.get("adamw", {})
+    rows.table("Optimizer", "state MiB", "vs AdamW", "median ms/step", "vs AdamW", "loss after the last step")
+    for name, row in summary.items():
+        if row.get("oom") or not base or base.get("oom"):
+            rows.add("median", {"setting": name, **row}, [labels[name], "out of memory" if row.get("oom") else "-"])
+            continue
+        rows.add("median", {"setting": name, **row}, [
+            labels[name], f"{row['optimizer_state_mib']:.1f}",
+            f"{row['optimizer_state_mib'] / base['optimizer_state_mib']:.3f}", f"{row['ms_per_step']:.1f}",
+            f"{row['ms_per_step'] / base['ms_per_step']:.2f}x", f"{row['loss']:.4f}"])  # fmt: skip
+    eight = summary.get("adamw8bit")
+    if eight and not eight.get("oom") and base and not base.get("oom"):
+        return f"AdamW8bit state {eight['optimizer_state_mib'] / base['optimizer_state_mib']:.3f} of AdamW's"
+    return f"{len(summary)} optimizers measured"
 
 
 def main() -> None:

@@ -4,33 +4,80 @@ Add them to a ``Trainer``; the module itself is not edited::
 
     import lightning_tune as lt
     trainer = Trainer(callbacks=[lt.WarmupCosine(warmup_ratio=0.05), lt.AdaptiveLROnPlateau(monitor="val_loss")])
+
+The names are imported on first use, so ``import lightning_tune`` (and ``lightning-tune --version`` or ``calc``)
+loads neither torch nor Lightning until something needs them.
 """
 
-from lightning_tune.batch import SimulatedMemory
-from lightning_tune.callbacks import (
-    ActivationCheckpointing,
-    AdaptiveLROnPlateau,
-    AttentionSwap,
-    DynamicBatchSize,
-    LinearWarmup,
-    OneCycle,
-    OptimizerSwap,
-    ThroughputLatencyMonitor,
-    TorchCompile,
-    WarmupCosine,
-)
-from lightning_tune.config import InitialLR, TrainingConfig, from_config
-from lightning_tune.lr import ScheduleLR, scale_lr
-from lightning_tune.plan import (
-    MODEL_SHAPES,
-    MemoryEstimate,
-    TransformerShape,
-    ZeroPlan,
-    estimate_memory,
-    measure_memory,
-    plan_zero,
-)
-from lightning_tune.plugins import TunePlugin, deepspeed_strategy
+from typing import TYPE_CHECKING
+
+from lightning_tune._lazy import lazy_exports as _lazy_exports
+
+if TYPE_CHECKING:
+    from lightning_tune.batch import SimulatedMemory, find_batch_size
+    from lightning_tune.callbacks import (
+        ActivationCheckpointing,
+        AdaptiveLROnPlateau,
+        AttentionSwap,
+        DynamicBatchSize,
+        LinearWarmup,
+        LossSwap,
+        OneCycle,
+        OptimizerSwap,
+        ThroughputLatencyMonitor,
+        TorchCompile,
+        WarmupCosine,
+        WarmupPolynomial,
+        WarmupStableDecay,
+    )
+    from lightning_tune.config import InitialLR, TrainingConfig, from_config
+    from lightning_tune.lr import ScheduleLR, scale_lr
+    from lightning_tune.plan import (
+        MODEL_SHAPES,
+        MemoryEstimate,
+        TransformerShape,
+        ZeroPlan,
+        estimate_memory,
+        measure_memory,
+        plan_zero,
+    )
+    from lightning_tune.plugins import TunePlugin, deepspeed_strategy
+    from lightning_tune.swaps import linear_cross_entropy
+
+#: Where each public name is defined, imported from there on first use.
+_ORIGINS = {
+    "ActivationCheckpointing": "lightning_tune.callbacks",
+    "AdaptiveLROnPlateau": "lightning_tune.callbacks",
+    "AttentionSwap": "lightning_tune.callbacks",
+    "DynamicBatchSize": "lightning_tune.callbacks",
+    "InitialLR": "lightning_tune.config",
+    "LinearWarmup": "lightning_tune.callbacks",
+    "LossSwap": "lightning_tune.callbacks",
+    "MODEL_SHAPES": "lightning_tune.plan",
+    "MemoryEstimate": "lightning_tune.plan",
+    "OneCycle": "lightning_tune.callbacks",
+    "OptimizerSwap": "lightning_tune.callbacks",
+    "ScheduleLR": "lightning_tune.lr",
+    "SimulatedMemory": "lightning_tune.batch",
+    "ThroughputLatencyMonitor": "lightning_tune.callbacks",
+    "TorchCompile": "lightning_tune.callbacks",
+    "TrainingConfig": "lightning_tune.config",
+    "TransformerShape": "lightning_tune.plan",
+    "TunePlugin": "lightning_tune.plugins",
+    "WarmupCosine": "lightning_tune.callbacks",
+    "WarmupPolynomial": "lightning_tune.callbacks",
+    "WarmupStableDecay": "lightning_tune.callbacks",
+    "ZeroPlan": "lightning_tune.plan",
+    "deepspeed_strategy": "lightning_tune.plugins",
+    "estimate_memory": "lightning_tune.plan",
+    "find_batch_size": "lightning_tune.batch",
+    "from_config": "lightning_tune.config",
+    "linear_cross_entropy": "lightning_tune.swaps",
+    "measure_memory": "lightning_tune.plan",
+    "plan_zero": "lightning_tune.plan",
+    "scale_lr": "lightning_tune.lr",
+}
+__getattr__, __dir__ = _lazy_exports(__name__, _ORIGINS)
 
 try:
     from importlib.metadata import PackageNotFoundError, version
@@ -46,6 +93,7 @@ __all__ = [
     "DynamicBatchSize",
     "InitialLR",
     "LinearWarmup",
+    "LossSwap",
     "MODEL_SHAPES",
     "MemoryEstimate",
     "OneCycle",
@@ -58,11 +106,15 @@ __all__ = [
     "TransformerShape",
     "TunePlugin",
     "WarmupCosine",
+    "WarmupPolynomial",
+    "WarmupStableDecay",
     "ZeroPlan",
     "__version__",
     "deepspeed_strategy",
     "estimate_memory",
+    "find_batch_size",
     "from_config",
+    "linear_cross_entropy",
     "measure_memory",
     "plan_zero",
     "scale_lr",

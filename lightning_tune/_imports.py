@@ -20,6 +20,7 @@ OPTIONAL_PACKAGES: Final[dict[str, tuple[str, str]]] = {
     "deepspeed": ("deepspeed", "deepspeed"),
     "flash_attn": ("flash2", "flash-attn"),
     "flash_attn.cute": ("flash4", "flash-attn-4"),
+    "liger_kernel": ("liger", "liger-kernel"),
     "pynvml": ("gpu", "nvidia-ml-py"),
 }
 

@@ -5,9 +5,13 @@ Each check names the argument, repeats the value it got and says what is allowed
 
 from __future__ import annotations
 
+import difflib
 import math
 from collections.abc import Collection, Mapping, Sequence
 from typing import Any
+
+#: The largest seed Lightning's ``seed_everything`` (and numpy's generator) accepts.
+MAX_SEED = 2**32 - 1
 
 
 def check_int(
@@ -59,7 +63,9 @@ def check_str(name: str, value: Any, *, allow_none: bool = False) -> None:
         raise ValueError(f"`{name}` must be a non-empty string, got {value!r}")
 
 
-def check_strings(name: str, value: Any, *, what: str = "strings", allow_none: bool = False) -> None:
+def check_strings(
+    name: str, value: Any, *, what: str = "strings", allow_none: bool = False, allow_empty: bool = True
+) -> None:
     """Check that ``value`` is a sequence (not a single string) of strings.
 
     Args:
@@ -67,15 +73,19 @@ def check_strings(name: str, value: Any, *, what: str = "strings", allow_none: b
         value: The value given.
         what: What the strings are, for the message (``"submodule names"``).
         allow_none: Whether ``None`` is accepted.
+        allow_empty: Whether an empty sequence is accepted.
 
     Raises:
         TypeError: If ``value`` is not such a sequence.
+        ValueError: If it is empty and that is not allowed.
     """
     if value is None and allow_none:
         return
     if isinstance(value, str) or not isinstance(value, Sequence) or not all(isinstance(v, str) for v in value):
         kind = f"a sequence of {what}" + (" or None" if allow_none else "")
         raise TypeError(f"`{name}` must be {kind}, got {value!r} ({type(value).__name__})")
+    if not value and not allow_empty:
+        raise ValueError(f"`{name}` must not be empty (a sequence of {what}), got {value!r}")
 
 
 def check_mapping(name: str, value: Any, *, allow_none: bool = False) -> None:
@@ -161,6 +171,123 @@ def check_bool(name: str, value: Any) -> None:
     """
     if not isinstance(value, bool):
         raise TypeError(f"`{name}` must be True or False, got {value!r} ({type(value).__name__})")
+
+
+def check_numbers(
+    name: str,
+    value: Any,
+    *,
+    low: float | None = None,
+    high: float | None = None,
+    low_inclusive: bool = True,
+    high_inclusive: bool = True,
+    allow_empty: bool = False,
+) -> None:
+    """Check that ``value`` is a sequence (not a string) of finite real numbers inside an interval.
+
+    Args:
+        name: Argument name for the message.
+        value: The value given.
+        low: Lower bound of every item, if any.
+        high: Upper bound of every item, if any.
+        low_inclusive: Whether ``low`` itself is allowed.
+        high_inclusive: Whether ``high`` itself is allowed.
+        allow_empty: Whether an empty sequence is accepted.
+
+    Raises:
+        TypeError: If ``value`` is not a sequence of real numbers.
+        ValueError: If it is empty (unless allowed), or an item is not finite or lies outside the interval.
+    """
+    if isinstance(value, (str, bytes)) or not isinstance(value, Sequence):
+        raise TypeError(f"`{name}` must be a sequence of numbers, got {value!r} ({type(value).__name__})")
+    if not value and not allow_empty:
+        raise ValueError(f"`{name}` must not be empty, got {value!r}")
+    for item in value:
+        if isinstance(item, bool) or not isinstance(item, (int, float)):
+            raise TypeError(f"`{name}` must be a sequence of numbers, got {value!r} (an item is {item!r})")
+        if not math.isfinite(item) or (
+            (low is not None and (item < low if low_inclusive else item <= low))
+            or (high is not None and (item > high if high_inclusive else item >= high))
+        ):
+            interval = _interval(low, high, low_inclusive, high_inclusive)
+            raise ValueError(f"`{name}` must hold finite numbers in {interval}, got {value!r}")
+
+
+def check_instance(
+    name: str, value: Any, kind: type | tuple[type, ...], what: str, *, allow_none: bool = False
+) -> None:
+    """Check that ``value`` is an instance of ``kind``.
+
+    Args:
+        name: Argument name for the message.
+        value: The value given.
+        kind: The allowed type(s).
+        what: What is allowed, for the message (``"a torch.optim.Optimizer"``).
+        allow_none: Whether ``None`` is accepted.
+
+    Raises:
+        TypeError: If ``value`` is not an instance of ``kind``.
+    """
+    if value is None and allow_none:
+        return
+    if not isinstance(value, kind):
+        kind_text = what + (" or None" if allow_none else "")
+        raise TypeError(f"`{name}` must be {kind_text}, got {value!r} ({type(value).__name__})")
+
+
+def check_callable(name: str, value: Any, *, allow_none: bool = False) -> None:
+    """Check that ``value`` is callable.
+
+    Args:
+        name: Argument name for the message.
+        value: The value given.
+        allow_none: Whether ``None`` is accepted.
+
+    Raises:
+        TypeError: If ``value`` is not callable.
+    """
+    if value is None and allow_none:
+        return
+    if not callable(value):
+        kind = "a callable or None" if allow_none else "a callable"
+        raise TypeError(f"`{name}` must be {kind}, got {value!r} ({type(value).__name__})")
+
+
+def check_keys(name: str, value: Mapping[str, Any], allowed: Collection[str]) -> None:
+    """Check that every key of the mapping ``value`` is one of ``allowed``.
+
+    Args:
+        name: Argument name for the message.
+        value: The mapping given.
+        allowed: The keys allowed.
+
+    Raises:
+        ValueError: If a key is not allowed.
+    """
+    unknown = [key for key in value if key not in allowed]
+    if unknown:
+        if len(allowed) <= 30:
+            hint = "allowed: " + ", ".join(sorted(allowed))
+        else:
+            close = difflib.get_close_matches(str(unknown[0]), list(allowed), n=3)
+            hint = f"did you mean {', '.join(map(repr, close))}?" if close else f"{len(allowed)} keys are allowed"
+        raise ValueError(f"`{name}` has unknown key(s) {', '.join(map(repr, unknown))}; {hint}")
+
+
+def check_finite_result(name: str, value: float, inputs: str) -> float:
+    """Return ``value`` if it is finite; otherwise say which inputs overflowed it.
+
+    Args:
+        name: What ``value`` is, for the message.
+        value: The computed value.
+        inputs: The inputs it was computed from, for the message.
+
+    Raises:
+        ValueError: If ``value`` is not finite.
+    """
+    if not math.isfinite(value):
+        raise ValueError(f"{name} is not finite ({value!r}) for {inputs}")
+    return value
 
 
 def _interval(low: float | None, high: float | None, low_inclusive: bool, high_inclusive: bool) -> str:

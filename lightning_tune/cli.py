@@ -32,7 +32,7 @@ def build_parser() -> argparse.ArgumentParser:
         description="PyTorch Lightning callbacks that make an existing LightningModule train faster and fit larger.",
     )
     parser.add_argument("--version", action="version", version=f"%(prog)s {lightning_tune.__version__}")
-    commands = parser.add_subparsers(title="commands", dest="command", metavar="<command>")
+    commands = parser.add_subparsers(title="commands", dest="command", metavar="<command>", required=True)
     for command in COMMANDS:
         command.add_parser(commands)
     return parser
@@ -52,9 +52,6 @@ def main(argv: Sequence[str] | None = None) -> int:
         args = parser.parse_args(None if argv is None else list(argv))
     except SystemExit as exit_:  # --help / --version (status 0) or a usage error already reported (status 2)
         return exit_.code if isinstance(exit_.code, int) else (0 if exit_.code is None else 2)
-    if getattr(args, "handler", None) is None:
-        parser.print_help(sys.stderr)
-        return 2
     try:
         return int(args.handler(args))
     except KeyboardInterrupt:

@@ -68,10 +68,14 @@ _STEP_MS = tuple(keys.STEP_MS.format(q=q) for q in (50, 95, 99))
 _VAL_MS = tuple(keys.BATCH_MS.format(stage="val", q=q) for q in (50, 95, 99))
 _LR_GROUP = keys.pattern(keys.LR_GROUP)
 _VRAM = (keys.VRAM_USED_FRAC, keys.VRAM_ALLOCATED_GIB, keys.VRAM_RESERVED_GIB, keys.VRAM_PEAK_GIB)
-_PLOTTED = frozenset(  # the keys some panel draws (besides tune/lr/pg{i})
+_PLOTTED = frozenset(  # the keys some panel draws (besides tune/lr/pg{i} and the losses)
     (keys.SAMPLES_PER_SEC, keys.TOKENS_PER_SEC, *_STEP_MS, keys.STEP_MS_MAX, *_VAL_MS, keys.MFU, keys.DATA_WAIT_FRAC)
     + (keys.GPU_UTIL_PCT, keys.LR, keys.BATCH_SIZE, keys.EFFECTIVE_BATCH_SIZE, *_VRAM)
+    + (keys.MICRO_BATCH_TOKENS, keys.PADDING_FRAC)
 )
+#: Below this share of the time spent waiting for data, and without MFU or GPU readings, the utilisation panel
+#: would be a flat line at 0 %: it is left out.
+_MIN_DATA_WAIT = 0.01
 _PERCENTILE_STYLES = ("-", "--", "-.")  # p50, p95, p99
 _MAX_STYLE = ":"
 
@@ -87,7 +91,8 @@ def read_scalars(logdir: str | os.PathLike[str]) -> Runs:
     """Read every scalar of every TensorBoard run under a log directory.
 
     Each directory under ``logdir`` (``logdir`` itself included) that holds ``events.out.tfevents.*`` files is one
-    run, named by its path relative to ``logdir`` (``"version_0"``, ``"."`` for ``logdir`` itself).
+    run, named by its path relative to ``logdir`` (``"version_0"``, ``"."`` for ``logdir`` itself). Symbolic links
+    to directories are followed, each directory read once.
 
     Args:
         logdir: The log directory, e.g. ``lightning_logs``.
@@ -141,8 +146,13 @@ def _natural_key(text: str) -> list[tuple[int, int | str]]:
 
 
 def _find_run_dirs(root: Path) -> list[Path]:
-    found = []
-    for dirpath, dirnames, filenames in os.walk(root):
+    found, seen = [], set()
+    for dirpath, dirnames, filenames in os.walk(root, followlinks=True):  # a run may be a link to elsewhere
+        real = os.path.realpath(dirpath)
+        if real in seen:  # a link back up the tree: read each directory once
+            dirnames.clear()
+            continue
+        seen.add(real)
         dirnames.sort(key=_natural_key)
         directory = Path(dirpath)
         if any(f.startswith(_EVENT_FILE_PREFIX) and (directory / f).is_file() for f in filenames):
@@ -203,6 +213,8 @@ _COLUMNS: tuple[_Column, ...] = (
     _Column("LR", "final", keys.LR, _last, "{:.2e}".format),
     _Column("batch size", "last", keys.BATCH_SIZE, _last, "{:.0f}".format),
     _Column("batch size", "effective", keys.EFFECTIVE_BATCH_SIZE, _last, "{:.0f}".format),
+    _Column("token budget", "last", keys.MICRO_BATCH_TOKENS, _last, "{:,.0f}".format),
+    _Column("padding %", "median", keys.PADDING_FRAC, statistics.median, lambda v: f"{100 * v:.1f}"),
 )
 
 
@@ -210,7 +222,8 @@ def summarise(runs: Mapping[str, Mapping[str, Sequence[tuple[int, float]]]]) -> 
     """Summarise runs as a text table, one row per run and only the columns some run has data for.
 
     Columns: last and median samples/s and tokens/s, median over the run of the p50/p95/p99 step time (ms), peak
-    VRAM used fraction, final learning rate, last batch size and effective batch size, under two header lines
+    VRAM used fraction, final learning rate, last batch size and effective batch size, last token budget of a
+    micro-batch and median padding share (%), under two header lines
     (a group such as ``samples/s`` over ``last`` and ``median``); ``-`` marks a run without that scalar.
 
     Args:
@@ -302,6 +315,15 @@ class _Canvas:
     def has(self, *names: str) -> bool:
         return any(_finite(scalars.get(key, ())) for scalars in self.runs.values() for key in names)
 
+    def loss_keys(self) -> list[str]:
+        """The losses the module logged (``train_loss``, ``val_loss``, ...): keys outside perf/ and tune/."""
+        found = {k for scalars in self.runs.values() for k in scalars if _is_loss(k) and _finite(scalars[k])}
+        return sorted(found, key=_natural_key)
+
+    def micro_batch_in_samples(self, run: str) -> bool:
+        """Whether ``tune/batch_size`` is the run's decided micro-batch (no token budget decides it)."""
+        return not _finite(self.runs[run].get(keys.MICRO_BATCH_TOKENS, ()))
+
     def lr_group_keys(self) -> list[str]:
         groups = {k for scalars in self.runs.values() for k in scalars if _LR_GROUP.match(k)}
         return sorted(groups, key=_natural_key)
@@ -335,9 +357,13 @@ def render_report(
     """Draw the runs' ``perf/`` and ``tune/`` scalars over training steps into one PNG.
 
     Panels (each drawn only when some run has its data): throughput (samples/s; tokens/s on a right-hand axis),
-    step time (p50/p95/p99 and max, ms), learning rate (log scale when it spans more than a decade), batch size
-    and effective batch size, GPU memory (used fraction of the device, with the 1.0 limit marked), utilisation
-    (MFU, data-wait share, GPU busy, in %) and validation batch latency. Each run has one colour in every panel
+    step time (p50/p95/p99 and max, ms), the losses the module logged (``train_loss``, ``val_loss``, ...),
+    learning rate (log scale when it spans more than a decade), batch size as DynamicBatchSize decided it in
+    samples (the micro-batch, unless a token budget decides it, and the effective batch of an optimizer step), the
+    token budget of a micro-batch (``tune/micro_batch_tokens``), the padding share (``perf/train/padding_frac``),
+    GPU memory (used fraction of the device, with the 1.0 limit marked), utilisation (MFU, data-wait share, GPU busy,
+    in %; left out when there is neither MFU nor a GPU reading and the data wait stays under 1 %) and validation
+    batch latency. Each run has one colour in every panel
     (the legend under the title); line styles tell the series of a panel apart. The file is written to a
     temporary file next to ``output`` and then renamed, so a crash never leaves a partial PNG; missing parent
     directories are created.
@@ -444,8 +470,12 @@ def _figure(canvas: _Canvas, panels: list[tuple[str, Callable[[Axes, _Canvas], N
     return fig
 
 
+def _is_loss(key: str) -> bool:
+    return not key.startswith(keys.PREFIXES) and "loss" in key.rsplit("/", 1)[-1].lower()
+
+
 def _is_plotted(key: str) -> bool:
-    return key in _PLOTTED or _LR_GROUP.match(key) is not None
+    return key in _PLOTTED or _LR_GROUP.match(key) is not None or _is_loss(key)
 
 
 def _run_label(run: str) -> str:
@@ -550,24 +580,42 @@ def _draw_lr(ax: Axes, canvas: _Canvas) -> None:
         _style_legend(ax, entries)
 
 
+def _draw_loss(ax: Axes, canvas: _Canvas) -> None:
+    styles = ["-", "--", "-.", ":"]
+    names = canvas.loss_keys()
+    for i, key in enumerate(names):
+        for run in canvas.runs:
+            canvas.line(ax, run, key, style=styles[i % len(styles)])
+    ax.set_ylabel("loss")
+    if len(names) > 1:
+        _style_legend(ax, [(styles[i % len(styles)], key) for i, key in enumerate(names)])
+
+
+def _samples_decided(canvas: _Canvas) -> bool:
+    return canvas.has(keys.EFFECTIVE_BATCH_SIZE) or any(
+        canvas.micro_batch_in_samples(run) and _finite(scalars.get(keys.BATCH_SIZE, ()))
+        for run, scalars in canvas.runs.items()
+    )
+
+
 def _draw_batch_size(ax: Axes, canvas: _Canvas) -> None:
+    """What DynamicBatchSize decided in samples: the micro-batch (where no token budget decides it) and the step's."""
     from matplotlib.ticker import MaxNLocator
 
     entries = []
     for key, style, label in (
-        (keys.BATCH_SIZE, "-", "batch size"),
-        (keys.EFFECTIVE_BATCH_SIZE, "--", "effective batch size"),
+        (keys.BATCH_SIZE, "-", "micro-batch"),
+        (keys.EFFECTIVE_BATCH_SIZE, "--", "per optimizer step (effective)"),
     ):
-        if canvas.has(key):
+        runs = [r for r in canvas.runs if key != keys.BATCH_SIZE or canvas.micro_batch_in_samples(r)]
+        drawn = [canvas.line(ax, run, key, style=style, steps=True) for run in runs]  # every run, not the first
+        if any(drawn):
             entries.append((style, label))
-            for run in canvas.runs:
-                canvas.line(ax, run, key, style=style, steps=True)
     ax.set_ylabel("samples per batch")
     ax.yaxis.set_major_locator(MaxNLocator(integer=True, steps=[1, 2, 4, 8, 10]))  # batch-friendly ticks
     ax.set_ylim(bottom=0)
     ax.margins(y=0.15)
-    if len(entries) > 1:
-        _style_legend(ax, entries)
+    _style_legend(ax, entries)  # even one entry: which of the two batch sizes it is
 
 
 def _draw_memory(ax: Axes, canvas: _Canvas) -> None:
@@ -606,6 +654,30 @@ def _draw_memory(ax: Axes, canvas: _Canvas) -> None:
     ax.legend(handles, labels, fontsize=9, framealpha=0.85, loc="best")
 
 
+def _draw_token_budget(ax: Axes, canvas: _Canvas) -> None:
+    from matplotlib.ticker import EngFormatter
+
+    for run in canvas.runs:
+        canvas.line(ax, run, keys.MICRO_BATCH_TOKENS, steps=True)
+    ax.set_ylabel("padded tokens per micro-batch")
+    ax.set_ylim(bottom=0)
+    ax.margins(y=0.15)
+    ax.yaxis.set_major_formatter(EngFormatter(sep=""))
+
+
+def _draw_padding(ax: Axes, canvas: _Canvas) -> None:
+    for run in canvas.runs:
+        canvas.line(ax, run, keys.PADDING_FRAC, scale=100.0)
+    top = max(v for scalars in canvas.runs.values() for v in _finite(scalars.get(keys.PADDING_FRAC, ())))
+    ax.set_ylim(0, max(5.0, min(100.0, 100 * top * 1.15)))
+    ax.set_ylabel("padding (% of tokens)")
+
+
+def _has_utilisation(canvas: _Canvas) -> bool:
+    waits = [v for scalars in canvas.runs.values() for v in _finite(scalars.get(keys.DATA_WAIT_FRAC, ()))]
+    return canvas.has(keys.MFU, keys.GPU_UTIL_PCT) or max(waits, default=0.0) >= _MIN_DATA_WAIT
+
+
 def _draw_utilisation(ax: Axes, canvas: _Canvas) -> None:
     entries = []
     for key, style, label, scale in (
@@ -617,7 +689,11 @@ def _draw_utilisation(ax: Axes, canvas: _Canvas) -> None:
             entries.append((style, label))
             for run in canvas.runs:
                 canvas.line(ax, run, key, style=style, scale=scale)
-    top = max([100.0, *(v for scalars in canvas.runs.values() for v in _finite(scalars.get(keys.GPU_UTIL_PCT, ())))])
+    readings = [v for scalars in canvas.runs.values() for v in _finite(scalars.get(keys.GPU_UTIL_PCT, ()))]
+    if canvas.has(keys.MFU, keys.GPU_UTIL_PCT):
+        top = max([100.0, *readings])
+    else:  # only the data wait: scaled to it, not to 100 %
+        top = 100 * max(v for scalars in canvas.runs.values() for v in _finite(scalars.get(keys.DATA_WAIT_FRAC, ())))
     ax.set_ylim(0, top * 1.05)
     ax.set_ylabel("% of peak FLOP/s (MFU) or of time")
     _style_legend(ax, entries)
@@ -626,10 +702,13 @@ def _draw_utilisation(ax: Axes, canvas: _Canvas) -> None:
 _PANELS: tuple[tuple[str, Callable[[_Canvas], bool], Callable[[Axes, _Canvas], None]], ...] = (
     ("Throughput", lambda c: c.has(keys.SAMPLES_PER_SEC, keys.TOKENS_PER_SEC), _draw_throughput),
     ("Step time", lambda c: c.has(*_STEP_MS, keys.STEP_MS_MAX), _draw_step_time),
+    ("Loss", lambda c: bool(c.loss_keys()), _draw_loss),
     ("Learning rate", lambda c: c.has(keys.LR, *c.lr_group_keys()), _draw_lr),
-    ("Batch size", lambda c: c.has(keys.BATCH_SIZE, keys.EFFECTIVE_BATCH_SIZE), _draw_batch_size),
+    ("Batch size", _samples_decided, _draw_batch_size),
+    ("Token budget", lambda c: c.has(keys.MICRO_BATCH_TOKENS), _draw_token_budget),
+    ("Padding", lambda c: c.has(keys.PADDING_FRAC), _draw_padding),
     ("GPU memory", lambda c: c.has(*_VRAM), _draw_memory),
-    ("Utilisation", lambda c: c.has(keys.MFU, keys.DATA_WAIT_FRAC, keys.GPU_UTIL_PCT), _draw_utilisation),
+    ("Utilisation", _has_utilisation, _draw_utilisation),
     ("Validation latency", lambda c: c.has(*_VAL_MS), _draw_val_latency),
 )
 

@@ -14,23 +14,29 @@ Example:
 from __future__ import annotations
 
 from collections.abc import Collection, Mapping
-from typing import Final, Literal, cast, get_args
+from typing import TYPE_CHECKING, Final, Literal, cast, get_args
 
-import torch
+if TYPE_CHECKING:  # torch is imported where a dtype or a device is needed: the command line starts without it
+    import torch
 
 __all__ = [
     "ACCELERATORS",
     "ATTENTIONS",
+    "LOSS_BACKENDS",
     "OPTIMIZERS",
     "PRECISIONS",
     "Accelerator",
     "Attention",
+    "LossBackend",
     "OptimizerName",
     "Precision",
     "auto_precision",
     "canonical_attention",
+    "canonical_loss",
     "canonical_optimizer",
     "canonical_precision",
+    "check_precision_device",
+    "precision_bytes",
     "precision_dtype",
 ]
 
@@ -65,6 +71,11 @@ OPTIMIZERS: Final[tuple[str, ...]] = get_args(OptimizerName)
 Attention = Literal["auto", "flash", "sdpa", "eager"]
 ATTENTIONS: Final[tuple[str, ...]] = get_args(Attention)
 #: Lightning accelerator names.
+#: Loss swap backends: ``"chunked"`` (PyTorch, any device), ``"liger"`` (Liger-Kernel, CUDA), ``"auto"`` (liger on CUDA
+#: when installed, else chunked).
+LossBackend = Literal["auto", "chunked", "liger"]
+LOSS_BACKENDS: Final[tuple[str, ...]] = get_args(LossBackend)
+
 Accelerator = Literal["auto", "cpu", "gpu", "cuda", "mps"]
 ACCELERATORS: Final[tuple[str, ...]] = get_args(Accelerator)
 
@@ -99,15 +110,15 @@ _ATTENTION_ALIASES: Final[Mapping[str, str]] = {
     "flash-attn": "flash",
     "scaled_dot_product_attention": "sdpa",
 }
-_DTYPES: Final[Mapping[str, torch.dtype]] = {
-    "32-true": torch.float32,
-    "16-mixed": torch.float16,
-    "16-true": torch.float16,
-    "bf16-mixed": torch.bfloat16,
-    "bf16-true": torch.bfloat16,
-    "64-true": torch.float64,
-    "transformer-engine": torch.float8_e4m3fn,
-    "transformer-engine-float16": torch.float8_e4m3fn,
+_DTYPES: Final[Mapping[str, tuple[str, int]]] = {  # the torch dtype's name and its bytes per element
+    "32-true": ("float32", 4),
+    "16-mixed": ("float16", 2),
+    "16-true": ("float16", 2),
+    "bf16-mixed": ("bfloat16", 2),
+    "bf16-true": ("bfloat16", 2),
+    "64-true": ("float64", 8),
+    "transformer-engine": ("float8_e4m3fn", 1),
+    "transformer-engine-float16": ("float8_e4m3fn", 1),
 }
 
 
@@ -167,6 +178,16 @@ def canonical_attention(value: object, *, arg: str = "attention", allowed: Colle
     return cast(Attention, _canonical("an attention backend", value, ATTENTIONS, _ATTENTION_ALIASES, arg, allowed))
 
 
+def canonical_loss(value: object, *, arg: str = "loss", allowed: Collection[str] = LOSS_BACKENDS) -> LossBackend:
+    """The canonical name of a loss swap backend (no aliases); see :func:`canonical_precision`.
+
+    Example:
+        >>> canonical_loss("Chunked")
+        'chunked'
+    """
+    return cast(LossBackend, _canonical("a loss backend", value, LOSS_BACKENDS, {}, arg, allowed))
+
+
 def precision_dtype(precision: str) -> torch.dtype:
     """The dtype a Lightning precision computes matmuls and attention in (autocast's dtype under mixed precision).
 
@@ -180,7 +201,40 @@ def precision_dtype(precision: str) -> torch.dtype:
         >>> precision_dtype("bf16-mixed"), precision_dtype("16-true"), precision_dtype("transformer-engine")
         (torch.bfloat16, torch.float16, torch.float8_e4m3fn)
     """
-    return _DTYPES[canonical_precision(precision, allowed=_DTYPES)]
+    import torch
+
+    dtype: torch.dtype = getattr(torch, _DTYPES[canonical_precision(precision, allowed=_DTYPES)][0])
+    return dtype
+
+
+def precision_bytes(precision: str) -> int:
+    """The bytes per element of :func:`precision_dtype`, known without importing torch.
+
+    Example:
+        >>> precision_bytes("bf16-mixed"), precision_bytes("32-true"), precision_bytes("transformer-engine")
+        (2, 4, 1)
+    """
+    return _DTYPES[canonical_precision(precision, allowed=_DTYPES)][1]
+
+
+def check_precision_device(precision: str, device: str) -> None:
+    """Refuse a precision that cannot train on a device type: ``16-mixed`` (fp16 with a gradient scaler) on a CPU.
+
+    Args:
+        precision: A precision name or alias.
+        device: The device type, e.g. ``"cpu"`` or ``"cuda"``.
+
+    Raises:
+        ValueError: If the precision cannot train there.
+
+    Example:
+        >>> check_precision_device("bf16", "cpu"), check_precision_device("16-mixed", "cuda")
+        (None, None)
+    """
+    if canonical_precision(precision) == "16-mixed" and device == "cpu":
+        raise ValueError(
+            "`precision` '16-mixed' needs a CUDA GPU (fp16 autocast with a gradient scaler); on CPU use 'bf16-mixed'"
+        )
 
 
 def auto_precision(device: torch.device | str) -> str:
@@ -194,6 +248,8 @@ def auto_precision(device: torch.device | str) -> str:
         >>> auto_precision("cpu")
         '32-true'
     """
+    import torch
+
     if torch.device(device).type == "cuda":
         return "bf16-mixed" if torch.cuda.is_bf16_supported() else "16-mixed"
     return "32-true"

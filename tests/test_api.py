@@ -39,7 +39,7 @@ def test_all_is_sorted_and_importable(name: str) -> None:
 
 
 def test_import_pulls_in_no_optional_package() -> None:
-    optional = "('bitsandbytes', 'flash_attn', 'deepspeed', 'pynvml')"
+    optional = "('bitsandbytes', 'flash_attn', 'deepspeed', 'liger_kernel', 'pynvml')"
     code = f"import sys, lightning_tune; print(sorted(m for m in {optional} if m in sys.modules))"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.strip()
     assert out == "[]"
@@ -52,6 +52,7 @@ def test_import_pulls_in_no_optional_package() -> None:
         ("flash_attn", "flash2"),
         ("flash_attn.cute", "flash4"),
         ("deepspeed", "deepspeed"),
+        ("liger_kernel", "liger"),
         ("pynvml", "gpu"),
     ],
 )
@@ -71,8 +72,8 @@ def test_missing_optional_package_names_the_extra(monkeypatch: pytest.MonkeyPatc
 def test_require_rejects_unknown_packages() -> None:
     with pytest.raises(
         ValueError,
-        match=r"`module` must be one of \['bitsandbytes', 'deepspeed', 'flash_attn', 'flash_attn.cute', 'pynvml'\], "
-        r"got 'numpy'",
+        match=r"`module` must be one of \['bitsandbytes', 'deepspeed', 'flash_attn', 'flash_attn.cute', "
+        r"'liger_kernel', 'pynvml'\], got 'numpy'",
     ):
         _imports.require("numpy", feature="x")
 

@@ -182,8 +182,8 @@ def _flash_message() -> str:
     [
         pytest.param(["--batch-size", "4,x"], "--batch-size: must be distinct integers >= 1", id="batch-not-int"),
         pytest.param(["--batch-size", "0"], "argument --batch-size: must be distinct integers >= 1", id="batch-0"),
-        pytest.param(["--steps", "1"], "--steps: must be an integer >= 2, got '1'", id="steps"),
-        pytest.param(["--warmup", "-1"], "--warmup: must be an integer >= 0", id="warmup"),
+        pytest.param(["--steps", "1"], "--steps: must be an integer from 2 to 1000000, got '1'", id="steps"),
+        pytest.param(["--warmup", "-1"], "--warmup: must be an integer from 0 to 1000000", id="warmup"),
         pytest.param(["--mode", "eval"], "invalid choice: 'eval'", id="mode"),
         pytest.param(["--model", "mymodel"], "`model` must be 'package.module:ClassName', got 'mymodel'", id="spec"),
         pytest.param(["--model", "no_such_package.models:Net"], "cannot import module", id="import-fails"),

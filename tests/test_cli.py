@@ -34,10 +34,10 @@ def test_demo_command_trains_and_prints_a_summary(tmp_path: Path, capsys: pytest
         pytest.param(["demo", "--max-steps", "0"], "--max-steps: must be an integer >= 1, got '0'", id="zero-steps"),
         pytest.param(["demo", "--max-steps", "ten"], "--max-steps: must be an integer >= 1", id="not-a-number"),
         pytest.param(["demo", "--batch-size", "-4"], "--batch-size: must be an integer >= 1", id="negative-batch"),
-        pytest.param(["demo", "--seed", "-1"], "--seed: must be an integer >= 0", id="negative-seed"),
+        pytest.param(["demo", "--seed", "-1"], "--seed: must be an integer from 0 to 4294967295", id="negative-seed"),
         pytest.param(["demo", "--accelerator", "tpu"], "invalid choice: 'tpu'", id="accelerator"),
         pytest.param(["demo", "--precision", "8-bit"], "--precision: must be one of 'auto', '32-true'", id="precision"),
-        pytest.param(["demo", "--devices", "0"], "--devices: must be a device count >= 1", id="zero-devices"),
+        pytest.param(["demo", "--devices", "0"], "--devices: must be a device count from 1 to 1024", id="zero-devices"),
         pytest.param(
             ["demo", "--precision", "transformer-engine", "--accelerator", "cpu"],
             "transformer_engine",
@@ -52,7 +52,7 @@ def test_demo_command_trains_and_prints_a_summary(tmp_path: Path, capsys: pytest
         ),
         pytest.param(
             ["demo", "--root-dir", ""],
-            "--root-dir: must be a non-empty path (use '.' for the current directory), got ''",
+            "--root-dir: must be a non-empty path without NUL characters (use '.' for the current directory), got ''",
             id="empty-root-dir",
         ),
         pytest.param(
@@ -86,10 +86,45 @@ def test_demo_root_dir_through_a_file_exits_2_with_one_line(tmp_path: Path, caps
     assert (tmp_path / "a-file").read_text() == ""
 
 
-def test_no_command_prints_help_and_returns_2(capsys: pytest.CaptureFixture[str]) -> None:
+def test_no_command_is_a_one_line_usage_error(capsys: pytest.CaptureFixture[str]) -> None:
     assert main([]) == 2
     err = capsys.readouterr().err
-    assert "usage: lightning-tune" in err and "demo" in err
+    assert err == (
+        "lightning-tune: error: the following arguments are required: <command> (see 'lightning-tune --help')\n"
+    )
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        pytest.param(["--version"], id="version"),
+        pytest.param(["calc", "batch-size", "--help"], id="calc-help"),
+        pytest.param(
+            ["calc", "batch-size", "--model", "llama-2-7b", "--gpu-memory", "80GB", "--seq-len", "2048"], id="calc"
+        ),
+        pytest.param(["report", "--help"], id="report-help"),
+        pytest.param(["bench", "--steps", "1"], id="usage-error"),
+    ],
+)
+def test_commands_that_do_not_train_import_neither_torch_nor_lightning(argv: list[str]) -> None:
+    """Importing torch and Lightning takes seconds; ``--version``, ``calc`` and usage errors need neither."""
+    code = (
+        "import sys; from lightning_tune.cli import main; main(sys.argv[1:]); "
+        "print(sorted(set(sys.modules) & {'torch', 'lightning', 'matplotlib'}))"
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", code, *argv], capture_output=True, text=True, timeout=120, check=False
+    )
+    assert result.stdout.splitlines()[-1] == "[]", result.stderr[-2000:]
+
+
+def test_import_lightning_tune_loads_its_names_on_first_use() -> None:
+    import lightning_tune
+
+    assert set(lightning_tune._ORIGINS) == set(lightning_tune.__all__) - {"__version__"}
+    code = "import sys, lightning_tune; print(sorted(set(sys.modules) & {'torch', 'lightning'}))"
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=False)
+    assert result.stdout.strip() == "[]", result.stderr[-2000:]
 
 
 def test_help_returns_0(capsys: pytest.CaptureFixture[str]) -> None:
@@ -125,7 +160,7 @@ def test_a_bad_precision_is_one_line_naming_the_flag_and_the_canonical_names(
 @pytest.mark.parametrize("command", ["demo", "calc", "bench", "report"])
 def test_cli_only_assembles_the_parser_each_command_lives_in_its_module(command: str) -> None:
     """``cli`` holds no command code: every handler and sub-parser comes from ``lightning_tune.commands.<command>``."""
-    argv = {"calc": ["calc", "batch-size", "--model", "gpt2", "--gpu-memory", "1", "--sequence-length", "8"]}
+    argv = {"calc": ["calc", "batch-size", "--model", "gpt2", "--gpu-memory", "1GB", "--sequence-length", "8"]}
     args = cli.build_parser().parse_args(argv.get(command, [command]))
     assert args.handler.__module__ == f"lightning_tune.commands.{command}"
     tree = ast.parse(Path(cli.__file__).read_text())

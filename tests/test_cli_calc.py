@@ -50,8 +50,8 @@ def test_says_plainly_when_nothing_fits_and_what_would(capsys: pytest.CaptureFix
     assert "  --optimizer adamw8bit: still does not fit: batch 1 needs 73.71 GiB" in out
     assert "  --lora-rank 16: fits batch 1 (optimal margin)" in out
     assert "  --optimizer adamw8bit --grad-checkpointing --lora-rank 16: fits batch 6 (optimal margin)" in out
-    assert "DeepSpeed on 1 GPU: ZeRO stage 3 with optimizer and weights offloaded to CPU needs 10.78 GiB" in out
-    assert "  16 GPUs: ZeRO stage 3 needs 17.05 GiB per GPU" in out
+    assert "DeepSpeed on 1 GPU: ZeRO stage 3 with optimizer and weights offloaded to CPU needs 10.51 GiB" in out
+    assert "  16 GPUs: ZeRO stage 3 needs 17.57 GiB per GPU" in out
     assert recommended(out) == (0, 0, 0)
 
 
@@ -68,78 +68,89 @@ def test_reads_a_hugging_face_config(tmp_path: Path, capsys: pytest.CaptureFixtu
     ("argv", "expected"),
     [
         pytest.param(
-            ["--model", "llama-2-8b", "--gpu-memory", "1", "--sequence-length", "8"],
+            ["--model", "llama-2-8b", "--gpu-memory", "1GB", "--sequence-length", "8"],
             "unknown model 'llama-2-8b'; did you mean",
             id="unknown-model",
         ),
         pytest.param(
-            ["--model", "missing/config.json", "--gpu-memory", "1", "--sequence-length", "8"],
+            ["--model", "missing/config.json", "--gpu-memory", "1GB", "--sequence-length", "8"],
             "no Hugging Face config.json at",
             id="missing-config",
         ),
         pytest.param(
-            ["--model", "gpt2", "--gpu-memory", "0", "--sequence-length", "8"],
-            "--gpu-memory: must be an integer >= 1, got '0'",
+            ["--model", "gpt2", "--gpu-memory", "0GB", "--sequence-length", "8"],
+            "--gpu-memory: must be from 1 GiB to 64 TiB, such as '24GB', got '0GB'",
             id="zero-memory",
         ),
         pytest.param(
-            ["--model", "gpt2", "--gpu-memory", "24GB", "--sequence-length", "8"],
-            "--gpu-memory: must be an integer >= 1, got '24GB'",
-            id="units",
+            ["--model", "gpt2", "--gpu-memory", "24", "--sequence-length", "8"],
+            "--gpu-memory: a bare number is MiB, so '24' is 24 MiB, less than any GPU; give a unit, such as '24GB' "
+            "for 24 GiB",
+            id="bare-number-below-1024",
         ),
         pytest.param(
-            ["--model", "gpt2", "--gpu-memory", "1", "--sequence-length", "-1"],
-            "argument --sequence-length/--seq-len: must be an integer >= 1",
+            ["--model", "gpt2", "--gpu-memory", "24 XB", "--sequence-length", "8"],
+            "--gpu-memory: must be an amount such as '24GB', '24GiB', '80G' or '24576' (MiB), got '24 XB'",
+            id="unknown-unit",
+        ),
+        pytest.param(
+            ["--model", "gpt2", "--gpu-memory", "nan", "--sequence-length", "8"],
+            "--gpu-memory: must be an amount such as",
+            id="not-a-number",
+        ),
+        pytest.param(
+            ["--model", "gpt2", "--gpu-memory", "1GB", "--sequence-length", "-1"],
+            "argument --sequence-length/--seq-len: must be an integer from 1 to 16777216, got '-1'",
             id="sequence",
         ),
         pytest.param(
-            ["--model", "gpt2", "--gpu-memory", "1", "--sequence-length", "8", "--precision", "fp8"],
+            ["--model", "gpt2", "--gpu-memory", "1GB", "--sequence-length", "8", "--precision", "fp8"],
             "argument --precision: must be one of '32-true', '16-mixed', 'bf16-mixed', '16-true', 'bf16-true', "
             "'64-true' (or an alias: ",
             id="precision",
         ),
         pytest.param(
-            ["--model", "gpt2", "--gpu-memory", "1", "--sequence-length", "8", "--precision", "auto"],
+            ["--model", "gpt2", "--gpu-memory", "1GB", "--sequence-length", "8", "--precision", "auto"],
             "argument --precision: must be one of '32-true',",
             id="auto-needs-a-gpu",
         ),
         pytest.param(
-            ["--model", "gpt2", "--gpu-memory", "1", "--sequence-length", "8", "--optimizer", "adam"],
+            ["--model", "gpt2", "--gpu-memory", "1GB", "--sequence-length", "8", "--optimizer", "adam"],
             "argument --optimizer: must be one of 'adamw', 'sgd', 'adamw_fused', 'adam8bit',",
             id="optimizer",
         ),
         pytest.param(
-            ["--model", "gpt2", "--gpu-memory", "1", "--sequence-length", "8", "--lora-rank", "0"],
+            ["--model", "gpt2", "--gpu-memory", "1GB", "--sequence-length", "8", "--lora-rank", "0"],
             "--lora-rank: must be an integer >= 1",
             id="rank",
         ),
         pytest.param(
-            ["--model", "gpt2", "--gpu-memory", "1", "--sequence-length", "8", "--lora-rank", "100000"],
+            ["--model", "gpt2", "--gpu-memory", "1GB", "--sequence-length", "8", "--lora-rank", "100000"],
             "`lora_rank` must be an integer from 1 to 768 for gpt2",
             id="rank-above-hidden-size",
         ),
         pytest.param(
-            ["--model", "gpt2", "--gpu-memory", "1", "--sequence-length", "8", "--attention", "flash3"],
+            ["--model", "gpt2", "--gpu-memory", "1GB", "--sequence-length", "8", "--attention", "flash3"],
             "argument --attention: must be one of 'auto', 'flash', 'sdpa', 'eager' (or an alias: ",
             id="attention",
         ),
         pytest.param(
-            ["--model", "gpt2", "--gpu-memory", "1", "--sequence-length", "8", "--grad-checkpointing=yes"],
+            ["--model", "gpt2", "--gpu-memory", "1GB", "--sequence-length", "8", "--grad-checkpointing=yes"],
             "--grad-checkpointing: ignored explicit argument 'yes'",
             id="flag-value",
         ),
         pytest.param(
-            ["--model", "gpt2", "--gpu-memory", "1", "--sequence-length", "8", "--no-master-weights=no"],
+            ["--model", "gpt2", "--gpu-memory", "1GB", "--sequence-length", "8", "--no-master-weights=no"],
             "--no-master-weights: ignored explicit argument 'no'",
             id="no-master-flag-value",
         ),
         pytest.param(
-            ["--gpu-memory", "1", "--sequence-length", "8"],
+            ["--gpu-memory", "1GB", "--sequence-length", "8"],
             "the following arguments are required: --model",
             id="no-model",
         ),
         pytest.param(
-            ["--model", "gpt2", "--gpu-memory", "1", "--sequence-length", "8", "--gpus", "2"],
+            ["--model", "gpt2", "--gpu-memory", "1GB", "--sequence-length", "8", "--gpus", "2"],
             "unrecognized arguments: --gpus 2",
             id="unknown-flag",
         ),
@@ -149,7 +160,7 @@ def test_reads_a_hugging_face_config(tmp_path: Path, capsys: pytest.CaptureFixtu
             id="longer-than-positions",
         ),
         pytest.param(
-            ["--model", "tests", "--gpu-memory", "1", "--sequence-length", "8"],
+            ["--model", "tests", "--gpu-memory", "1GB", "--sequence-length", "8"],
             "`model`: the directory 'tests' has no config.json",
             id="directory-without-config",
         ),
@@ -189,10 +200,41 @@ def test_aliases_give_the_same_plan_as_the_canonical_names(
     assert f"({canonical['precision']}, " in out  # the breakdown names the canonical precision
 
 
-def test_calc_without_a_calculation_prints_its_help(capsys: pytest.CaptureFixture[str]) -> None:
+def test_calc_without_a_calculation_is_a_one_line_usage_error(capsys: pytest.CaptureFixture[str]) -> None:
     status, _, err = run(["calc"], capsys)
+    assert (status, err.count("\n")) == (2, 1)
+    assert "the following arguments are required: <calculation> (see 'lightning-tune calc --help')" in err
+
+
+@pytest.mark.parametrize("flag", ["--model", "--gpu-memory", "--seq-len", "--lora-rank", "--grad-checkpointing"])
+def test_a_flag_of_batch_size_given_to_calc_names_the_calculation(
+    flag: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    status, _, err = run(["calc", flag, "llama-2-7b"], capsys)
     assert status == 2
-    assert "batch-size" in err
+    assert err == (
+        f"lightning-tune calc: error: {flag} is an option of 'lightning-tune calc batch-size': run "
+        f"'lightning-tune calc batch-size {flag} ...'\n"
+    )
+
+
+@pytest.mark.parametrize(
+    ("text", "mib"),
+    [
+        pytest.param("24GB", 24 * 1024, id="GB-is-GiB"),
+        pytest.param("24GiB", 24 * 1024, id="GiB"),
+        pytest.param("80G", 80 * 1024, id="G"),
+        pytest.param("24000MiB", 24000, id="MiB"),
+        pytest.param("24000", 24000, id="bare-MiB"),
+        pytest.param("1.5 tb", 1536 * 1024, id="decimal-lower-case-space"),
+    ],
+)
+def test_gpu_memory_takes_units(text: str, mib: int, capsys: pytest.CaptureFixture[str]) -> None:
+    status, out, err = run([*BASE, "--gpu-memory", text], capsys)
+    assert err == ""
+    assert f"({mib} MiB); peak = fixed total" in out
+    estimate = estimate_memory("llama-2-7b", sequence_length=2048)
+    assert recommended(out) == tuple(estimate.batch_sizes(mib * 2**20).values())
 
 
 def test_help_lists_the_flags(capsys: pytest.CaptureFixture[str]) -> None:

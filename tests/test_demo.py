@@ -7,6 +7,7 @@ from typing import Any
 
 import pytest
 import torch
+from lightning.pytorch.callbacks import Callback
 from torch import nn
 from torch.utils.data import IterableDataset
 
@@ -20,7 +21,7 @@ from lightning_tune.demos import (
     SyntheticTokenDataset,
     run_demo,
 )
-from lightning_tune.demos.run import prepare_demo
+from lightning_tune.demos.run import cpu_threads, prepare_demo
 
 SMALL = GPTConfig(vocab_size=20, seq_len=16, d_model=32, n_layers=2, n_heads=4)
 
@@ -239,9 +240,11 @@ def test_run_demo_trains_and_writes_tensorboard_logs(tmp_path: Path) -> None:
 @pytest.mark.parametrize(
     ("kwargs", "error", "match"),
     [
-        pytest.param({"max_steps": 0}, ValueError, r"`max_steps` must be an integer >= 1, got 0", id="zero-steps"),
+        pytest.param(
+            {"max_steps": 0}, ValueError, r"`max_steps` must be an integer from 1 to 1000000, got 0", id="zero-steps"
+        ),
         pytest.param({"batch_size": 2.5}, TypeError, r"`batch_size` must be an integer", id="float-batch"),
-        pytest.param({"seed": 2**32}, ValueError, r"`seed` must be an integer <= 4294967295", id="huge-seed"),
+        pytest.param({"seed": 2**32}, ValueError, r"`seed` must be an integer from 0 to 4294967295", id="huge-seed"),
         pytest.param({"extra_callbacks": [object()]}, TypeError, r"`extra_callbacks` must hold", id="not-callback"),
         pytest.param(
             {"batch_size": 100_000_000},
@@ -268,6 +271,21 @@ def test_run_demo_trains_and_writes_tensorboard_logs(tmp_path: Path) -> None:
             ValueError,
             r"`default_root_dir` '.*a-file/logs/run' cannot be a directory: '.*a-file' is a file",
             id="dir-through-a-file",
+        ),
+        pytest.param(
+            {"default_root_dir": "/proc/forbidden/x"},
+            ValueError,
+            r"`default_root_dir` '/proc/forbidden/x' cannot hold the logs: No such file or directory",
+            id="dir-that-cannot-be-made",
+        ),
+        pytest.param(
+            {"precision": "16-mixed", "accelerator": "cpu"},
+            ValueError,
+            r"`precision` '16-mixed' needs a CUDA GPU .*; on CPU use 'bf16-mixed'",
+            id="fp16-on-cpu",
+        ),
+        pytest.param(
+            {"max_steps": 10**30}, ValueError, r"`max_steps` must be an integer from 1 to 1000000", id="forever"
         ),
     ],
 )
@@ -310,3 +328,54 @@ def test_example_script_runs_with_the_pack_callbacks(tmp_path: Path) -> None:
     metrics = example.main(max_epochs=1, root_dir=str(tmp_path))
     assert metrics["val_acc"] > 0.5  # four classes: well above chance after one epoch
     assert list((tmp_path / "lightning_logs").glob("version_*/events.out.tfevents.*"))
+
+
+class _Threads(Callback):
+    def __init__(self) -> None:
+        self.seen: set[int] = set()
+
+    def on_train_batch_start(self, *args: Any) -> None:
+        self.seen.add(torch.get_num_threads())
+
+
+@pytest.mark.parametrize(
+    ("omp", "load", "expected"),
+    [
+        pytest.param(None, 1.7, 1, id="one-core-busy"),
+        pytest.param(None, 9.0, 1, id="overloaded"),
+        pytest.param(None, 0.2, 2, id="idle"),
+        pytest.param("2", 9.0, 2, id="OMP_NUM_THREADS-decides"),
+    ],
+)
+def test_cpu_threads_are_the_idle_cores(
+    omp: str | None, load: float, expected: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr("os.cpu_count", lambda: 2)
+    monkeypatch.setattr("os.getloadavg", lambda: (load, load, load))
+    if omp is None:
+        monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+    else:
+        monkeypatch.setenv("OMP_NUM_THREADS", omp)
+    assert cpu_threads(2) == expected
+
+
+def test_demo_trains_on_the_idle_cores_and_gives_the_threads_back(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """On two cores under load two threads were 8 times slower than one: the demo trains on the idle cores only."""
+    monkeypatch.setattr("os.cpu_count", lambda: 2)
+    monkeypatch.setattr("os.getloadavg", lambda: (1.7, 1.7, 1.7))
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+    before = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        threads = _Threads()
+        summary = run_demo(
+            max_steps=2, batch_size=2, accelerator="cpu", enable_progress_bar=False, default_root_dir=tmp_path,
+            extra_callbacks=[threads],
+        )  # fmt: skip
+        assert threads.seen == {1}
+        assert summary.device.endswith(", 1 thread)")
+        assert torch.get_num_threads() == 2
+    finally:
+        torch.set_num_threads(before)

@@ -312,6 +312,15 @@ class _FakeCuda:
         def reset(device: Any = None) -> None:
             self.peak = self.allocated
 
+        def stats(device: Any = None) -> dict[str, int]:  # what torch's memory_allocated() & co. read
+            self.devices.append(torch.device(device) if device is not None else None)
+            return {
+                "allocated_bytes.all.current": self.allocated,
+                "allocated_bytes.all.peak": self.peak,
+                "reserved_bytes.all.current": self.reserved,
+                "num_alloc_retries": 0,
+            }
+
         cuda = "torch.cuda."
         return [
             mock.patch(cuda + "is_available", return_value=True),
@@ -321,7 +330,7 @@ class _FakeCuda:
             mock.patch(cuda + "memory_allocated", side_effect=seen(lambda: self.allocated)),
             mock.patch(cuda + "max_memory_allocated", side_effect=seen(lambda: self.peak)),
             mock.patch(cuda + "max_memory_reserved", side_effect=seen(lambda: self.peak)),
-            mock.patch(cuda + "memory_stats", side_effect=seen(lambda: {"num_alloc_retries": 0})),
+            mock.patch(cuda + "memory_stats", side_effect=stats),
             mock.patch(cuda + "reset_peak_memory_stats", side_effect=reset),
         ]
 
@@ -502,9 +511,10 @@ def test_a_probe_without_a_device_reads_the_device_set_later() -> None:
 def test_changes_recoveries_and_a_summary_are_reported(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
     memory = sim(per_sample=500)  # 32 never fits
     dyn = lt.DynamicBatchSize(adjust_every=3, multiple_of=4, probe=memory)
-    with caplog.at_level("INFO"), pytest.warns(UserWarning, match="out of memory at micro-batch 32.*again at 16"):
+    again = "out of memory at a micro-batch of 32 samples.*again at 16 samples"
+    with caplog.at_level("INFO"), pytest.warns(UserWarning, match=again):
         fit(Net(batch_size=32, n=256), [dyn], tmp_path)
-    assert "DynamicBatchSize: micro-batch 32 -> 16 (oom)" in caplog.text
+    assert "DynamicBatchSize: micro-batch 32 samples -> 16 samples (oom)" in caplog.text
     assert f"settled at micro-batch {dyn.batch_size}" in caplog.text
     assert dyn.oom_recoveries == 1 and f"{dyn.decisions} decisions, 1 out-of-memory error recovered" in caplog.text
 
@@ -605,8 +615,15 @@ def test_gpu_validation_is_left_out_and_peak_settles_under_target(tmp_path: Path
     dyn = lt.DynamicBatchSize(target_vram=0.5, adjust_every=4, multiple_of=1, min_change=0.0)
     decisions = Decisions(dyn)
     model = Validated(batch_size=4096, n=4096 * 24)
+    # memory must bind before the effective batch of 4096 on any device: tensors held beside the model (as a large
+    # model's weights would be) leave half the device for about 1,024 samples (about 42 bytes a sample per unit of
+    # width, as measured on an H200), on 24 GB as on 141 GB
+    free, _ = torch.cuda.mem_get_info()
+    half = (free + torch.cuda.memory_reserved()) // 2
+    held = torch.empty(max(0, half - 1024 * 42 * 8192), dtype=torch.uint8, device="cuda")
     torch.cuda.reset_peak_memory_stats()
     _gpu_fit(model, [dyn, decisions], tmp_path, max_steps=24, val_check_interval=8, num_sanity_val_steps=0)
+    assert held.numel() > 0 and dyn.batch_size is not None and dyn.batch_size < 4096  # memory bound, not the batch
     capacity = dyn.probe.capacity_bytes()  # type: ignore[union-attr]
     assert "shrink" not in decisions.reasons and dyn.oom_recoveries == 0
     model_peak = dyn.controller.model.predict(dyn.batch_size or 1) or math.inf

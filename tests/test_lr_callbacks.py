@@ -186,7 +186,9 @@ def test_lr_is_logged_per_group_and_learning_rate_monitor_agrees(tmp_path: Path)
     rows = csv_rows(logger.log_dir)
     ours = {int(r["step"]): (float(r["tune/lr"]), float(r["tune/lr/pg1"])) for r in rows if r.get("tune/lr")}
     monitor = {int(r["step"]): float(r["lr-SGD/pg1"]) for r in rows if r.get("lr-SGD/pg1")}
-    assert sorted(ours) == list(range(12))
+    assert sorted(ours) == list(range(13))  # each step's LR, then where the run ended, at the step count
+    final = ours.pop(12)
+    assert final == pytest.approx(tuple(g["lr"] for g in trainer.optimizers[0].param_groups))
     for step, (lr0, lr1) in ours.items():
         assert (lr0, lr1) == pytest.approx(tuple(rec.lrs[step]))
         assert monitor[step] == pytest.approx(lr0)  # Lightning's LearningRateMonitor sees the same schedule

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import re
 import resource
 from typing import Any
@@ -11,7 +12,7 @@ import torch
 from torch import nn
 
 from lightning_tune.demos import DemoGPT, GPTConfig
-from lightning_tune.plan import measure_memory
+from lightning_tune.plan import measure_memory, measured
 from lightning_tune.plan.measured import _fake_modes, _LiveBytes
 from lightning_tune.swaps.optimizer import optimizer_state_bytes
 
@@ -198,3 +199,59 @@ def test_planning_for_a_gpu_includes_the_multi_tensor_optimizer_temporaries() ->
     assert for_gpu.optimizer_bytes == for_cpu.optimizer_bytes
     # torch's foreach AdamW holds sqrt(second moments) of all 8 weights at once, the per-tensor path two at a time
     assert for_gpu.fixed_bytes - for_cpu.fixed_bytes >= 5 * 4 * 256 * 256
+
+
+class _Tagger(nn.Module):
+    """A token classifier called as a Hugging Face model is: ``model(**batch)`` with -100 labels and a mask."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.emb, self.head = nn.Embedding(64, 32), nn.Linear(32, 8)
+
+    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+        logits = self.head(self.emb(input_ids) * attention_mask.unsqueeze(-1))
+        return nn.functional.cross_entropy(logits.flatten(0, 1), labels.flatten(), ignore_index=-100)
+
+
+def _collated(n: int) -> dict[str, Any]:
+    lengths = [2 + 29 * (i % 3 == 2) for i in range(n)]  # long-tailed, padded to the longest
+    labels = torch.full((n, 31), -100)
+    for row, length in enumerate(lengths):
+        labels[row, :length] = torch.randint(0, 8, (length,))
+    mask = (labels != -100).long()
+    return {"input_ids": torch.randint(0, 64, (n, 31)) * mask, "attention_mask": mask, "labels": labels}
+
+
+def _nested(n: int) -> dict[str, Any]:
+    return {"features": [(torch.randn(n, 16),), {"scale": torch.ones(n, 1)}]}
+
+
+def _scaled_mlp(module: nn.Module, batch: dict[str, Any]) -> torch.Tensor:
+    (x,), extra = batch["features"]
+    return (module(x) * extra["scale"]).pow(2).mean()
+
+
+STEP_ON_META = [
+    pytest.param(lambda: DemoGPT(CONFIG), token_batch, {}, id="lightning-tuple"),
+    pytest.param(_Tagger, _collated, {}, id="hf-collator-dict"),
+    pytest.param(
+        lambda: nn.Sequential(nn.Linear(16, 32), nn.ReLU(), nn.Linear(32, 1)),
+        _nested,
+        {"loss_fn": _scaled_mlp},
+        id="nested-dict-list-tuple",
+    ),
+]
+
+
+@pytest.mark.filterwarnings("ignore:.*self.log.*")
+@pytest.mark.parametrize(("make_model", "make_batch", "kwargs"), STEP_ON_META)
+def test_a_batch_function_measures_on_another_device_what_its_template_does(
+    make_model: Any, make_batch: Any, kwargs: dict[str, Any], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # On a GPU the fake parameters are on `cuda` while a batch function makes CPU tensors; `meta` is such another
+    # device on a CPU-only torch. A template is made on the step's device: the function's batch must be moved there.
+    real_run = measured._run
+    monkeypatch.setattr(measured, "_run", lambda *a, **k: real_run(*a, **{**k, "device": torch.device("meta")}))
+    monkeypatch.setattr(torch, "autocast", lambda *a, **k: contextlib.nullcontext())  # none for meta; 32-true here
+    from_template = measure_memory(make_model(), make_batch(1), **kwargs)
+    assert measure_memory(make_model(), make_batch, **kwargs) == from_template

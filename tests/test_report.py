@@ -51,6 +51,10 @@ def full_metrics(step: int) -> dict[str, float]:
         "tune/batch_size": 32.0 if step < 50 else 64.0,
         "tune/accumulate_grad_batches": 4.0 if step < 50 else 2.0,
         "tune/effective_batch_size": 128.0,
+        "tune/micro_batch_tokens": 4096.0 if step < 50 else 6144.0,
+        "perf/train/padding_frac": 0.26 + 0.02 * wave,
+        "train_loss": 1.5 + 2.5 * math.exp(-step / 30) + 0.05 * wave,
+        "val_loss": 1.6 + 2.5 * math.exp(-step / 30),
     }
 
 
@@ -181,8 +185,11 @@ def test_render_report_from_event_files_draws_every_panel(two_runs: tuple[Path, 
     assert panels == [
         "Throughput",
         "Step time",
+        "Loss",
         "Learning rate",
         "Batch size",
+        "Token budget",
+        "Padding",
         "GPU memory",
         "Utilisation",
         "Validation latency",
@@ -204,6 +211,17 @@ def test_render_report_from_event_files_draws_every_panel(two_runs: tuple[Path, 
         pytest.param(("perf/vram_peak_gib", "perf/vram_reserved_gib"), ["GPU memory"], id="vram-gib"),
         pytest.param(("perf/train/mfu", "perf/gpu_util_pct"), ["Utilisation"], id="utilisation"),
         pytest.param(("perf/val/batch_ms_p99",), ["Validation latency"], id="validation"),
+        pytest.param(("train_loss", "val_loss", "perf/train/step_ms_p50"), ["Step time", "Loss"], id="losses"),
+        pytest.param(("perf/train/padding_frac",), ["Padding"], id="padding"),
+        pytest.param(("perf/train/data_wait_frac",), ["Utilisation"], id="data-wait-of-4-percent"),
+        pytest.param(
+            ("tune/batch_size", "tune/micro_batch_tokens"), ["Token budget"], id="token-budget-decides-the-micro-batch"
+        ),
+        pytest.param(
+            ("tune/batch_size", "tune/micro_batch_tokens", "tune/effective_batch_size"),
+            ["Batch size", "Token budget"],
+            id="effective-batch-beside-a-token-budget",
+        ),
         pytest.param(
             ("perf/train/samples_per_sec", "tune/batch_size", "perf/alloc_retries", "perf/train/straggler_ratio"),
             ["Throughput", "Batch size"],
@@ -215,6 +233,43 @@ def test_render_report_draws_only_panels_with_data(keys: tuple[str, ...], expect
     out = tmp_path / "r.png"
     assert render_report({"version_0": in_memory(full_metrics, keys)}, out, dpi=40) == expected
     assert out.read_bytes()[:8] == PNG_SIGNATURE
+
+
+def test_a_cpu_run_has_no_flat_utilisation_panel(tmp_path: Path) -> None:
+    """Without MFU or GPU readings, a data wait under 1 % would be a flat line at 0 %: the panel is left out."""
+    run = in_memory(lambda step: {"perf/train/samples_per_sec": 600.0, "perf/train/data_wait_frac": 0.002})
+    assert render_report({"cpu": run}, tmp_path / "r.png", dpi=40) == ["Throughput"]
+
+
+def test_the_batch_size_panel_draws_what_was_decided(tmp_path: Path) -> None:
+    """Under a token budget ``tune/batch_size`` is the largest micro-batch of a step, not a decision: not drawn."""
+    import matplotlib.figure
+
+    drawn: list[list[float]] = []
+    original = matplotlib.axes.Axes.step
+
+    def step(self: Any, x: Any, y: Any, *args: Any, **kwargs: Any) -> Any:
+        drawn.append(list(y))
+        return original(self, x, y, *args, **kwargs)
+
+    runs = {
+        "tokens": in_memory(full_metrics, ("tune/batch_size", "tune/micro_batch_tokens", "tune/effective_batch_size")),
+        "samples": in_memory(full_metrics, ("tune/batch_size",)),
+    }
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(matplotlib.axes.Axes, "step", step)
+        assert render_report(runs, tmp_path / "r.png", dpi=40) == ["Batch size", "Token budget"]
+    assert matplotlib.figure is not None
+    assert sorted(max(y) for y in drawn) == [64.0, 128.0, 6144.0]  # samples' micro-batch, tokens' effective, budget
+
+
+def test_read_scalars_follows_a_symlinked_run_directory(tmp_path: Path) -> None:
+    elsewhere, logdir = tmp_path / "elsewhere" / "run", tmp_path / "lightning_logs"
+    written = write_run(elsewhere, cpu_metrics)
+    logdir.mkdir()
+    (logdir / "version_0").symlink_to(elsewhere, target_is_directory=True)
+    (logdir / "loop").symlink_to(logdir, target_is_directory=True)  # a link back up is read once, not forever
+    assert read_scalars(logdir) == {"version_0": written}
 
 
 def test_render_report_lr_only_run_is_a_readable_single_panel(tmp_path: Path) -> None:
@@ -343,14 +398,22 @@ def test_summarise_full_and_subset_runs(two_runs: tuple[Path, Runs]) -> None:
         "LR",
         "batch",
         "size",
+        "token",
+        "budget",
+        "padding",
+        "%",
     ]
     assert table[1].split() == ["run", "last", "median", "last", "median", "p50", "p95", "p99", "peak", "final"] + [
         "last",
         "effective",
+        "last",
+        "median",
     ]
     version_0, version_1 = table[2].split(), table[3].split()
-    assert version_0[0] == "version_0" and version_0[-2:] == ["64", "128"]
-    assert version_1[0] == "version_1" and version_1.count("-") == 6  # tokens x2, p99, VRAM, batch x2
+    padding = sorted(float(np.float32(full_metrics(step)["perf/train/padding_frac"])) for step in STEPS)
+    median = (padding[9] + padding[10]) / 2  # 20 points
+    assert version_0[0] == "version_0" and version_0[-4:] == ["64", "128", "6,144", f"{100 * median:.1f}"]
+    assert version_1[0] == "version_1" and version_1.count("-") == 8  # tokens x2, p99, VRAM, batch x2, budget, padding
     assert f"{np.float32(0.6 + 95 / 1000):.2f}" in version_0  # peak of vram_used_frac, as float32
     assert version_1[1] == f"{0.8 * full_metrics(55)['perf/train/samples_per_sec']:,.0f}"  # last of 12 steps
 
@@ -373,7 +436,7 @@ def test_report_command_writes_the_png_and_prints_the_summary(
     lines = captured.out.strip().splitlines()
     assert "samples/s" in lines[0] and lines[1].startswith("run ")
     assert lines[2].startswith("version_0") and lines[3].startswith("version_1")
-    assert lines[-1] == f"wrote {out} (7 panels: {', '.join(PANEL_TITLES)})"
+    assert lines[-1] == f"wrote {out} (10 panels: {', '.join(PANEL_TITLES)})"
     assert_png(out, min_width=700)
 
 
@@ -390,7 +453,7 @@ def test_report_command_writes_the_png_and_prints_the_summary(
             id="dpi-huge",
         ),
         pytest.param(
-            ["report", ""], "LOGDIR: must be a non-empty path (use '.' for the current directory)", id="empty-logdir"
+            ["report", ""], "LOGDIR: must be a non-empty path without NUL characters (use '.' for", id="empty-logdir"
         ),
         pytest.param(["report", "{tmp}", "-o", ""], "--output: must be a non-empty path", id="empty-output"),
         pytest.param(["report", "{tmp}", "--title", ""], "--title: must be a non-empty text, got ''", id="empty-title"),
@@ -441,13 +504,14 @@ def test_report_renders_a_real_lightning_run(tmp_path: Path, capsys: pytest.Capt
     assert list(runs) == ["lightning_logs/version_0"]
     run = runs["lightning_logs/version_0"]
     assert [s for s, _ in run["perf/train/samples_per_sec"]] == [4, 9, 14, 19, 24, 29]  # Lightning's step numbering
-    assert len(run["tune/lr"]) == 6  # self.log keys reach the logger every log_every_n_steps
+    # on the same steps, then once where the run ended: the cosine's floor, the run's final LR
+    assert [s for s, _ in run["tune/lr"]] == [4, 9, 14, 19, 24, 29, 30] and run["tune/lr"][-1][1] == 0.0
     out = tmp_path / "report.png"
     assert main(["report", str(tmp_path), "-o", str(out)]) == 0
     printed = capsys.readouterr().out
     assert "lightning_logs/version_0" in printed
     drawn = printed.strip().splitlines()[-1]
-    for panel in ("Throughput", "Step time", "Learning rate", "Utilisation", "Validation latency"):
+    for panel in ("Throughput", "Step time", "Loss", "Learning rate", "Validation latency"):
         assert panel in drawn
     assert_png(out)
 

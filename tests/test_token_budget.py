@@ -76,13 +76,14 @@ def test_the_peak_is_recorded_against_the_largest_micro_batch_held_in_the_cache(
     tokens.largest = 4096  # every step was short: no micro-batch came near the budget of 8192
     probe = tokens.decide(32, peak_bytes=200, total_bytes=1000, pressure=False, budget_bytes=900)
     assert tokens.controller.model.state_dict()["points"] == [[4096, 200.0]]
-    assert (probe.batch_size, probe.reason, tokens.largest) == (16384, "probe", 4096)  # 200 / 4096 x 16384 = 800
+    # 200 / 4096 x 16384 = 800; the caller empties the cache after every decision: the largest starts again
+    assert (probe.batch_size, probe.reason, tokens.largest) == (16384, "probe", 0)
     tokens.largest = 16384  # the probe's micro-batch ran, and went over budget
     shrink = tokens.decide(32, peak_bytes=1000, total_bytes=1000, pressure=False, budget_bytes=900)
     # the two points give a negative fixed part: 1000 / 16384 per token, the worst; 900 of it is 14745.6 tokens,
     # 14720 on the grid of 64, 898.4 bytes predicted
     assert (shrink.batch_size, shrink.reason, shrink.predicted_fraction) == (14720, "shrink", 0.898438)
-    assert tokens.largest == 0  # a smaller budget: the caller empties the cache, the largest starts again
+    assert tokens.largest == 0
 
 
 def test_an_oom_halves_the_budget_on_the_token_grid_and_stops_at_its_floor() -> None:

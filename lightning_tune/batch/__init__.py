@@ -5,6 +5,7 @@ runner; none of it knows about the Trainer.
 """
 
 from lightning_tune.batch.control import BatchSizeController, Decision
+from lightning_tune.batch.logs import StepLogs
 from lightning_tune.batch.memory import MemoryModel
 from lightning_tune.batch.probes import FAILURE_KINDS, CudaMemory, MemoryProbe, SimulatedMemory, expandable_segments
 from lightning_tune.batch.runner import (
@@ -18,12 +19,14 @@ from lightning_tune.batch.runner import (
     step_with_retry,
 )
 from lightning_tune.batch.sampler import ResizableBatchSampler
+from lightning_tune.batch.search import SEARCH_MODES, BatchSizeSearch, find_batch_size
 from lightning_tune.batch.split import split_batch, split_sizes
 from lightning_tune.batch.tokens import TokenBudget
 
 __all__ = [
     "ALLOCATION_FAILURE_MESSAGES",
     "BatchSizeController",
+    "BatchSizeSearch",
     "CudaMemory",
     "Decision",
     "FAILURE_KINDS",
@@ -32,12 +35,15 @@ __all__ = [
     "MicroBatch",
     "MicroBatchRunner",
     "ResizableBatchSampler",
+    "SEARCH_MODES",
     "SimulatedMemory",
+    "StepLogs",
     "StepOutcome",
     "TokenBudget",
     "all_reduce_max",
     "cut_step",
     "expandable_segments",
+    "find_batch_size",
     "is_allocation_failure",
     "split_batch",
     "split_sizes",

@@ -9,13 +9,21 @@ effective batch is held), plus halvings below the smallest multiple so that it c
 It settles instead of oscillating:
 
 - it grows only when the new size is at least ``min_change`` (relative) above the current one, only to sizes the
-  model predicts within target, and at most to twice the largest size measured (extrapolating further would
-  amplify noise in the slope);
+  model predicts within target, and, from a line fitted through two or more sizes, at most to twice the largest size
+  measured (extrapolating further would amplify noise in the slope) or to what the line from ``base_bytes`` (the
+  memory in use between steps, a lower bound of the fixed part) through the largest size measured allows, if more.
+  That line over-estimates what a larger size needs, so from a single size anchored at it (or at a prior's slope)
+  the controller goes straight to the largest size predicted within target;
 - it shrinks when the interval's measured peak went over target, when the allocator was under pressure, or when a
   size ran out of memory; such a size is a ceiling for the next ``ceiling_decisions`` decisions;
-- with only one size seen and no prior, the model cannot separate fixed from per-sample memory, so the first
-  decision probes for a slope: one grid step up when even the over-estimated slope says that step stays within
+- with only one size seen, no prior and no base, the model cannot separate fixed from per-sample memory, so the
+  first decision probes for a slope: one grid step up when even the over-estimated slope says that step stays within
   target, otherwise half the size (always safe); at the top of the grid it does not probe.
+
+The interval's peak is of reserved memory, which a caching allocator keeps after the need has gone: the caller
+empties the cache after every decision, so that each interval's peak is its own and the batch grows back when
+memory use falls, and reads the memory live tensors hold then (allocated, not reserved) as the next decision's
+``base_bytes``.
 """
 
 from __future__ import annotations
@@ -24,7 +32,7 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
-from lightning_tune._validation import check_float, check_int
+from lightning_tune._validation import check_float, check_instance, check_int
 from lightning_tune.batch.memory import MemoryModel
 
 __all__ = ["BatchSizeController", "Decision"]
@@ -68,11 +76,12 @@ class BatchSizeController:
         >>> ctl = BatchSizeController(target=0.9, min_batch_size=1, max_batch_size=None, multiple_of=8)
         >>> ctl.decide(8, peak_bytes=180, total_bytes=1000)  # one size seen: probe a step up
         Decision(batch_size=16, predicted_fraction=None, reason='probe')
-        >>> ctl.decide(16, peak_bytes=260, total_bytes=1000)  # a slope: 100 + 10 per sample; at most double
-        Decision(batch_size=32, predicted_fraction=0.42, reason='grow')
-        >>> ctl.decide(32, peak_bytes=420, total_bytes=1000)
-        Decision(batch_size=64, predicted_fraction=0.74, reason='grow')
-        >>> ctl.decide(64, peak_bytes=740, total_bytes=1000)
+        >>> ctl.decide(16, peak_bytes=260, total_bytes=1000)  # 100 + 10 per sample; 260 / 16 per sample is safe
+        Decision(batch_size=48, predicted_fraction=0.58, reason='grow')
+        >>> ctl.decide(48, peak_bytes=580, total_bytes=1000)
+        Decision(batch_size=80, predicted_fraction=0.9, reason='grow')
+        >>> fresh = BatchSizeController(target=0.9, min_batch_size=1, max_batch_size=None, multiple_of=8)
+        >>> fresh.decide(8, peak_bytes=180, total_bytes=1000, base_bytes=100)  # the fixed part is at least 100
         Decision(batch_size=80, predicted_fraction=0.9, reason='grow')
     """
 
@@ -95,6 +104,7 @@ class BatchSizeController:
         check_float("min_change", min_change, low=0.0)
         check_int("ceiling_decisions", ceiling_decisions, minimum=1)
         check_float("probe_growth", probe_growth, low=0.0, low_inclusive=False, allow_none=True)
+        check_instance("model", model, MemoryModel, "a MemoryModel", allow_none=True)
         if max_batch_size is not None and min_batch_size > max_batch_size:
             raise ValueError(f"`min_batch_size` ({min_batch_size}) must not exceed `max_batch_size` ({max_batch_size})")
         self.target = target
@@ -159,6 +169,7 @@ class BatchSizeController:
         cap: int | None = None,
         observed_size: int | None = None,
         budget_bytes: float | None = None,
+        base_bytes: float | None = None,
     ) -> Decision:
         """Record an interval run at ``batch_size`` and choose the next size.
 
@@ -171,13 +182,17 @@ class BatchSizeController:
             pressure: Whether the allocator retried allocations during the interval.
             cap: Upper limit from outside (the held effective batch).
             budget_bytes: Peak memory allowed (``None``: ``target × total_bytes``).
+            base_bytes: Memory in use at the interval's start, with the cache emptied and no micro-batch running (a
+                lower bound of the fixed part; ``None``: keep the model's).
 
         Returns:
             The decision.
         """
-        self._age_ceiling()
+        lifted = self._age_ceiling()
         budget = self.target * total_bytes if budget_bytes is None else budget_bytes
         seen = batch_size if observed_size is None else observed_size
+        if base_bytes is not None:
+            self.model.base_bytes = float(base_bytes)
         self.model.observe(seen, peak_bytes)
         if pressure:
             self._set_ceiling(batch_size)
@@ -190,7 +205,7 @@ class BatchSizeController:
             self._set_ceiling(batch_size)  # not again for a while, so that noise cannot make it oscillate
             best = min(best, self.round_down(batch_size - 1, cap))
             return Decision(best, self._fraction(best, total_bytes), "shrink")
-        if self.model.sizes_seen < 2 and self.model.prior is None:
+        if not self.model.determined:
             up = self.step_up(batch_size, cap)
             if self.probe_growth is not None:
                 up = max(up, self.round_down(batch_size * (1.0 + self.probe_growth), cap))
@@ -201,10 +216,14 @@ class BatchSizeController:
             if up != batch_size and down < batch_size:  # (at the top of the grid there is nothing to find out)
                 return Decision(down, None, "probe")
             return Decision(batch_size, self._fraction(batch_size, total_bytes), "hold")
-        # an extrapolation far beyond what was measured amplifies noise in the slope: at most double at a time
-        best = min(best, max(batch_size, self.round_down(2 * self.model.largest_seen, cap)))
-        if best > batch_size and best >= batch_size * (1.0 + self.min_change):
+        if self.model.sizes_seen >= 2:  # a slope fitted far beyond its points amplifies their noise: at most double,
+            reach = max(2 * self.model.largest_seen, self.model.largest_safe(budget) or 0.0)  # or what is safe
+            best = min(best, max(batch_size, self.round_down(reach, cap)))
+        # a lifted ceiling may free less than min_change (a fine token grid held one step below it): grow anyway
+        if best > batch_size and (best >= batch_size * (1.0 + self.min_change) or lifted):
             return Decision(best, self._fraction(best, total_bytes), "grow")
+        if best < batch_size and seen < batch_size:  # only smaller micro-batches ran: the model speaks for this size
+            return Decision(best, self._fraction(best, total_bytes), "shrink")
         # a smaller best means the model predicts over target though this interval was not: trust the measurement
         return Decision(batch_size, self._fraction(batch_size, total_bytes), "hold")
 
@@ -250,12 +269,15 @@ class BatchSizeController:
         self._ceiling = batch_size if self._ceiling is None else min(self._ceiling, batch_size)
         self._ceiling_age = 0
 
-    def _age_ceiling(self) -> None:
+    def _age_ceiling(self) -> bool:
+        """Age the ceiling by one decision; whether it lifted now."""
         if self._ceiling is None:
-            return
+            return False
         self._ceiling_age += 1
         if self._ceiling_age > self.ceiling_decisions:
             self._ceiling = None
+            return True
+        return False
 
     def state_dict(self) -> dict[str, Any]:
         """Memory model and ceiling, for a checkpoint."""

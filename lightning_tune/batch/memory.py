@@ -4,9 +4,11 @@ Observations are (micro-batch size, peak bytes) pairs, one per measurement inter
 of each of the most recently seen batch sizes, so that it follows a change in memory use (longer sequences later in
 training) instead of averaging it away, and fits a line through them by least squares.
 
-With a single size seen it cannot tell the fixed part from the per-sample part. It then either anchors a prior slope
-(from :func:`lightning_tune.plan.estimate_memory`, say) at the measured point, or, with no prior, assumes no fixed
-part: ``per_sample = peak / batch``, an over-estimate of the slope, so that predictions err towards too much memory.
+With a single size seen it cannot tell the fixed part from the per-sample part. It then anchors a prior slope (from
+:func:`lightning_tune.plan.estimate_memory`, say) at the measured point, or else takes the fixed part to be
+:attr:`MemoryModel.base_bytes`, the memory in use while no micro-batch runs (0 when unknown). That is a lower bound
+of the fixed part, so the slope through it and the measured point is an over-estimate: predictions above the
+measured size err towards too much memory, and a jump to the largest size they allow stays within budget.
 """
 
 from __future__ import annotations
@@ -27,6 +29,10 @@ class MemoryModel:
         window: How many of the most recently observed batch sizes the fit uses.
         tolerance: Relative prediction error beyond which older observations are dropped (see :meth:`observe`).
 
+    Attributes:
+        base_bytes: Memory in use while no micro-batch runs (weights, gradients, optimizer state; ``None`` until
+            known), a lower bound of the fixed part that a single observation is anchored at.
+
     Raises:
         TypeError: If an argument is not an integer.
         ValueError: If an argument is out of range, or only one half of the prior is given.
@@ -41,6 +47,11 @@ class MemoryModel:
         4200.0
         >>> model.largest_batch(5000)
         40.0
+        >>> one = MemoryModel()
+        >>> one.base_bytes = 600  # weights alone: the fixed part is at least this
+        >>> one.observe(8, 1800)
+        >>> one.fixed_bytes, one.bytes_per_sample  # a steeper slope than the truth, 100: safe to extrapolate
+        (600.0, 150.0)
     """
 
     def __init__(
@@ -67,6 +78,12 @@ class MemoryModel:
         self.tolerance = tolerance
         self._misses = 0
         self._points: dict[int, float] = {}  # batch size -> latest peak, in insertion (recency) order
+        self.base_bytes: float | None = None
+
+    @property
+    def determined(self) -> bool:
+        """Whether the fit can separate fixed from per-sample memory: two sizes seen, a prior or a known base."""
+        return len(self._points) >= 2 or self.prior is not None or self.base_bytes is not None
 
     @property
     def sizes_seen(self) -> int:
@@ -101,22 +118,40 @@ class MemoryModel:
         points = list(self._points.items())
         if not points:
             return self.prior
+        base = float(min(self.base_bytes or 0.0, min(p for _, p in points)))  # a lower bound of the fixed part
         if len(points) == 1:
             ((b, peak),) = points
             if self.prior is not None:
                 fixed = peak - self.prior[1] * b
-                if fixed >= 0:
+                if fixed >= base:
                     return fixed, self.prior[1]
-            return 0.0, peak / b
+            return self._anchored(b, peak)
         n = len(points)
         mean_b = sum(b for b, _ in points) / n
         mean_p = sum(p for _, p in points) / n
         var = sum((b - mean_b) ** 2 for b, _ in points)
         slope = sum((b - mean_b) * (p - mean_p) for b, p in points) / var
         fixed = mean_p - slope * mean_b
-        if slope <= 0 or fixed < 0:  # noise swamped the slope: fall back to the over-estimate through the worst point
-            return 0.0, max(p / b for b, p in points)
+        if slope <= 0 or fixed < base:  # noise swamped the slope: the over-estimate through the worst point instead
+            return base, max(max(p - base, 1.0) / b for b, p in points)
         return fixed, slope
+
+    def _anchored(self, batch_size: int, peak: float) -> tuple[float, float]:
+        """The line from :attr:`base_bytes` (0 when unknown) through one observation: its slope is an over-estimate."""
+        base = float(min(self.base_bytes or 0.0, peak))
+        return base, max(peak - base, 1.0) / batch_size
+
+    def largest_safe(self, budget_bytes: float) -> float | None:
+        """Largest batch size within ``budget_bytes`` by the line from the base through the largest size seen.
+
+        The fixed part is at least the base, so that line's slope is at least the true one and the size it gives
+        fits, however noise bent the least-squares line (only the noise of that one peak remains).
+        """
+        if not self._points:
+            return None
+        b = max(self._points)
+        fixed, slope = self._anchored(b, self._points[b])
+        return max(0.0, (budget_bytes - fixed) / slope)
 
     @property
     def fixed_bytes(self) -> float | None:

@@ -17,7 +17,7 @@ from typing import Any, Literal, Protocol, get_args, runtime_checkable
 
 import torch
 
-from lightning_tune._validation import check_float, check_int
+from lightning_tune._validation import check_float, check_int, check_str
 
 __all__ = ["FAILURE_KINDS", "CudaMemory", "FailureKind", "MemoryProbe", "SimulatedMemory", "expandable_segments"]
 
@@ -39,6 +39,8 @@ def expandable_segments(conf: str | None = None) -> bool:
         >>> expandable_segments("max_split_size_mb:128,expandable_segments:True")
         True
     """
+    if conf is not None and not isinstance(conf, str):
+        check_str("conf", conf)
     texts = (
         [conf]
         if conf is not None
@@ -81,7 +83,11 @@ class MemoryProbe(Protocol):
         ...
 
     def free(self) -> None:
-        """Give cached memory back (after an out-of-memory error, or a shrink)."""
+        """Collect garbage and give cached memory back (after an out-of-memory error, or a validation run)."""
+        ...
+
+    def empty_cache(self) -> None:
+        """Give cached memory back, without collecting garbage (after every decision, so cheap)."""
         ...
 
 
@@ -148,6 +154,10 @@ class CudaMemory:
         """Peak reserved memory since the last reset."""
         return int(torch.cuda.max_memory_reserved(self.device))
 
+    def allocated_bytes(self) -> int:
+        """Memory live tensors hold now (``torch.cuda.memory_allocated``): DynamicBatchSize's base between steps."""
+        return int(torch.cuda.memory_allocated(self.device))
+
     def pressure(self) -> bool:
         """Whether the allocator retried an allocation since the last reset."""
         return self._retries is not None and self._alloc_retries() > self._retries
@@ -158,6 +168,10 @@ class CudaMemory:
     def free(self) -> None:
         """Collect garbage and empty the allocator's cache."""
         gc.collect()
+        self.empty_cache()
+
+    def empty_cache(self) -> None:
+        """Empty the allocator's cache (``torch.cuda.empty_cache``)."""
         torch.cuda.empty_cache()
 
     def __repr__(self) -> str:
@@ -446,9 +460,13 @@ class SimulatedMemory:
 
     def free(self) -> None:
         """Collect garbage and empty the cache; memory of tensors still alive stays."""
+        gc.collect()
+        self.empty_cache()
+
+    def empty_cache(self) -> None:
+        """Empty the cache (the last micro-batch's activations are garbage by now); live tensors' memory stays."""
         self._release(self._transient)
         self._transient = None
-        gc.collect()
         self._cache.clear()
 
     def __repr__(self) -> str:

@@ -39,7 +39,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from lightning_tune._validation import check_int
+from lightning_tune._validation import check_callable, check_float, check_instance, check_int
 from lightning_tune.batch.split import split_sizes
 from lightning_tune.perf.batch import count_samples, sequence_length
 
@@ -54,8 +54,11 @@ __all__ = [
     "step_with_retry",
 ]
 
-#: Documented allocation-failure messages of CUDA and its libraries, for errors that are not
-#: ``torch.OutOfMemoryError`` (a cuBLAS handle or workspace, a cuDNN workspace, a raw ``cudaMalloc`` in an extension).
+#: Allocation-failure messages of the devices Lightning trains on, for errors that are not ``torch.OutOfMemoryError``:
+#: CUDA and its libraries (a cuBLAS handle or workspace, a cuDNN workspace, a raw ``cudaMalloc`` in an extension),
+#: ROCm's HIP, Intel's XPU (builds that raise it as a plain ``RuntimeError``), Apple's MPS allocator, torch's CPU
+#: allocator (``[enforce fail at alloc_cpu.cpp:...] DefaultCPUAllocator: can't allocate memory: ...``) and Habana's
+#: HPU device-memory module. The last four are also what accelerate's ``find_executable_batch_size`` shrinks on.
 ALLOCATION_FAILURE_MESSAGES: tuple[str, ...] = (
     "CUDA out of memory",
     "CUDA error: out of memory",
@@ -65,6 +68,13 @@ ALLOCATION_FAILURE_MESSAGES: tuple[str, ...] = (
     "CUSOLVER_STATUS_ALLOC_FAILED",
     "CUFFT_ALLOC_FAILED",
     "CUSPARSE_STATUS_ALLOC_FAILED",
+    "HIP out of memory",
+    "HIP error: out of memory",
+    "XPU out of memory",
+    "MPS backend out of memory",
+    "CPU out of memory",
+    "DefaultCPUAllocator: can't allocate memory",
+    "MODULE:PT_DEVMEM Allocation failed",
 )
 
 OK, RETRY, FATAL = 0, 1, 2
@@ -79,6 +89,7 @@ def is_allocation_failure(err: BaseException) -> bool:
         >>> is_allocation_failure(RuntimeError("mat1 and mat2 shapes cannot be multiplied"))
         False
     """
+    check_instance("err", err, BaseException, "an exception")
     if isinstance(err, torch.OutOfMemoryError):
         return True
     if type(err) is not RuntimeError:  # subclasses of RuntimeError (NotImplementedError, ...) are other errors
@@ -123,12 +134,16 @@ def cut_step(
         >>> [(p.samples, p.weight) for p in pieces]
         [(4, 0.5), (4, 0.5), (2, 0.5)]
     """
+    check_int("micro_batch_size", micro_batch_size, minimum=1)
+    check_float("sample_weight", sample_weight, low=0.0, low_inclusive=False)
+    check_float("tail_weight", tail_weight, low=0.0)
     n = count_samples(batch)
     if n is None:
         raise TypeError(
             f"cannot cut a batch of type {type(batch).__name__} into micro-batches: it holds no tensor whose first "
             "dimension counts the samples"
         )
+    check_int("tail", tail, minimum=0, maximum=n)
 
     def chunks(total: int) -> list[int]:
         return [min(micro_batch_size, total - start) for start in range(0, total, micro_batch_size)]
@@ -227,6 +242,12 @@ class MicroBatchRunner:
         on_failure: Callable[[int, int, str], None] | None = None,
         min_samples: int | None = None,
     ) -> None:
+        for name, hook in (("forward", forward), ("backward", backward), ("zero_grad", zero_grad), ("free", free)):
+            check_callable(name, hook)
+        check_callable("shrink", shrink)
+        check_callable("no_sync", no_sync)
+        check_callable("agree", agree, allow_none=True)
+        check_callable("on_failure", on_failure, allow_none=True)
         check_int("min_size", min_size, minimum=1)
         check_int("min_samples", min_samples, minimum=1, allow_none=True)
         self.forward, self.backward, self.zero_grad, self.free = forward, backward, zero_grad, free
@@ -390,6 +411,11 @@ def step_with_retry(
     Raises:
         torch.OutOfMemoryError: If the step does not fit.
     """
+    if not (hasattr(optimizer, "state") and hasattr(optimizer, "param_groups")):  # wrappers of other packages too
+        raise TypeError(f"`optimizer` must be an optimizer, got {optimizer!r} ({type(optimizer).__name__})")
+    for name, hook in (("step", step), ("free", free), ("warn", warn)):
+        check_callable(name, hook)
+    check_callable("closure", closure, allow_none=True)
     loss = closure() if closure is not None else None
     before = set(optimizer.state)
     params = [p for group in optimizer.param_groups for p in group["params"]]

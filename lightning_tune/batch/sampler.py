@@ -15,7 +15,7 @@ from collections.abc import Iterator, Sized
 import torch
 from torch.utils.data import Sampler
 
-from lightning_tune._validation import check_int
+from lightning_tune._validation import check_bool, check_int
 
 __all__ = ["ResizableBatchSampler"]
 
@@ -30,6 +30,10 @@ class ResizableBatchSampler(Sampler[list[int]]):
             original size ``granule``.
         granule: Batch size that ``drop_last`` refers to (the DataLoader's own batch size).
         limit: Samples per epoch at most (the Trainer's ``limit_train_batches`` in samples), ``None`` for all.
+        seed: For a sampler that draws from a ``generator`` (``RandomSampler``, ``SubsetRandomSampler``,
+            ``WeightedRandomSampler``): each epoch's order is drawn with a generator seeded ``seed + epoch``, as
+            ``DistributedSampler`` does, so that it depends on the epoch alone and a resumed run draws the same
+            orders (``None``: from the sampler as it is).
 
     Raises:
         TypeError: If ``sampler`` has no length or an argument has the wrong type.
@@ -54,16 +58,21 @@ class ResizableBatchSampler(Sampler[list[int]]):
         drop_last: bool = False,
         granule: int = 1,
         limit: int | None = None,
+        seed: int | None = None,
     ) -> None:
-        if not isinstance(sampler, Sized):
-            raise TypeError(f"`sampler` must have a length, got {type(sampler).__name__}")
+        if isinstance(sampler, (str, bytes)) or not isinstance(sampler, Sized):
+            raise TypeError(f"`sampler` must be a sampler of indices with a length, got {type(sampler).__name__}")
         check_int("batch_size", batch_size, minimum=1)
+        check_bool("drop_last", drop_last)
         check_int("granule", granule, minimum=1)
         check_int("limit", limit, minimum=1, allow_none=True)
+        check_int("seed", seed, minimum=0, maximum=2**63 - 1, allow_none=True)
         self.sampler = sampler  # the name DataLoader and Lightning look for (set_epoch, DistributedSampler)
         self.drop_last = drop_last
         self.granule = granule
         self.limit = limit
+        self.seed = seed
+        self.epoch = 0
         self._batch_size = batch_size
         self._order: list[int] | None = None  # the running epoch's order
         self._handed_out = 0  # samples of the running epoch already handed out
@@ -91,6 +100,24 @@ class ResizableBatchSampler(Sampler[list[int]]):
     def epoch_samples(self) -> int:
         """Samples the running (or next) epoch hands out in all."""
         return len(self._order) if self._order is not None else self._epoch_samples()
+
+    def set_epoch(self, epoch: int) -> None:
+        """The epoch whose order the next iteration draws (passed on to the sampler's own ``set_epoch``)."""
+        check_int("epoch", epoch, minimum=0)
+        self.epoch = epoch
+        if hasattr(self.sampler, "set_epoch"):
+            self.sampler.set_epoch(epoch)
+
+    def _draw(self) -> list[int]:
+        """The epoch's order from the sampler; with a :attr:`seed`, its generator seeded by the epoch."""
+        if self.seed is None or not hasattr(self.sampler, "generator"):
+            return [int(i) for i in self.sampler]
+        own = self.sampler.generator
+        self.sampler.generator = torch.Generator().manual_seed(self.seed + self.epoch)
+        try:
+            return [int(i) for i in self.sampler]
+        finally:
+            self.sampler.generator = own
 
     def new_epoch(self) -> None:
         """Forget the finished epoch, so that :func:`len` counts the next one (called at each epoch start)."""
@@ -126,10 +153,10 @@ class ResizableBatchSampler(Sampler[list[int]]):
         if self._resume is not None:
             saved, consumed, batches_done = self._resume
             self._resume = None
-            order = list(saved) if saved is not None else [int(i) for i in self.sampler]
+            order = list(saved) if saved is not None else self._draw()
         else:
             consumed = batches_done = 0
-            order = [int(i) for i in self.sampler]
+            order = self._draw()
         order = self._cut(order)
         self._order, self._handed_out, self._batches_out = order, consumed, batches_done
         # The order and counters stay after the last batch is handed out: a DataLoader with workers draws the

@@ -7,11 +7,12 @@ element; anything else (scalars, ``None``, tensors of another length) is passed 
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from torch import Tensor
 
+from lightning_tune._validation import check_int
 from lightning_tune.perf.batch import count_samples
 
 __all__ = ["split_batch", "split_sizes"]
@@ -55,6 +56,7 @@ def split_batch(batch: Any, size: int) -> list[Any]:
         >>> [(p["x"].tolist(), p["id"], p["scale"]) for p in parts]
         [([0, 1], ['a', 'b'], 2.0), ([2, 3], ['c', 'd'], 2.0), ([4], ['e'], 2.0)]
     """
+    check_int("size", size, minimum=1)
     n = _count(batch)
     if n <= size:
         return [batch]
@@ -72,17 +74,21 @@ def split_sizes(batch: Any, sizes: list[int]) -> list[Any]:
         The pieces, in order.
 
     Raises:
-        TypeError: If the batch holds no tensor to count its samples by.
-        ValueError: If ``sizes`` do not add up to the batch's samples.
+        TypeError: If the batch holds no tensor to count its samples by, or ``sizes`` is not a sequence of integers.
+        ValueError: If a size is below 1, or ``sizes`` do not add up to the batch's samples.
 
     Example:
         >>> import torch
         >>> [p.tolist() for p in split_sizes(torch.arange(5), [3, 2])]
         [[0, 1, 2], [3, 4]]
     """
+    if isinstance(sizes, (str, bytes)) or not isinstance(sizes, Sequence):
+        raise TypeError(f"`sizes` must be a sequence of integers, got {sizes!r} ({type(sizes).__name__})")
+    for index, k in enumerate(sizes):
+        check_int(f"sizes[{index}]", k, minimum=1)
     n = _count(batch)
-    if sum(sizes) != n or any(k < 1 for k in sizes):
-        raise ValueError(f"piece sizes {sizes} must be positive and add up to the batch's {n} samples")
+    if sum(sizes) != n:
+        raise ValueError(f"`sizes` must add up to the batch's {n} samples, got {sizes}")
     if len(sizes) == 1:
         return [batch]
     pieces, start = [], 0

@@ -24,7 +24,7 @@ class TokenBudget:
         budget: Padded tokens per micro-batch (``None`` until the first step with a padding layout).
         controller: The budget's controller, on the token grid (its decisions capped at :meth:`cap`).
         longest: The longest padded length of a step seen.
-        largest: The largest micro-batch run (tokens) since the allocator's cache was emptied (a smaller budget does).
+        largest: The largest micro-batch run (tokens) since the allocator's cache was emptied (after every decision).
 
     Example:
         >>> samples = BatchSizeController(target=0.9, min_batch_size=1, max_batch_size=None, multiple_of=8)
@@ -71,7 +71,7 @@ class TokenBudget:
         assert self.budget is not None
         size = self.budget
         decision = self.controller.decide(size, cap=self.cap(effective), observed_size=self.largest or size, **memory)
-        self.budget, self.largest = decision.batch_size, self.largest if decision.batch_size >= size else 0
+        self.budget, self.largest = decision.batch_size, 0  # the caller empties the cache after every decision
         return decision
 
     def on_oom(self, failed: int, effective: int, **memory: Any) -> int:

@@ -7,6 +7,9 @@ throughput-against-latency picture. :class:`LatencyBudget` picks the batch size 
 the throughput knee beside it. Nothing here parses command lines.
 """
 
+from typing import TYPE_CHECKING
+
+from lightning_tune._lazy import lazy_exports as _lazy_exports
 from lightning_tune.bench.budget import (
     KNEE_FRACTION,
     Binds,
@@ -24,12 +27,24 @@ from lightning_tune.bench.files import (
     write_results,
 )
 from lightning_tune.bench.plot import check_png_path, plot_tradeoff
-from lightning_tune.bench.progress import SweepProgress
 from lightning_tune.bench.result import COLUMNS, PERCENTILES, STATUSES, BenchResult, Status
-from lightning_tune.bench.runner import BenchRunner, SettingFailed
 from lightning_tune.bench.settings import DEFAULT_SEQ_LEN, DEMO, MODES, BenchSettings, Mode, parse_batch_sizes
 from lightning_tune.bench.table import format_table
-from lightning_tune.bench.target import BenchTarget, load_class, load_target, set_batch_size
+
+if TYPE_CHECKING:
+    from lightning_tune.bench.progress import SweepProgress
+    from lightning_tune.bench.runner import BenchRunner, SettingFailed
+    from lightning_tune.bench.target import BenchTarget, load_class, load_target, set_batch_size
+
+# The runner, the target and the progress bars need Lightning; the command line parses its flags without it.
+__getattr__, __dir__ = _lazy_exports(
+    __name__,
+    {
+        "SweepProgress": "lightning_tune.bench.progress",
+        **dict.fromkeys(("BenchRunner", "SettingFailed"), "lightning_tune.bench.runner"),
+        **dict.fromkeys(("BenchTarget", "load_class", "load_target", "set_batch_size"), "lightning_tune.bench.target"),
+    },
+)
 
 __all__ = [
     "BenchResult",

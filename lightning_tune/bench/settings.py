@@ -7,7 +7,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Final, Literal, get_args
 
-from lightning_tune._validation import check_choice, check_int
+from lightning_tune._validation import MAX_SEED, check_choice, check_int
 from lightning_tune.vocab import (
     ACCELERATORS,
     Accelerator,
@@ -23,6 +23,9 @@ __all__ = [
     "BenchSettings",
     "DEFAULT_SEQ_LEN",
     "DEMO",
+    "DEMO_MAX_BATCH_TOKENS",
+    "DEMO_MAX_SEQ_LEN",
+    "MAX_STEPS",
     "MODES",
     "Mode",
     "parse_batch_sizes",
@@ -36,6 +39,14 @@ MODES: Final[tuple[str, ...]] = get_args(Mode)
 DEMO: Final = "demo"
 #: Tokens per sequence of the demo when none is given.
 DEFAULT_SEQ_LEN: Final = 512
+#: The longest demo sequence: its position table and its token generation grow with the length.
+DEMO_MAX_SEQ_LEN: Final = 2**16
+#: The most tokens (batch size x sequence length) one demo batch may hold: its data is generated in memory, at
+#: least one batch of it, and 2**24 tokens already need 4 GiB of logits.
+DEMO_MAX_BATCH_TOKENS: Final = 2**24
+#: The most measured (or warm-up) steps per batch size: as many step times as the monitor's window keeps
+#: (``lightning_tune.perf.MAX_WINDOW``).
+MAX_STEPS: Final = 1_000_000
 
 # "package.module:Class", the class possibly nested ("module:Outer.Inner")
 _SPEC = re.compile(r"^[A-Za-z_]\w*(\.[A-Za-z_]\w*)*:[A-Za-z_]\w*(\.[A-Za-z_]\w*)*$")
@@ -102,10 +113,12 @@ class BenchSettings:
         datamodule: ``"package.module:ClassName"`` naming a LightningDataModule that provides the data, or
             ``None`` for the module's own dataloaders. Not with the demo.
         datamodule_args: Keyword arguments of the datamodule's constructor.
-        sequence_length: Tokens per sequence of the demo; ``None`` means 512. Only for the demo: a module's own data
-            fixes its sequence length.
-        steps: Measured optimizer steps (train) or predict batches (predict) per batch size, >= 2.
-        warmup: Steps (or predict batches) run first and left out of the figures, >= 0.
+        sequence_length: Tokens per sequence of the demo, at most :data:`DEMO_MAX_SEQ_LEN`; ``None`` means 512.
+            Only for the demo: a module's own data fixes its sequence length. A demo batch holds at most
+            :data:`DEMO_MAX_BATCH_TOKENS` tokens (batch size x sequence length).
+        steps: Measured optimizer steps (train) or predict batches (predict) per batch size, from 2 to
+            :data:`MAX_STEPS`.
+        warmup: Steps (or predict batches) run first and left out of the figures, from 0 to :data:`MAX_STEPS`.
         precision: Precision of :class:`~lightning_tune.TunePlugin` (``"auto"``, ``"32-true"``, ``"bf16-mixed"``,
             ...); ``"auto"`` is bf16-mixed or 16-mixed on a CUDA GPU and 32-true elsewhere. Aliases of
             :mod:`lightning_tune.vocab` (``"bf16"``, ``"fp16"``) are stored as their canonical name.
@@ -115,7 +128,7 @@ class BenchSettings:
             ``"eager"``, or an alias such as ``"flash_attention_2"``), or ``None`` to leave attention alone.
         accelerator: Lightning accelerator: ``"auto"``, ``"cpu"``, ``"gpu"``, ``"cuda"`` or ``"mps"``. A sweep
             runs on one device.
-        seed: Seed set before each setting, >= 0, so every batch size starts from the same weights.
+        seed: Seed set before each setting, from 0 to 2**32 - 1, so every batch size starts from the same weights.
 
     Raises:
         TypeError: If an argument has the wrong type.
@@ -169,7 +182,7 @@ class BenchSettings:
         if datamodule_args and self.datamodule is None:
             raise ValueError(f"`datamodule_args` needs a `datamodule`, got {datamodule_args!r} without one")
         object.__setattr__(self, "datamodule_args", datamodule_args)
-        check_int("sequence_length", self.sequence_length, minimum=1, allow_none=True)
+        check_int("sequence_length", self.sequence_length, minimum=1, maximum=DEMO_MAX_SEQ_LEN, allow_none=True)
         if self.sequence_length is not None and self.model != DEMO:
             raise ValueError(
                 "`sequence_length` applies only to model='demo' (a module's own data fixes its sequence length), got "
@@ -177,15 +190,22 @@ class BenchSettings:
             )
         if self.model == DEMO and "seq_len" in self.model_args:
             raise ValueError("`model_args` must not hold 'seq_len' for the demo; give `sequence_length` instead")
-        check_int("steps", self.steps, minimum=2)
-        check_int("warmup", self.warmup, minimum=0)
+        seq_len = self.demo_sequence_length
+        if seq_len is not None and max(sizes) * seq_len > DEMO_MAX_BATCH_TOKENS:
+            raise ValueError(
+                f"`batch_sizes` of the demo must hold at most {DEMO_MAX_BATCH_TOKENS:,} tokens per batch (batch size x "
+                f"sequence length {seq_len}), so at most {DEMO_MAX_BATCH_TOKENS // seq_len:,} sequences, got "
+                f"{max(sizes)!r}"
+            )
+        check_int("steps", self.steps, minimum=2, maximum=MAX_STEPS)
+        check_int("warmup", self.warmup, minimum=0, maximum=MAX_STEPS)
         object.__setattr__(self, "precision", canonical_precision(self.precision))
         if self.optimizer is not None:
             object.__setattr__(self, "optimizer", canonical_optimizer(self.optimizer, allowed=TARGETS))
         if self.attention is not None:
             object.__setattr__(self, "attention", canonical_attention(self.attention))
         check_choice("accelerator", self.accelerator, ACCELERATORS)
-        check_int("seed", self.seed, minimum=0)
+        check_int("seed", self.seed, minimum=0, maximum=MAX_SEED)
 
     @property
     def demo_sequence_length(self) -> int | None:

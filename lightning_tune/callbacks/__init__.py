@@ -2,9 +2,23 @@
 
 from lightning_tune.callbacks.dynamic_batch import DynamicBatchSize
 from lightning_tune.callbacks.lr_plateau import AdaptiveLROnPlateau
-from lightning_tune.callbacks.lr_schedule import LinearWarmup, OneCycle, ScheduleCallback, WarmupCosine
+from lightning_tune.callbacks.lr_schedule import (
+    LinearWarmup,
+    OneCycle,
+    ScheduleCallback,
+    WarmupCosine,
+    WarmupDecay,
+    WarmupPolynomial,
+    WarmupStableDecay,
+)
 from lightning_tune.callbacks.optimizer_swap import OptimizerSwap
-from lightning_tune.callbacks.surgery import ActivationCheckpointing, AttentionSwap, SurgeryCallback, TorchCompile
+from lightning_tune.callbacks.surgery import (
+    ActivationCheckpointing,
+    AttentionSwap,
+    LossSwap,
+    SurgeryCallback,
+    TorchCompile,
+)
 from lightning_tune.callbacks.throughput import ThroughputLatencyMonitor
 
 __all__ = [
@@ -13,6 +27,7 @@ __all__ = [
     "AttentionSwap",
     "DynamicBatchSize",
     "LinearWarmup",
+    "LossSwap",
     "OneCycle",
     "OptimizerSwap",
     "ScheduleCallback",
@@ -20,4 +35,7 @@ __all__ = [
     "ThroughputLatencyMonitor",
     "TorchCompile",
     "WarmupCosine",
+    "WarmupDecay",
+    "WarmupPolynomial",
+    "WarmupStableDecay",
 ]

@@ -1,7 +1,8 @@
-"""How the callbacks log: straight to the Trainer's loggers, at ``global_step``.
+"""How the callbacks log: straight to the Trainer's loggers, on Lightning's own step numbering.
 
 Not through ``self.log``, which would copy each value to the device (a host-device synchronisation per key and step on
-a GPU). The keys are those of :mod:`lightning_tune.keys`.
+a GPU). The keys are those of :mod:`lightning_tune.keys`. Every key of the pack is written at the step, and on the
+steps, that Lightning writes ``self.log`` values and ``LearningRateMonitor`` its LRs, so that the curves overlay.
 """
 
 from __future__ import annotations
@@ -15,16 +16,40 @@ if TYPE_CHECKING:
     import lightning.pytorch as pl
 
 
+def lightning_step(trainer: pl.Trainer) -> int:
+    """The step Lightning logs at: the optimizer steps taken before the current batch's (after fit: all of them).
+
+    Lightning writes ``self.log`` values and ``LearningRateMonitor`` its LRs at ``fit_loop.epoch_loop.
+    _batches_that_stepped``, which is one less than ``global_step`` in ``on_train_batch_end`` and which no public
+    attribute gives. Private; checked on Lightning 2.6.6 (a test fails if it moves) and read only here.
+    """
+    step = getattr(getattr(trainer.fit_loop, "epoch_loop", None), "_batches_that_stepped", None)
+    return step if isinstance(step, int) else trainer.global_step
+
+
+def should_log(trainer: pl.Trainer, every: int | None = None) -> bool:
+    """Whether this optimizer step is one Lightning logs on (in a training hook, before or after the step).
+
+    ``every=None`` asks Lightning itself (``_logger_connector.should_update_logs``: the step after
+    :func:`lightning_step` is a multiple of the Trainer's ``log_every_n_steps``, or the run is stopping); an ``every``
+    of one's own applies the same rule with that interval.
+    """
+    if every is not None:
+        return (lightning_step(trainer) + 1) % every == 0
+    connector = getattr(trainer, "_logger_connector", None)  # private, as lightning_step; read only here
+    return bool(getattr(connector, "should_update_logs", False))
+
+
 def log(trainer: pl.Trainer, metrics: Mapping[str, float]) -> None:
-    """Write ``metrics`` (as floats) to every logger of the Trainer, at ``global_step``."""
+    """Write ``metrics`` (as floats) to every logger of the Trainer, at :func:`lightning_step`."""
+    step = lightning_step(trainer)
     for logger in trainer.loggers:
-        logger.log_metrics({key: float(value) for key, value in metrics.items()}, step=trainer.global_step)
+        logger.log_metrics({key: float(value) for key, value in metrics.items()}, step=step)
 
 
 def log_every_n_steps(trainer: pl.Trainer, metrics: Callable[[], Mapping[str, float]]) -> None:
-    """Write ``metrics()`` to the Trainer's loggers every ``log_every_n_steps`` optimizer steps (only then built)."""
-    every = trainer.log_every_n_steps  # type: ignore[attr-defined]  # set at runtime by the logger connector
-    if trainer.loggers and every and not trainer.global_step % every:
+    """Write ``metrics()`` to the Trainer's loggers on the steps Lightning logs on (only then built)."""
+    if trainer.loggers and should_log(trainer):
         log(trainer, metrics())
 
 

@@ -4,7 +4,8 @@ The train DataLoader of a running fit made resizable, its epoch length kept righ
 schedules that follow a changing batch.
 
 The private Lightning and torch attributes DynamicBatchSize needs are all here, each in one small function saying
-why and on which versions it was checked; ``tests/test_dynamic_batch.py`` fails if one of them stops working.
+why and on which versions it was checked; ``tests/test_dynamic_batch.py`` and ``tests/test_resume_exact.py`` fail if
+one of them stops working.
 """
 
 from __future__ import annotations
@@ -63,13 +64,26 @@ def sample_limit(trainer: pl.Trainer, loader_batch_size: int) -> int | None:
 
 def attach(trainer: pl.Trainer, loader: DataLoader, sampler: ResizableBatchSampler, set_length: Any) -> None:
     """Give the running fit's loader the resizable sampler, and make the training loop draw from it."""
-    if hasattr(sampler.sampler, "set_epoch"):  # workers draw the order at once; Lightning sets the epoch only later
-        sampler.sampler.set_epoch(trainer.current_epoch)
+    sampler.set_epoch(trainer.current_epoch)  # workers draw the order at once; Lightning sets the epoch only later
     set_batch_sampler(loader, sampler)
     trainer.accumulate_grad_batches = 1
     set_length()  # the new iterator's limits
     restart_train_iterator(trainer)
     set_length()  # the length the fetcher took from the old loader
+
+
+def start_epoch_from_its_first_batch(trainer: pl.Trainer) -> None:
+    """Make the training loop run the whole epoch a run resumed from a checkpoint at an epoch's last batch starts.
+
+    From such a checkpoint Lightning (checked on 2.4 to 2.6, ``_TrainingEpochLoop.reset``) goes on with the next epoch
+    only when the saved epoch's batch count reaches the next epoch's length; otherwise it counts the next epoch as that
+    far done. Under a batch that changed during the saved epoch, the next one can have more batches: its count is
+    raised to the next epoch's length, so that Lightning starts that epoch from its first batch.
+    """
+    progress = trainer.fit_loop.epoch_loop.batch_progress.current
+    batches = int(trainer.num_training_batches)
+    if progress.completed + 1 < batches:  # Lightning adds the saved batch, then compares and counts from zero
+        progress.ready, progress.completed = batches, batches - 1
 
 
 def set_epoch_length(trainer: pl.Trainer, batches: int, val_every: int | None) -> None:

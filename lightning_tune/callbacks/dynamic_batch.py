@@ -14,7 +14,7 @@ import inspect
 import itertools
 import math
 import warnings
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import TYPE_CHECKING, Any, Literal, get_args
 
 import torch
@@ -26,8 +26,9 @@ from torch.utils.data import BatchSampler, DataLoader
 from typing_extensions import override
 
 from lightning_tune import keys
-from lightning_tune._validation import check_bool, check_choice, check_float, check_int
+from lightning_tune._validation import check_bool, check_choice, check_float, check_int, check_strings
 from lightning_tune.batch.control import BatchSizeController, Decision
+from lightning_tune.batch.logs import StepLogs
 from lightning_tune.batch.memory import MemoryModel
 from lightning_tune.batch.probes import CudaMemory, MemoryProbe
 from lightning_tune.batch.runner import (
@@ -51,6 +52,7 @@ from lightning_tune.callbacks._resizable_loader import (
     scale_learning_rates,
     set_batch_sampler,
     set_epoch_length,
+    start_epoch_from_its_first_batch,
     train_loader,
 )
 from lightning_tune.lr.scaling import SCALE_RULES, ScaleRule, scale_lr
@@ -70,6 +72,20 @@ LossWeight = Literal["samples", "tokens"]
 #: What ``loss_weight`` accepts.
 LOSS_WEIGHTS: tuple[str, ...] = get_args(LossWeight)
 _NOT_RESUMABLE = "You're resuming from a checkpoint that ended before the epoch ended and your dataloader is not"
+#: The arguments a checkpoint records, so that a run resumed with other values can say which it uses.
+_RESUMED_ARGUMENTS = (
+    "target_vram",
+    "min_batch_size",
+    "max_batch_size",
+    "adjust_every",
+    "keep",
+    "lr_rule",
+    "multiple_of",
+    "reserve_gib",
+    "loss_weight",
+    "label_shift",
+    "pad_to_multiple_of",
+)
 
 
 class DynamicBatchSize(Callback):
@@ -92,7 +108,8 @@ class DynamicBatchSize(Callback):
         lr_rule: ``"sqrt"`` or ``"linear"``, as :func:`~lightning_tune.scale_lr` (used with ``keep="lr"``).
         multiple_of: Micro-batch sizes at or above this are multiples of it.
         probe: Where memory is read: ``None`` for :class:`~lightning_tune.batch.CudaMemory` on a CUDA device, or a
-            :class:`~lightning_tune.SimulatedMemory` to try the callback without one.
+            :class:`~lightning_tune.SimulatedMemory` to try the callback without one. Elsewhere without a probe
+            there is no memory to target: the micro-batch stays the DataLoader's, and padding is still trimmed.
         prior: A :class:`~lightning_tune.MemoryEstimate` (from :func:`~lightning_tune.estimate_memory` or
             :func:`~lightning_tune.measure_memory`) that starts the memory model, so the first decision need not probe.
         min_change: Smallest relative growth worth a change.
@@ -114,7 +131,8 @@ class DynamicBatchSize(Callback):
 
     Raises:
         TypeError: If an argument has the wrong type.
-        ValueError: If an argument is out of range, or ``min_batch_size > max_batch_size``.
+        ValueError: If an argument is out of range, ``min_batch_size > max_batch_size``, or ``label_shift`` is given
+            without ``loss_weight="tokens"``. At the start of training: if ``reserve_gib`` is all the device has.
 
     Example:
         >>> from lightning_tune import DynamicBatchSize, SimulatedMemory
@@ -153,12 +171,13 @@ class DynamicBatchSize(Callback):
         check_float("agree_timeout", agree_timeout, low=0.0, low_inclusive=False)
         check_choice("loss_weight", loss_weight, LOSS_WEIGHTS)
         check_int("label_shift", label_shift, minimum=0, allow_none=True)
-        if isinstance(trim_keys, str) or not all(isinstance(k, str) for k in trim_keys):
-            raise TypeError(f"`trim_keys` must be a sequence of key names (strings), got {trim_keys!r}")
+        if label_shift is not None and loss_weight != "tokens":
+            raise ValueError(f"`label_shift` is read only with `loss_weight='tokens'`, got {loss_weight=!r}")
+        check_strings("trim_keys", trim_keys, what="key names (strings)")
         if probe is not None and not isinstance(probe, MemoryProbe):
             raise TypeError(
                 "`probe` must be a memory probe (CudaMemory, SimulatedMemory or an object with total_bytes, "
-                f"capacity_bytes, reset_peak, peak_bytes, pressure, before_micro_batch and free), got "
+                f"capacity_bytes, reset_peak, peak_bytes, pressure, before_micro_batch, free and empty_cache), got "
                 f"{type(probe).__name__}"
             )
         if prior is not None and not isinstance(prior, MemoryEstimate):
@@ -199,9 +218,11 @@ class DynamicBatchSize(Callback):
         self._consumed = 0  # samples of the running epoch trained on
         self._batches_done = 0  # windows of the running epoch trained on
         self._restore: dict[str, Any] | None = None  # state from a checkpoint, applied at train start
+        self._seed: int | None = None  # a shuffling sampler's base seed: epoch e draws with seed + e
         self._installed_epoch = -1
         self._figures: list[float] | None = None  # the interval's agreed [peak, pressure, -budget]
         self._val_figures = (0, False)  # training's peak and pressure before a validation run
+        self._base = 0.0  # memory live tensors hold at the interval's start (the model's base_bytes)
         self._quiet: Any = None  # the warnings filter silencing Lightning's false "not resumable" warning
         self._step_args: tuple[int, tuple[Any, ...], dict[str, Any]] = (0, (), {})
         self._gathered: GatheredStep | None = None  # FSDP2: parameters gathered once per step
@@ -215,6 +236,7 @@ class DynamicBatchSize(Callback):
         self.shapes: set[tuple[int, int]] = set()
         self._shift = 0  # label_shift as resolved at train start
         self._micro_batches = 0  # micro-batches of the last step
+        self._logs = StepLogs()  # what the step's micro-batches log with self.log
         self._layout_warned = self._compiled = self._compile_warned = False
 
     def __repr__(self) -> str:
@@ -248,6 +270,11 @@ class DynamicBatchSize(Callback):
         return math.ceil(self.effective_batch_size / self.batch_size)
 
     @property
+    def micro_batches(self) -> int:
+        """Micro-batches the last optimizer step ran (0 before the first)."""
+        return self._micro_batches
+
+    @property
     def _active(self) -> bool:
         return self.runner is not None
 
@@ -257,16 +284,16 @@ class DynamicBatchSize(Callback):
         if stage != "fit":
             return
         self._trainer = trainer
-        if self.probe is None:
-            if trainer.strategy.root_device.type != "cuda":
-                warnings.warn(
-                    f"DynamicBatchSize: training runs on {trainer.strategy.root_device.type!r}, which has no device "
-                    "memory to target, so the batch size is left alone. To try the callback without a GPU, give it "
-                    "probe=SimulatedMemory(...).",
-                    stacklevel=2,
-                )
-                return
+        if self.probe is None and trainer.strategy.root_device.type == "cuda":
             self.probe = CudaMemory(trainer.strategy.root_device)
+        elif self.probe is None:
+            warnings.warn(
+                f"DynamicBatchSize: training runs on {trainer.strategy.root_device.type!r}, which has no device memory "
+                "to target, so the micro-batch size is left as the DataLoader's; padding is still trimmed (each "
+                "step's samples grouped by length, each micro-batch cut to its longest). To try the size control "
+                "without a GPU, give it probe=SimulatedMemory(...).",
+                stacklevel=2,
+            )
         from lightning_tune._compat import check_lightning_version
 
         check_lightning_version("DynamicBatchSize")  # its private Lightning internals were checked on these versions
@@ -313,7 +340,8 @@ class DynamicBatchSize(Callback):
             free=self._free_after_failure,
             shrink=self._shrink,
             min_size=self.min_batch_size,
-            agree=self._max_over_ranks if distributed and (ddp or fsdp2) and self.sync_oom else None,
+            # without a memory target nothing is decided and no out-of-memory error recovered: nothing to agree on
+            agree=self._max_over_ranks if distributed and (ddp or fsdp2) and self.sync_oom and self.probe else None,
             no_sync=getattr(trainer.strategy, "block_backward_sync", contextlib.nullcontext),
             on_failure=self._on_failure,
         )
@@ -321,10 +349,11 @@ class DynamicBatchSize(Callback):
             self._originals[name] = getattr(pl_module, name)
             setattr(pl_module, name, getattr(self, f"_{name}"))
         expandable = getattr(self.probe, "expandable_segments", None)
-        rank_zero_info(
-            f"DynamicBatchSize: reading memory from {self.probe!r}"
-            + ("" if expandable is None else f", expandable_segments {'on' if expandable else 'off'}")
-        )
+        if self.probe is not None:
+            rank_zero_info(
+                f"DynamicBatchSize: reading memory from {self.probe!r}"
+                + ("" if expandable is None else f", expandable_segments {'on' if expandable else 'off'}")
+            )
 
     @override
     def teardown(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
@@ -347,6 +376,7 @@ class DynamicBatchSize(Callback):
             # a DataLoader the module or DataModule keeps must come back as it was given
             set_batch_sampler(self._loader, self._original_batch_sampler)
         self._loader = self._sampler = self._original_batch_sampler = self.runner = self._gathered = None
+        self._seed = None  # a new fit draws new orders
         self._unquiet()
 
     # -- the DataLoader ----------------------------------------------------------------------------------------------
@@ -359,7 +389,14 @@ class DynamicBatchSize(Callback):
         self._shift = self.label_shift if self.label_shift is not None else _causal_lm_shift(pl_module)
         self._compiled = _has_compiled(pl_module)
         self._install(trainer)
-        assert self.probe is not None
+        if self.probe is None:
+            return
+        capacity = self.probe.capacity_bytes()
+        if self.reserve_gib * _GIB >= capacity:
+            raise ValueError(
+                f"`reserve_gib` must leave memory to train in: PyTorch can get {capacity / _GIB:.3g} GiB on this "
+                f"device, got reserve_gib={self.reserve_gib!r}"
+            )
         free = self.probe.free
         for optimizer in trainer.optimizers:
             if not isinstance(optimizer, torch.optim.LBFGS):  # LBFGS runs its closure many times
@@ -379,6 +416,7 @@ class DynamicBatchSize(Callback):
             # the epoch's iterator comes after this hook: the sampler's order is the last epoch's (with workers, the
             # iterator of the epoch the sampler was installed in has drawn its order already)
             self._sampler.new_epoch()
+            self._sampler.set_epoch(trainer.current_epoch)
             self._update_epoch_length(trainer)
 
     @override
@@ -402,20 +440,23 @@ class DynamicBatchSize(Callback):
         self._user_batch_size = loader_batch
         if self.batch_size is None:
             start = loader_batch
-            if self.controller.model.prior is not None:  # start from the prior's prediction
+            if self.controller.model.prior is not None and self.probe is not None:  # start from its prediction
                 best = self.controller.model.largest_batch(self._budget()[1])
                 start = self.controller.round_down(best or 1, self._cap())
             self.batch_size = max(self.min_batch_size, min(start, self._cap() or start, self.max_batch_size or start))
         limit = sample_limit(trainer, loader_batch)
+        if self._seed is None and hasattr(inner, "generator"):  # drawn as the sampler draws its own seed each epoch
+            self._seed = int(torch.empty((), dtype=torch.int64).random_(generator=inner.generator).item())
         sampler = ResizableBatchSampler(
-            inner, self._window_size(), drop_last=drop_last, granule=loader_batch, limit=limit
+            inner, self._window_size(), drop_last=drop_last, granule=loader_batch, limit=limit, seed=self._seed
         )
-        if self._restore is not None:
-            self._apply_restore(trainer, sampler)
+        next_epoch = self._restore is not None and self._apply_restore(trainer, sampler)
         self._loader, self._sampler, self._installed_epoch = loader, sampler, trainer.current_epoch
         attach(trainer, loader, sampler, lambda: self._update_epoch_length(trainer))
+        if next_epoch:
+            start_epoch_from_its_first_batch(trainer)
         if self.probe is not None:
-            self.probe.reset_peak()
+            self._new_interval()
 
     @property
     def _configured_effective(self) -> int:
@@ -465,7 +506,7 @@ class DynamicBatchSize(Callback):
         self._consumed += count_samples(batch) or 0
         self._batches_done += 1
         self._steps += 1
-        if self._steps >= self.adjust_every:
+        if self._steps >= self.adjust_every and self.probe is not None:
             self._decide(trainer)
         log_every_n_steps(trainer, self._metrics)
 
@@ -473,8 +514,8 @@ class DynamicBatchSize(Callback):
     def on_train_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         if self._active:
             rank_zero_info(
-                f"DynamicBatchSize: settled at micro-batch {self.batch_size} ({self.accumulate_grad_batches} per "
-                f"optimizer step of {self.effective_batch_size} samples"
+                f"DynamicBatchSize: settled at micro-batch {self.batch_size} samples ({self.accumulate_grad_batches} "
+                f"per optimizer step of {self.effective_batch_size} samples"
                 + ("" if self.micro_batch_tokens is None else f", {self.micro_batch_tokens} padded tokens at most")
                 + f"); {self.decisions} decision{'s' * (self.decisions != 1)}, "
                 f"{self.oom_recoveries} out-of-memory error{'s' * (self.oom_recoveries != 1)} recovered"
@@ -489,11 +530,11 @@ class DynamicBatchSize(Callback):
         return all_reduce_max(values, device=trainer.strategy.root_device, timeout=self.agree_timeout)
 
     def _interval_figures(self) -> list[float]:
-        """This rank's interval figures: peak, pressure, (negated) budget, largest micro-batch in tokens."""
+        """This rank's interval figures: peak, pressure, -budget, largest micro-batch in tokens, -base."""
         assert self.probe is not None
         peak, pressure = self._val_figures
         peak, pressure = max(self.probe.peak_bytes(), peak), self.probe.pressure() or pressure
-        return [float(peak), float(pressure), -self._budget()[1], float(self.tokens.largest)]
+        return [float(peak), float(pressure), -self._budget()[1], float(self.tokens.largest), -self._base]
 
     def _decide(self, trainer: pl.Trainer) -> None:
         assert self.probe is not None and self.batch_size is not None and self.runner is not None
@@ -501,6 +542,7 @@ class DynamicBatchSize(Callback):
         figures = self._figures or self._max_over_ranks(self._interval_figures())
         self._figures, self._val_figures, self._steps = None, (0, False), 0
         memory: dict[str, Any] = {"peak_bytes": figures[0], "pressure": figures[1] > 0, "budget_bytes": -figures[2]}
+        memory["base_bytes"] = -figures[4]  # the smallest rank's
         self.tokens.largest = int(figures[3])  # the ranks' largest micro-batch in tokens: one decision on all
         ran = self.runner.largest_run or self.batch_size  # a short last batch of an epoch may be all it saw
         self.runner.largest_run = 0
@@ -512,14 +554,27 @@ class DynamicBatchSize(Callback):
         decision = decide(total_bytes=self.probe.capacity_bytes(), **memory)
         self.last_decision, self.decisions = decision, self.decisions + 1
         if decision.batch_size != size:
-            unit = " padded tokens" if tokens else ""
-            rank_zero_info(f"DynamicBatchSize: micro-batch {size} -> {decision.batch_size}{unit} ({decision.reason})")
+            rank_zero_info(
+                f"DynamicBatchSize: micro-batch {self._unit(size)} -> {self._unit(decision.batch_size)} "
+                f"({decision.reason})"
+            )
             if not tokens:
                 self._set_batch_size(trainer, decision.batch_size)
-        # give the larger size's cached blocks back, or the next peak of reserved memory still shows them
-        if decision.batch_size < size:
-            self.probe.free()
+        self._new_interval()
+
+    def _new_interval(self) -> None:
+        """Empty the cache and start an interval; what stays reserved is its base (weights, optimizer state).
+
+        Emptied, the cache no longer holds an earlier, larger need: the next peak of reserved memory is the interval's.
+        """
+        assert self.probe is not None
+        self.probe.empty_cache()
         self.probe.reset_peak()
+        # the base is what live tensors hold, not what stays reserved: a segment a live tensor holds keeps its free
+        # room reserved, the next step's activations fill that room first, and a reserved base would under-state the
+        # slope (to nothing when they fit in it) and so over-state the size that fits
+        allocated = getattr(self.probe, "allocated_bytes", None)
+        self._base = float(allocated() if callable(allocated) else self.probe.peak_bytes())
 
     def _set_batch_size(self, trainer: pl.Trainer, batch_size: int) -> None:
         """Use ``batch_size``; unless the effective batch is held, the sampler's steps and the schedules follow."""
@@ -565,14 +620,15 @@ class DynamicBatchSize(Callback):
             runner.min_size, runner.min_samples = self.tokens.controller.min_batch_size, self.min_batch_size
         if self._gathered is not None:
             self._gathered.begin()
-        outcome = runner.run(
-            batch,
-            [0.0, 0.0, 0.0, 0.0],
-            lambda b, budget: self._cut(b, n, budget, layout, tokens),
-            size,
-            leave_last_backward=trainer.world_size > 1 and self._gathered is None,
-            payload_fn=self._interval_figures if deciding else None,
-        )
+        with self._step_logs(trainer.lightning_module):
+            outcome = runner.run(
+                batch,
+                [0.0, 0.0, 0.0, 0.0],
+                lambda b, budget: self._cut(b, n, budget, layout, tokens),
+                size,
+                leave_last_backward=trainer.world_size > 1 and self._gathered is None,
+                payload_fn=self._interval_figures if deciding else None,
+            )
         if deciding and not outcome.failures:  # after a failure the interval starts again
             self._figures = outcome.payload
         if self._gathered is not None:  # agreed: every backward ran, so reduce the gradients and reshard
@@ -587,12 +643,15 @@ class DynamicBatchSize(Callback):
         ``size`` is samples, or padded tokens when :attr:`micro_batch_tokens` is set. With a ``layout`` the samples
         are grouped by length and each micro-batch is trimmed; with ``tokens`` it weighs its share of them.
         """
+        self._logs.clear()  # an attempt at the step starts: what an earlier one logged is gone
         tail, sample_weight, tail_weight = 0, 1.0 / n, 0.0
         if self.keep == "effective":
             tail, sample_weight = self._short_batch_in(n), 1.0 / self._configured_effective
             tail_weight = 1.0 / max(tail * self._user_accumulation, 1)
         if layout is None and tokens is None:
-            return cut_step(batch, size, sample_weight=sample_weight, tail=tail, tail_weight=tail_weight)
+            pieces = cut_step(batch, size, sample_weight=sample_weight, tail=tail, tail_weight=tail_weight)
+            self._micro_batches = len(pieces)
+            return pieces
         budget = self.tokens.budget is not None and layout is not None
 
         def fits(length: int | None) -> int:
@@ -616,11 +675,41 @@ class DynamicBatchSize(Callback):
             if self._compiled:  # one graph for every shape instead of one per shape (and a fall back to eager)
                 for piece, key, dim in itertools.product(pieces, layout.keys, (0, 1)):
                     torch._dynamo.maybe_mark_dynamic(piece.batch[key], dim)
-            self._micro_batches = len(pieces)
             if budget:
                 self.batch_size = max(b for b, _ in run)
             self._check_recompiles()
+        self._micro_batches = len(pieces)
         return pieces
+
+    @contextlib.contextmanager
+    def _step_logs(self, module: pl.LightningModule) -> Iterator[None]:
+        """While a step's micro-batches run, collect what ``module`` logs; then log the step's value of each key once.
+
+        ``self.log`` inside the step goes to :class:`~lightning_tune.batch.StepLogs` (the instance's ``log``, never
+        its class's), with each micro-batch weighted as its loss: the logged value is the step's, as without the cut,
+        and Lightning's epoch aggregate counts the step once, at the step's batch size.
+        """
+        original = module.log
+        signature = inspect.signature(original)
+
+        def collect(*args: Any, **kwargs: Any) -> None:
+            options = dict(signature.bind(*args, **kwargs).arguments)
+            name, value = options.pop("name"), options.pop("value")
+            if not self._logs.add(name, value, options):
+                original(name, value, **options)  # a torchmetrics metric accumulates by itself
+
+        own = vars(module).get("log")
+        module.log = collect  # type: ignore[method-assign]
+        try:
+            yield
+        finally:
+            if own is None:
+                del module.log
+            else:
+                module.log = own  # type: ignore[method-assign]
+        for name, value, options in self._logs.values():
+            original(name, value, **options)
+        self._logs.clear()
 
     def _layout(self, batch: Any) -> PaddingLayout | None:
         """The step's padding layout; an unknown sequence key is warned about once per fit."""
@@ -658,9 +747,10 @@ class DynamicBatchSize(Callback):
         return short if short and self._consumed + n == total and n >= short else 0
 
     def _forward(self, piece: MicroBatch) -> Any:
-        assert self.probe is not None
         self.tokens.largest = max(self.tokens.largest, piece.samples * (piece.seq_len or 1))
-        self.probe.before_micro_batch(piece.samples, piece.seq_len)
+        if self.probe is not None:
+            self.probe.before_micro_batch(piece.samples, piece.seq_len)
+        self._logs.weight = piece.weight  # what it logs weighs as its loss
         batch_idx, args, kwargs = self._step_args
         return self._originals["training_step"](piece.batch, batch_idx, *args, **kwargs)
 
@@ -697,6 +787,8 @@ class DynamicBatchSize(Callback):
 
     def _optimizer_zero_grad(self, epoch: int, batch_idx: int, optimizer: Any) -> None:
         """Lightning zeroes gradients between ``training_step`` and backward: the runner zeroes them instead."""
+        if self.batch_size is None:  # not driving yet (BatchSizeFinder's trials run before training starts)
+            self._originals["optimizer_zero_grad"](epoch, batch_idx, optimizer)
 
     def _zero_grad(self) -> None:
         trainer = self._trainer
@@ -709,11 +801,16 @@ class DynamicBatchSize(Callback):
 
     def _shrink(self, failed: int) -> int:
         trainer = self._trainer
-        assert trainer is not None and self.probe is not None
+        assert trainer is not None
+        if self.probe is None:
+            raise torch.OutOfMemoryError(
+                f"DynamicBatchSize: out of memory at a micro-batch of {self._unit(failed)}, with no memory probe to "
+                "choose a smaller one from; lower the DataLoader's batch size or give DynamicBatchSize a probe"
+            )
         if trainer.world_size > 1 and self.runner is not None and self.runner.agree is None:
             raise torch.OutOfMemoryError(
-                f"DynamicBatchSize: out of memory at micro-batch {failed}; without `sync_oom` an out-of-memory error "
-                "cannot be recovered under several processes"
+                f"DynamicBatchSize: out of memory at a micro-batch of {self._unit(failed)}; without `sync_oom` an "
+                "out-of-memory error cannot be recovered under several processes"
             )
         capacity, budget = self._budget()
         self.tokens.largest = 0
@@ -728,18 +825,22 @@ class DynamicBatchSize(Callback):
         return smaller
 
     def _free_after_failure(self) -> None:
-        assert self.probe is not None
-        self.probe.free()
+        if self.probe is not None:
+            self.probe.free()
         if self._gathered is not None:  # every rank, after the agreement: FSDP2 starts the step again
             self._gathered.recover()
 
     def _on_failure(self, old: int, new: int, message: str) -> None:
         self.oom_recoveries += 1
         rank_zero_warn(
-            f"DynamicBatchSize: out of memory at micro-batch {old} ({message}); recovered: running the "
-            f"same step again at {new}"
+            f"DynamicBatchSize: out of memory at a micro-batch of {self._unit(old)} ({message}); recovered: running "
+            f"the same step again at {self._unit(new)}"
         )
-        rank_zero_info(f"DynamicBatchSize: micro-batch {old} -> {new} (oom)")
+        rank_zero_info(f"DynamicBatchSize: micro-batch {self._unit(old)} -> {self._unit(new)} (oom)")
+
+    def _unit(self, size: int) -> str:
+        """A micro-batch size with its unit: padded tokens under a token budget, else samples."""
+        return f"{size} padded tokens" if self.tokens.budget is not None else f"{size} samples"
 
     # -- checkpoints -------------------------------------------------------------------------------------------------
     @override
@@ -756,18 +857,31 @@ class DynamicBatchSize(Callback):
             "consumed": self._consumed,
             "batches_done": self._batches_done,
             "order": None,
+            "epoch": None,  # the epoch `consumed` counts in
+            "seed": self._seed,
+            "arguments": self._arguments(),
             **self.tokens.state_dict(),  # micro_batch_tokens, longest, token_controller
         }
         trainer = self._trainer
+        if trainer is not None:
+            state["epoch"] = trainer.current_epoch
         if self._sampler is not None and trainer is not None and trainer.world_size == 1:
             state["order"] = self._sampler.saved_order()
         return state
 
+    def _arguments(self) -> dict[str, Any]:
+        """The arguments as a checkpoint records them."""
+        values = {name: getattr(self, name) for name in _RESUMED_ARGUMENTS}
+        return {**values, "min_change": self.controller.min_change, "trim_keys": list(self.trim_keys)}
+
     @override
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
-        self._restore = dict(state_dict)
+        # a checkpoint saved before training started (as BatchSizeFinder saves one to go back to) holds nothing
+        if state_dict.get("batch_size") is not None:
+            self._restore = dict(state_dict)
 
-    def _apply_restore(self, trainer: pl.Trainer, sampler: ResizableBatchSampler) -> None:
+    def _apply_restore(self, trainer: pl.Trainer, sampler: ResizableBatchSampler) -> bool:
+        """Restore the checkpoint's state; whether Lightning goes on with the epoch after the checkpoint's."""
         state, self._restore = self._restore, None
         assert state is not None
         saved = (state["user_batch_size"], state["user_accumulation"])
@@ -777,13 +891,34 @@ class DynamicBatchSize(Callback):
                 f"accumulate_grad_batches {saved[1]}; this run configures {self._user_batch_size} x "
                 f"{self._user_accumulation}, which is used from here on"
             )
-        self.batch_size = max(self.min_batch_size, min(state["batch_size"], self._cap() or state["batch_size"]))
+        limits = [x for x in (state["batch_size"], self._cap(), self.max_batch_size) if x is not None]
+        self.batch_size = max(self.min_batch_size, min(limits))  # the arguments of this run win
+        before, now = state.get("arguments", {}), self._arguments()
+        changed = [f"{k} {before[k]!r} -> {v!r}" for k, v in now.items() if k in before and before[k] != v]
+        if changed:
+            moved = f"; micro-batch {state['batch_size']} -> {self.batch_size}"
+            rank_zero_warn(
+                "DynamicBatchSize: resumed with other arguments than the checkpoint's, which are used from here on: "
+                + ", ".join(changed)
+                + (moved if self.batch_size != state["batch_size"] else "")
+            )
         self._lr_factor, self._steps = state["lr_factor"], state["steps"]
+        if self.keep != "lr" and self._lr_factor != 1.0:  # the checkpoint's LR was scaled to its batch: undo that
+            scale_learning_rates(trainer, 1.0 / self._lr_factor)
+            self._lr_factor = 1.0
         self.oom_recoveries, self.decisions = state["oom_recoveries"], state.get("decisions", 0)
         self.controller.load_state_dict(state["controller"])
         self.tokens.load_state_dict(state)
         sampler.batch_size = self._window_size()
-        if trainer.fit_loop.restarted_mid_epoch and state["consumed"]:  # resumed mid-epoch: skip what was trained
+        if state.get("seed") is not None:
+            self._seed = sampler.seed = state["seed"]
+        # Lightning resumes the epoch the position counts in, or, from a checkpoint at an epoch's last batch, the next
+        if state.get("epoch") is None:  # saved before the epoch was: an epoch whose samples were all trained has ended
+            total = sampler.epoch_samples() if state["order"] is None else len(state["order"])
+            same_epoch = state["consumed"] < total
+        else:
+            same_epoch = state["epoch"] == trainer.current_epoch
+        if trainer.fit_loop.restarted_mid_epoch and same_epoch and state["consumed"]:  # skip what was trained
             order = state["order"]
             sampler.resume(
                 state["consumed"], state["batches_done"], None if order is None else [int(i) for i in order.tolist()]
@@ -792,6 +927,7 @@ class DynamicBatchSize(Callback):
             # Lightning then warns that the DataLoader is not resumable: the sampler resumes it, so silence that
             warnings.filterwarnings("ignore", message=_NOT_RESUMABLE)
             self._quiet = warnings.filters[0]
+        return trainer.fit_loop.restarted_mid_epoch and not same_epoch
 
     def _unquiet(self) -> None:
         if self._quiet is not None:

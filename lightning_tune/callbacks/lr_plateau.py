@@ -155,6 +155,11 @@ class AdaptiveLROnPlateau(Callback):
             log_every_n_steps(trainer, lambda: learning_rates(trainer))
 
     @override
+    def on_train_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        if self._log_lr:
+            log(trainer, learning_rates(trainer))  # where the run ended: its last step is rarely a logging step
+
+    @override
     def on_train_epoch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         if self.check_on_train_epoch_end:
             self._evaluate(trainer)

@@ -5,8 +5,9 @@ each optimizer and registers it with the Trainer as a step-interval scheduler, s
 step (gradient accumulation does not speed it up), saved in checkpoints and restored on resume, and shown by
 ``LearningRateMonitor``.
 
-With ``log_lr=True`` each group's LR is logged (``tune/lr...``, ``docs/logged_keys.md``) every
-``log_every_n_steps`` optimizer steps, at ``global_step``: the value is the LR the step uses.
+With ``log_lr=True`` each group's LR is logged (``tune/lr...``, ``docs/logged_keys.md``) on the steps and at the step
+numbers Lightning logs ``self.log`` values on (every ``log_every_n_steps`` optimizer steps): the value is the LR the
+step uses. At the end of training the LR the run ended with is logged once more, at the step count.
 """
 
 from __future__ import annotations
@@ -21,19 +22,24 @@ from lightning.pytorch.callbacks import Callback
 from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
 from lightning.pytorch.utilities.exceptions import MisconfigurationException
 from lightning.pytorch.utilities.types import LRSchedulerConfig
+from torch import Tensor
 from torch.optim import Optimizer
 from typing_extensions import override
 
 from lightning_tune._validation import check_bool, check_choice, check_float, check_int
-from lightning_tune.callbacks._logging import learning_rates, log_every_n_steps
+from lightning_tune.callbacks._logging import learning_rates, log, log_every_n_steps
 from lightning_tune.lr.scheduler import ScheduleLR
 from lightning_tune.lr.schedules import (
     ANNEAL_STRATEGIES,
+    RAMP_SHAPES,
     AnnealStrategy,
     LinearWarmupSchedule,
     OneCycleSchedule,
+    RampShape,
     Schedule,
     WarmupCosineSchedule,
+    WarmupPolynomialSchedule,
+    WarmupStableDecaySchedule,
 )
 
 if TYPE_CHECKING:
@@ -179,7 +185,11 @@ class ScheduleCallback(Callback, ABC):
             return saved
         name = type(self).__name__
         if self._planned is not None and type(saved) is type(configured):
-            ignored = {"total_steps"} | ({"warmup_steps"} if getattr(self, "warmup_ratio", None) is not None else set())
+            ignored = {"total_steps"} | {  # lengths given as a ratio of the run follow the run
+                name
+                for name, ratio in (("warmup_steps", "warmup_ratio"), ("decay_steps", "decay_ratio"))
+                if getattr(self, ratio, None) is not None
+            }
             if _fields(saved, ignored) == _fields(configured, ignored):  # the same arguments: only the length differs
                 if self._saved_planned == self._planned:
                     return saved  # the Trainer's length is unchanged; the saved one may have been retargeted since
@@ -236,13 +246,18 @@ class ScheduleCallback(Callback, ABC):
             log_every_n_steps(trainer, lambda: learning_rates(trainer))
 
     @override
+    def on_train_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        if self.log_lr:
+            log(trainer, learning_rates(trainer))  # where the run ended: its last step is rarely a logging step
+
+    @override
     def on_fit_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         self.schedulers = []
 
 
 def _with_length(schedule: Schedule, total_steps: int, step: int) -> Schedule:
-    """``schedule`` ending at ``total_steps``, but never before its warm-up is over or before ``step``."""
-    floor = max(getattr(schedule, "warmup_steps", 0) + 1, step + 1)
+    """``schedule`` ending at ``total_steps``, but never before its warm-up (and decay) fit or before ``step``."""
+    floor = max(getattr(schedule, "warmup_steps", 0) + max(getattr(schedule, "decay_steps", 0), 1), step + 1)
     return dataclasses.replace(schedule, total_steps=max(total_steps, floor))  # type: ignore[type-var]
 
 
@@ -258,33 +273,24 @@ def _check_min_lr(min_lr: float, lrs: Sequence[float], owner: str) -> None:
         )
 
 
-class WarmupCosine(ScheduleCallback):
-    r"""Linear warm-up to the configured learning rate, then cosine decay to ``min_lr``.
+class WarmupDecay(ScheduleCallback):
+    """Base of the schedules that warm up linearly to each group's configured LR, then decay to a floor.
 
-    The LR used by optimizer step :math:`s`, with warm-up :math:`W`, total :math:`T`, the group's configured LR
-    :math:`b` and floor :math:`m`: :math:`b \cdot s / W` for :math:`s < W`, then
-    :math:`m + (b - m) \cdot \tfrac12 (1 + \cos(\pi (s - W) / (T - W)))`, and :math:`m` after :math:`T`.
-
-    Every parameter group keeps its own configured LR as its peak. ``min_lr`` is the floor of the group with the
-    largest LR; the other groups' floors are scaled in proportion, so the ratios between groups hold at every step.
+    One place for what they share: ``warmup_steps`` or ``warmup_ratio``, the floor ``min_lr`` and how it is spread
+    over parameter groups. ``min_lr`` is the floor of the group with the largest configured LR; the other groups'
+    floors are scaled in proportion, so the ratios between groups hold at every step.
 
     Args:
-        warmup_steps: Warm-up length in optimizer steps (0 for a plain cosine decay). Give this or ``warmup_ratio``.
+        warmup_steps: Warm-up length in optimizer steps (0 for none). Give this or ``warmup_ratio``.
         warmup_ratio: Warm-up as a fraction of ``total_steps`` in [0, 1), rounded up to whole steps.
         min_lr: Floor of the decay, at most the configured LR.
         total_steps: Optimizer steps until the floor; ``None`` means what the Trainer will run.
         replace: Replace a scheduler the module already returns instead of raising.
         log_lr: Log the ``tune/lr`` keys.
-
-    Raises:
-        TypeError: If an argument has the wrong type.
-        ValueError: If an argument is out of range, both or neither of ``warmup_steps`` and ``warmup_ratio`` are
-            given, or ``warmup_steps >= total_steps``.
-
-    Example:
-        >>> from lightning.pytorch import Trainer
-        >>> trainer = Trainer(callbacks=[WarmupCosine(warmup_ratio=0.05, min_lr=1e-5)], logger=False)
     """
+
+    #: The Hugging Face schedule whose ``min_lr`` (``lr_end``) is relative to the optimizer's default LR, if any.
+    hf_floor_reference: str | None = None
 
     def __init__(
         self,
@@ -325,8 +331,21 @@ class WarmupCosine(ScheduleCallback):
         assert self.warmup_ratio is not None
         return math.ceil(self.warmup_ratio * total_steps)
 
-    @override
-    def build_schedule(self, optimizer: Optimizer, total_steps: int) -> Schedule:
+    def resolve_groups(
+        self, optimizer: Optimizer, total_steps: int
+    ) -> tuple[tuple[float, ...], tuple[float, ...], int]:
+        """Each group's peak and floor, and the warm-up length, for a run of ``total_steps``.
+
+        Args:
+            optimizer: The optimizer, with the learning rates the module configured.
+            total_steps: Resolved schedule length.
+
+        Returns:
+            ``(base_lrs, min_lrs, warmup_steps)``.
+
+        Raises:
+            MisconfigurationException: If ``min_lr`` exceeds the largest LR or the warm-up is not shorter than the run.
+        """
         lrs = base_lrs(optimizer)
         _check_min_lr(self.min_lr, lrs, type(self).__name__)
         warmup = self.resolve_warmup_steps(total_steps)
@@ -336,9 +355,250 @@ class WarmupCosine(ScheduleCallback):
                 f"({total_steps} optimizer steps); lower `warmup_steps`/`warmup_ratio` or lengthen the run"
             )
         peak = max(lrs)
+        self._warn_if_hf_floor_differs(optimizer, peak)
         ratio = self.min_lr / peak if peak > 0 else 0.0
+        return tuple(lrs), tuple(lr * ratio for lr in lrs), warmup
+
+    def _warn_if_hf_floor_differs(self, optimizer: Optimizer, peak: float) -> None:
+        """One warning where Hugging Face would read ``min_lr`` against another LR than the largest group's."""
+        default = optimizer.defaults.get("lr")
+        if self.hf_floor_reference is None or self.min_lr == 0 or not isinstance(default, int | float | Tensor):
+            return
+        default = float(default)
+        if default <= 0 or math.isclose(default, peak, rel_tol=1e-6):
+            return
+        rank_zero_warn(
+            f"{type(self).__name__}(min_lr={self.min_lr:g}) is the floor of the parameter group with the largest LR "
+            f"({peak:g}); the other groups' floors keep their LR ratios. Hugging Face's {self.hf_floor_reference} "
+            f"reads `min_lr` against the optimizer's default LR ({default:g}) instead, so a configuration ported from "
+            f"it gets floors {default / peak:.3g}x Hugging Face's here. For Hugging Face's floors, pass "
+            f"min_lr={self.min_lr * peak / default:.6g}.",
+            category=UserWarning,
+        )
+
+
+class WarmupCosine(WarmupDecay):
+    r"""Linear warm-up to the configured learning rate, then cosine decay to ``min_lr``.
+
+    The LR used by optimizer step :math:`s`, with warm-up :math:`W`, total :math:`T`, the group's configured LR
+    :math:`b`, floor :math:`m` and :math:`p = (s - W) / (T - W)`: :math:`b \cdot s / W` for :math:`s < W`, then
+    :math:`m + (b - m) \cdot \tfrac12 (1 + \cos(2 \pi c p))` with ``num_cycles`` :math:`c` (one half-wave, down to
+    :math:`m`, by default), and the value at :math:`T` after :math:`T`. With ``hard_restarts`` the decay is
+    :math:`c` half-waves, each starting again from :math:`b`, and :math:`m` after :math:`T`. These are Hugging
+    Face's ``get_cosine_schedule_with_warmup`` (with ``min_lr``: ``get_cosine_with_min_lr_schedule_with_warmup``) and
+    ``get_cosine_with_hard_restarts_schedule_with_warmup``.
+
+    Every parameter group keeps its own configured LR as its peak. ``min_lr`` is the floor of the group with the
+    largest LR; the other groups' floors are scaled in proportion, so the ratios between groups hold at every step.
+
+    Args:
+        warmup_steps: Warm-up length in optimizer steps (0 for a plain cosine decay). Give this or ``warmup_ratio``.
+        warmup_ratio: Warm-up as a fraction of ``total_steps`` in [0, 1), rounded up to whole steps.
+        min_lr: Floor of the decay, at most the configured LR.
+        num_cycles: Waves of the cosine over the decay, > 0; with ``hard_restarts``, the number of decays. ``None``:
+            0.5 (one decay), or 1 with ``hard_restarts``, Hugging Face's defaults.
+        hard_restarts: Jump back to the peak at the start of each cycle.
+        total_steps: Optimizer steps until the floor; ``None`` means what the Trainer will run.
+        replace: Replace a scheduler the module already returns instead of raising.
+        log_lr: Log the ``tune/lr`` keys.
+
+    Raises:
+        TypeError: If an argument has the wrong type.
+        ValueError: If an argument is out of range, both or neither of ``warmup_steps`` and ``warmup_ratio`` are
+            given, or ``warmup_steps >= total_steps``.
+
+    Example:
+        >>> from lightning.pytorch import Trainer
+        >>> trainer = Trainer(callbacks=[WarmupCosine(warmup_ratio=0.05, min_lr=1e-5)], logger=False)
+    """
+
+    hf_floor_reference = "get_cosine_with_min_lr_schedule_with_warmup"
+
+    def __init__(
+        self,
+        warmup_steps: int | None = None,
+        *,
+        warmup_ratio: float | None = None,
+        min_lr: float = 0.0,
+        num_cycles: float | None = None,
+        hard_restarts: bool = False,
+        total_steps: int | None = None,
+        replace: bool = False,
+        log_lr: bool = True,
+    ) -> None:
+        super().__init__(
+            warmup_steps,
+            warmup_ratio=warmup_ratio,
+            min_lr=min_lr,
+            total_steps=total_steps,
+            replace=replace,
+            log_lr=log_lr,
+        )
+        check_float("num_cycles", num_cycles, low=0.0, low_inclusive=False, allow_none=True)
+        check_bool("hard_restarts", hard_restarts)
+        self.num_cycles = float(num_cycles) if num_cycles is not None else (1.0 if hard_restarts else 0.5)
+        self.hard_restarts = hard_restarts
+
+    @override
+    def build_schedule(self, optimizer: Optimizer, total_steps: int) -> Schedule:
+        lrs, floors, warmup = self.resolve_groups(optimizer, total_steps)
         return WarmupCosineSchedule(
-            base_lrs=tuple(lrs), min_lrs=tuple(lr * ratio for lr in lrs), warmup_steps=warmup, total_steps=total_steps
+            base_lrs=lrs,
+            min_lrs=floors,
+            warmup_steps=warmup,
+            total_steps=total_steps,
+            num_cycles=self.num_cycles,
+            hard_restarts=self.hard_restarts,
+        )
+
+
+class WarmupPolynomial(WarmupDecay):
+    r"""Linear warm-up to the configured learning rate, then a polynomial decay to ``min_lr``: linear by default.
+
+    The LR used by optimizer step :math:`s`: :math:`b \cdot s / W` for :math:`s < W`, then
+    :math:`m + (b - m)(1 - p)^k` with :math:`p = (s - W) / (T - W)` and ``power`` :math:`k`, and :math:`m` after
+    :math:`T`. ``WarmupPolynomial(warmup_steps)`` is Hugging Face's default schedule,
+    ``get_linear_schedule_with_warmup``; with ``power`` and ``min_lr`` it is
+    ``get_polynomial_decay_schedule_with_warmup`` (its ``lr_end`` is ``min_lr``).
+
+    Args:
+        warmup_steps: Warm-up length in optimizer steps (0 for none). Give this or ``warmup_ratio``.
+        warmup_ratio: Warm-up as a fraction of ``total_steps`` in [0, 1), rounded up to whole steps.
+        power: Exponent :math:`k` of the decay, > 0.
+        min_lr: Floor of the decay (of the group with the largest LR), at most the configured LR.
+        total_steps: Optimizer steps until the floor; ``None`` means what the Trainer will run.
+        replace: Replace a scheduler the module already returns instead of raising.
+        log_lr: Log the ``tune/lr`` keys.
+
+    Raises:
+        TypeError: If an argument has the wrong type.
+        ValueError: If an argument is out of range, or both or neither of ``warmup_steps`` and ``warmup_ratio`` are
+            given.
+
+    Example:
+        >>> callback = WarmupPolynomial(warmup_ratio=0.06)  # Hugging Face's linear schedule
+    """
+
+    hf_floor_reference = "get_polynomial_decay_schedule_with_warmup"
+
+    def __init__(
+        self,
+        warmup_steps: int | None = None,
+        *,
+        warmup_ratio: float | None = None,
+        power: float = 1.0,
+        min_lr: float = 0.0,
+        total_steps: int | None = None,
+        replace: bool = False,
+        log_lr: bool = True,
+    ) -> None:
+        super().__init__(
+            warmup_steps,
+            warmup_ratio=warmup_ratio,
+            min_lr=min_lr,
+            total_steps=total_steps,
+            replace=replace,
+            log_lr=log_lr,
+        )
+        check_float("power", power, low=0.0, low_inclusive=False)
+        self.power = float(power)
+
+    @override
+    def build_schedule(self, optimizer: Optimizer, total_steps: int) -> Schedule:
+        lrs, floors, warmup = self.resolve_groups(optimizer, total_steps)
+        return WarmupPolynomialSchedule(
+            base_lrs=lrs, min_lrs=floors, warmup_steps=warmup, total_steps=total_steps, power=self.power
+        )
+
+
+class WarmupStableDecay(WarmupDecay):
+    r"""Warm-up, stable, decay (WSD): rise to the configured LR, hold it, and decay over the last steps of the run.
+
+    Hugging Face's ``get_wsd_schedule``: the LR rises from ``min_lr`` to the group's configured LR over the warm-up
+    (``warmup_shape``), stays there, and falls back to ``min_lr`` over the last ``decay_steps`` of the run
+    (``decay_shape``). When the run's length changes (a resumed run with a larger ``max_steps``,
+    ``DynamicBatchSize``'s ``retarget``), the warm-up and the decay keep their lengths and the stable phase absorbs
+    the difference.
+
+    Args:
+        warmup_steps: Warm-up length in optimizer steps (0 for none). Give this or ``warmup_ratio``.
+        warmup_ratio: Warm-up as a fraction of ``total_steps`` in [0, 1), rounded up to whole steps.
+        decay_steps: Decay length in optimizer steps (0 for none). Give this or ``decay_ratio``.
+        decay_ratio: Decay as a fraction of ``total_steps`` in [0, 1], rounded up to whole steps.
+        min_lr: Start and end LR (of the group with the largest LR; Hugging Face's ``min_lr_ratio`` times that LR).
+        warmup_shape: ``"linear"``, ``"cosine"`` or ``"1-sqrt"``.
+        decay_shape: ``"linear"``, ``"cosine"`` or ``"1-sqrt"``.
+        total_steps: End of the decay; ``None`` means what the Trainer will run.
+        replace: Replace a scheduler the module already returns instead of raising.
+        log_lr: Log the ``tune/lr`` keys.
+
+    Raises:
+        TypeError: If an argument has the wrong type.
+        ValueError: If an argument is out of range, or not exactly one of each pair of ``*_steps``/``*_ratio`` is
+            given.
+
+    Example:
+        >>> callback = WarmupStableDecay(warmup_steps=2000, decay_ratio=0.1, decay_shape="1-sqrt")
+    """
+
+    def __init__(
+        self,
+        warmup_steps: int | None = None,
+        *,
+        warmup_ratio: float | None = None,
+        decay_steps: int | None = None,
+        decay_ratio: float | None = None,
+        min_lr: float = 0.0,
+        warmup_shape: RampShape = "linear",
+        decay_shape: RampShape = "cosine",
+        total_steps: int | None = None,
+        replace: bool = False,
+        log_lr: bool = True,
+    ) -> None:
+        super().__init__(
+            warmup_steps,
+            warmup_ratio=warmup_ratio,
+            min_lr=min_lr,
+            total_steps=total_steps,
+            replace=replace,
+            log_lr=log_lr,
+        )
+        if (decay_steps is None) == (decay_ratio is None):
+            raise ValueError(
+                "give exactly one of `decay_steps` and `decay_ratio`, got "
+                f"decay_steps={decay_steps!r} and decay_ratio={decay_ratio!r}"
+            )
+        check_int("decay_steps", decay_steps, minimum=0, allow_none=True)
+        check_float("decay_ratio", decay_ratio, low=0.0, high=1.0, allow_none=True)
+        check_choice("warmup_shape", warmup_shape, RAMP_SHAPES)
+        check_choice("decay_shape", decay_shape, RAMP_SHAPES)
+        if None not in (warmup_steps, decay_steps, total_steps) and warmup_steps + decay_steps > total_steps:  # type: ignore[operator]
+            raise ValueError(
+                f"`warmup_steps` + `decay_steps` must not exceed `total_steps` ({total_steps}), got "
+                f"{warmup_steps} + {decay_steps}"
+            )
+        self.decay_steps = decay_steps
+        self.decay_ratio = decay_ratio
+        self.warmup_shape = warmup_shape
+        self.decay_shape = decay_shape
+
+    @override
+    def build_schedule(self, optimizer: Optimizer, total_steps: int) -> Schedule:
+        lrs, floors, warmup = self.resolve_groups(optimizer, total_steps)
+        decay = self.decay_steps if self.decay_steps is not None else math.ceil(self.decay_ratio * total_steps)  # type: ignore[operator]
+        if warmup + decay > total_steps:
+            raise MisconfigurationException(
+                f"the warm-up ({warmup} steps) and decay ({decay} steps) of {type(self).__name__} do not fit in the "
+                f"run ({total_steps} optimizer steps); shorten them or lengthen the run"
+            )
+        return WarmupStableDecaySchedule(
+            base_lrs=lrs,
+            min_lrs=floors,
+            warmup_steps=warmup,
+            decay_steps=decay,
+            total_steps=total_steps,
+            warmup_shape=self.warmup_shape,
+            decay_shape=self.decay_shape,
         )
 
 

@@ -29,14 +29,16 @@ from typing_extensions import override
 
 from lightning_tune import _imports
 from lightning_tune._validation import check_int
+from lightning_tune.callbacks._logging import log
 from lightning_tune.keys import OPTIMIZER_STATE_BYTES as STATE_BYTES_KEY  # logged once, after the first step
 from lightning_tune.swaps.optimizer import (
     TARGETS,
     Keep32bit,
     OptimizerSwapResult,
     check_keep_32bit,
-    estimate_state_bytes,
     optimizer_state_bytes,
+    replaced_state_bytes,
+    state_summary,
     swap_optimizers,
 )
 from lightning_tune.vocab import OptimizerName, canonical_optimizer
@@ -125,8 +127,6 @@ class OptimizerSwap(Callback):
         optimizers = list(trainer.strategy.optimizers)
         if not optimizers:
             raise MisconfigurationException("OptimizerSwap found no optimizer: `configure_optimizers` returned none.")
-        estimates = [estimate_state_bytes(optimizer) for optimizer in optimizers]
-        self.state_bytes_before = None if any(e is None for e in estimates) else sum(e or 0 for e in estimates)
         self.state_bytes_after = None
         new, configs, self.results = swap_optimizers(
             optimizers,
@@ -138,6 +138,7 @@ class OptimizerSwap(Callback):
         )
         trainer.strategy.optimizers = new
         trainer.strategy.lr_scheduler_configs = configs
+        self.state_bytes_before = replaced_state_bytes(self.results)
         self._pending = True
         rank_zero_info("OptimizerSwap:\n" + "\n".join(result.describe() for result in self.results))
 
@@ -145,14 +146,9 @@ class OptimizerSwap(Callback):
     def on_train_batch_end(
         self, trainer: pl.Trainer, pl_module: pl.LightningModule, outputs: Any, batch: Any, batch_idx: int
     ) -> None:
-        if not self._pending or not any(any(opt.state.values()) for opt in trainer.optimizers):
-            return
-        self._pending = False
-        after = sum(optimizer_state_bytes(optimizer) for optimizer in trainer.optimizers)
-        self.state_bytes_after = after
-        for logger in trainer.loggers:
-            logger.log_metrics({STATE_BYTES_KEY: float(after)}, step=trainer.global_step)
-        rank_zero_info(self.summary())
+        if self._pending:
+            self.state_bytes_after = report_state(trainer, type(self).__name__, self.results, self.state_bytes_before)
+            self._pending = self.state_bytes_after is None
 
     @override
     def on_fit_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
@@ -164,18 +160,20 @@ class OptimizerSwap(Callback):
         Returns:
             The line, e.g. ``"OptimizerSwap: optimizer state 0.81 MiB after the first step (AdamW: 3.09 MiB, 26.2%)"``.
         """
-        after = "not measured yet" if self.state_bytes_after is None else _mib(self.state_bytes_after)
-        old = ", ".join(type(result.old).__name__ for result in self.results) or "the original optimizer"
-        if self.state_bytes_before is None:
-            before = f"{old}: unknown"
-        else:
-            before = f"{old}: {_mib(self.state_bytes_before)}"
-            if self.state_bytes_after is not None and self.state_bytes_before:
-                before += f", {self.state_bytes_after / self.state_bytes_before:.1%}"
-        if any(result.saves_nothing for result in self.results):
-            before += "; nothing is stored in 8 bits: every trainable tensor is under `min_8bit_size` or kept 32-bit"
-        return f"OptimizerSwap: optimizer state {after} after the first step ({before})"
+        return state_summary(type(self).__name__, self.results, self.state_bytes_before, self.state_bytes_after)
 
 
-def _mib(value: int) -> str:
-    return f"{value / 2**20:.2f} MiB"
+def report_state(trainer: pl.Trainer, owner: str, results: list[OptimizerSwapResult], before: int | None) -> int | None:
+    """Once the swapped optimizers hold state: log ``tune/optimizer_state_bytes`` and print :func:`state_summary`.
+
+    What ``OptimizerSwap`` and ``TunePlugin(optimizer=...)`` both report after the first optimizer step.
+
+    Returns:
+        The state's bytes, or ``None`` while no optimizer holds state yet (nothing is reported then).
+    """
+    if not any(any(optimizer.state.values()) for optimizer in trainer.optimizers):
+        return None
+    after = sum(optimizer_state_bytes(optimizer) for optimizer in trainer.optimizers)
+    log(trainer, {STATE_BYTES_KEY: after})
+    rank_zero_info(state_summary(owner, results, before, after))
+    return after

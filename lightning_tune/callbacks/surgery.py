@@ -14,16 +14,17 @@ from lightning.pytorch.utilities import rank_zero_info
 from typing_extensions import override
 
 from lightning_tune._surgery import SurgeryResult
-from lightning_tune._validation import check_bool, check_strings
+from lightning_tune._validation import check_bool, check_int, check_strings
 from lightning_tune.swaps.attention import AttentionSwapResult, swap_attention
 from lightning_tune.swaps.checkpointing import BlockTypes, CheckpointResult, checkpoint_blocks, type_matcher
 from lightning_tune.swaps.compile import CompileMode, CompileResult, check_compile_options, compile_modules
-from lightning_tune.vocab import Attention, canonical_attention, precision_dtype
+from lightning_tune.swaps.loss import LossSwapResult, swap_loss
+from lightning_tune.vocab import Attention, LossBackend, canonical_attention, canonical_loss, precision_dtype
 
 if TYPE_CHECKING:
     import lightning.pytorch as pl
 
-__all__ = ["ActivationCheckpointing", "AttentionSwap", "SurgeryCallback", "TorchCompile"]
+__all__ = ["ActivationCheckpointing", "AttentionSwap", "LossSwap", "SurgeryCallback", "TorchCompile"]
 
 
 class SurgeryCallback(Callback):
@@ -146,7 +147,7 @@ class TorchCompile(SurgeryCallback):
     ) -> None:
         super().__init__(verbose=verbose)
         check_compile_options(mode=mode, fullgraph=fullgraph, dynamic=dynamic, backend=backend, options=options)
-        check_strings("modules", modules, what="submodule names", allow_none=True)
+        check_strings("modules", modules, what="submodule names", allow_none=True, allow_empty=False)
         self.modules = None if modules is None else list(modules)
         self.mode = mode
         self.fullgraph = fullgraph
@@ -200,5 +201,46 @@ class AttentionSwap(SurgeryCallback):
             self.backend,
             device=trainer.strategy.root_device,
             dtype=precision_dtype(str(trainer.precision)),
+            notify=rank_zero_info,
+        )
+
+
+class LossSwap(SurgeryCallback):
+    """Compute a causal language model's training loss without materialising its logits, for each Trainer run.
+
+    Each Hugging Face ``*ForCausalLM`` instance in the module is swapped by
+    :func:`~lightning_tune.swaps.loss.swap_loss` in ``setup`` and restored in ``teardown``: while training, a call
+    with ``labels`` returns the model's own loss (shift, ``ignore_index``, token mean, ``num_items_in_batch``) computed
+    chunk by chunk from the hidden states, and no ``logits``. Validation and predict (eval mode) are unchanged.
+
+    Args:
+        backend: ``"auto"`` (Liger-Kernel on CUDA when installed, else ``"chunked"``), ``"chunked"`` (PyTorch, any
+            device) or ``"liger"`` (CUDA, ``pip install 'lightning-tune[liger]'``).
+        chunk_size: Tokens per chunk of the ``"chunked"`` backend; ``None`` chooses.
+        verbose: Print the swapped models at setup.
+
+    Raises:
+        TypeError: If ``backend`` is not a string, ``chunk_size`` not an int or ``verbose`` not a bool.
+        ValueError: If ``backend`` is unknown or ``chunk_size`` < 1. A backend that cannot run on the Trainer's
+            device, or a model the swap would get wrong, raises at ``setup``.
+
+    Example:
+        >>> from lightning.pytorch import Trainer
+        >>> trainer = Trainer(callbacks=[LossSwap("chunked")], logger=False)
+    """
+
+    def __init__(self, backend: LossBackend = "auto", *, chunk_size: int | None = None, verbose: bool = True) -> None:
+        super().__init__(verbose=verbose)
+        self.backend = canonical_loss(backend, arg="backend")
+        check_int("chunk_size", chunk_size, minimum=1, allow_none=True)
+        self.chunk_size = chunk_size
+
+    def apply(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> LossSwapResult:
+        """Swap the loss of the causal LMs in ``pl_module`` for the Trainer's device."""
+        return swap_loss(
+            pl_module,
+            self.backend,
+            device=trainer.strategy.root_device,
+            chunk_size=self.chunk_size,
             notify=rank_zero_info,
         )

@@ -1,8 +1,11 @@
 """Throughput, step-time and inference-latency percentiles, VRAM, GPU utilisation and MFU, cheap enough to leave on.
 
-Per step the monitor only takes two timestamps (CUDA events on a GPU: no host-device synchronisation) and reads
-the batch's shape; durations are resolved, percentiles computed and device counters read once per logging
-interval, with a single wait on the newest event and, under DDP, one small collective.
+Per step the monitor only takes two timestamps (CUDA events from a pool on a GPU) and reads the batch's shape; it
+never makes the host wait for the device while training. At a logging step it resolves the steps whose events have
+completed (one non-blocking ``Event.query()`` per pending mark at most) and carries the others to the next log,
+reads the allocator's counters once and the driver (``mem_get_info``, NVML) at most every
+:data:`~lightning_tune.perf.devices.DRIVER_READ_EVERY_S` seconds, and under DDP runs one small collective. The end
+of the fit (and of a validation or predict run) waits once, for the marks still pending.
 
 Logs straight to the Trainer's loggers the ``perf/...`` keys of :mod:`lightning_tune.keys` (table in
 ``docs/logged_keys.md``).
@@ -10,7 +13,9 @@ Logs straight to the Trainer's loggers the ``perf/...`` keys of :mod:`lightning_
 
 from __future__ import annotations
 
+import math
 import statistics
+import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -25,12 +30,19 @@ from typing_extensions import override
 
 from lightning_tune import keys
 from lightning_tune._validation import check_bool, check_float, check_int
+from lightning_tune.callbacks._logging import lightning_step, should_log
 from lightning_tune.perf.batch import count_samples, count_tokens, sequence_length
 from lightning_tune.perf.counting import FlopModel, count_step_flops
-from lightning_tune.perf.devices import NvmlSampler, cuda_memory_metrics
+from lightning_tune.perf.devices import (
+    DRIVER_READ_EVERY_S,
+    NvmlSampler,
+    allocator_metrics,
+    driver_metrics,
+    reset_run_peak,
+)
 from lightning_tune.perf.flops import mfu, peak_flops
 from lightning_tune.perf.stats import StepStats
-from lightning_tune.perf.timing import Timer, compiled_graphs, timer_for
+from lightning_tune.perf.timing import CudaTimer, Timeline, compiled_graphs, timer_for
 from lightning_tune.perf.window import MAX_WINDOW, LatencyWindow, check_percentiles, percentile_suffix
 from lightning_tune.vocab import precision_dtype
 
@@ -46,19 +58,23 @@ _SHARDED_STRATEGIES = (FSDPStrategy, ModelParallelStrategy, DeepSpeedStrategy)
 OVER_BUDGET_WARN = 0.05
 
 
-@dataclass
+@dataclass(slots=True)
 class _Step:
     """One optimizer step being recorded: marks, gaps and counts (resolved at logging time)."""
 
-    start: Any
-    before: tuple[Any, Any] | None
-    end: Any = None
-    within: list[tuple[Any, Any]] = field(default_factory=list)
-    forward: list[tuple[Any, Any]] = field(default_factory=list)
-    batch_start: Any = None
+    start: int  # marks are numbers on the monitor's Timeline
+    before: tuple[int, int] | None
+    end: int = -1
+    within: list[tuple[int, int]] = field(default_factory=list)
+    forward: list[tuple[int, int]] = field(default_factory=list)
+    batch_start: int | None = None
     samples: int = 0
     tokens: int = 0
-    mask_tokens: Tensor | None = None
+    mask_tokens: Tensor | None = None  # tokens counted from masks, on the device
+    mask_real: Tensor | None = None  # real tokens of attention masks (padding), on the device
+    padding: list[int] = field(default_factory=lambda: [0, 0])  # real and padded tokens known on the host
+    on_host: Tensor | None = None  # the two device counts, copied without blocking before the step's end mark
+    warmup: bool = False
     batches: int = 0
     global_step: int = 0
     excluded: bool = False
@@ -72,11 +88,11 @@ class _Step:
 class _Inference:
     """Batch marks of one validation or predict run."""
 
-    marks: list[tuple[Any, Any]] = field(default_factory=list)
+    marks: list[tuple[int, int | None]] = field(default_factory=list)
     samples: int = 0
     tokens: Any = 0  # an int, or a device tensor read at the end
     flops: float = 0.0
-    start: Any = None
+    start: int | None = None
 
 
 class ThroughputLatencyMonitor(Callback):
@@ -85,7 +101,8 @@ class ThroughputLatencyMonitor(Callback):
     A "step" is an optimizer step: with gradient accumulation its samples are those of all its micro-batches, and
     batch sizes may change from one step to the next. Step time runs from the start of a step's first micro-batch
     to the end of its last; time between batches counts as waiting for data. On CUDA, times come from CUDA events
-    and are read once per logging interval, so the monitor never synchronises per step.
+    read at logging steps once the device has completed them (steps still running are carried to the next log), so
+    the host never waits for the device while training; the end of the fit waits once for the last steps.
 
     Args:
         window: Number of recent steps (and, for validation/predict, batches) the percentiles cover, >= 2.
@@ -161,14 +178,16 @@ class ThroughputLatencyMonitor(Callback):
         #: ``warmup_steps``; ``steps``, ``seconds``, rates, ``step_ms_p{q}``, ``mfu``) or a validation or predict
         #: run's (``batches``, ``seconds``, ``samples_per_sec``, ``tokens_per_sec``, ``batch_ms_p{q}``, ``mfu``).
         self.summary: dict[str, float] = {}
-        self._timer: Timer | None = None
+        self._timer: Timeline | None = None
         self._inference_flops: dict[str, FlopModel | None] = {}  # per stage, counted once per Trainer call
         self._pending: list[_Step] = []
         self._current: _Step | None = None
-        self._padding: list[Any] = [0, 0]  # the interval's real tokens (an int or a device tensor) and padded tokens
+        self._padding = [0, 0]  # real and padded tokens of the steps resolved since the last log
         self._dynamic: Any = None  # a DynamicBatchSize in the same Trainer
-        self._prev_end: Any = None
+        self._prev_end: int | None = None
         self._peak: float | None = None
+        self._vram_peak = 0.0  # the fit's peak allocated GiB, as read so far
+        self._driver_due = -math.inf  # monotonic time of the next driver read (mem_get_info, NVML)
         #: FLOPs of a training micro-batch by its shape: model FLOPs, and hardware FLOPs when recomputation adds any.
         self.flop_model: FlopModel | None = None
         self.hardware_flop_model: FlopModel | None = None
@@ -186,7 +205,7 @@ class ThroughputLatencyMonitor(Callback):
 
     def _setup_device(self, trainer: pl.Trainer) -> None:
         device = trainer.strategy.root_device
-        self._timer = timer_for(device)
+        self._timer = Timeline(timer_for(device))
         if device.type != "cuda" or not self.gpu_stats or self._nvml is not None or self._nvml_off:
             return
         self._nvml_off = True  # until it works: one message, one attempt
@@ -228,8 +247,12 @@ class ThroughputLatencyMonitor(Callback):
         self._setup_device(trainer)
         self._peak = self.device_peak_flops(trainer)
         self.stats = StepStats(window=self.window, percentiles=self.percentiles)
-        self._pending, self._current, self._prev_end = [], None, None
+        self._pending, self._current, self._prev_end, self._padding = [], None, None, [0, 0]
         self._own = LatencyWindow(self.window)
+        self._vram_peak, self._driver_due = 0.0, -math.inf
+        device = trainer.strategy.root_device
+        if self.gpu_stats and device.type == "cuda" and torch.cuda.is_available():
+            reset_run_peak(device)  # the fit's peak, not the process's: DynamicBatchSize's resets keep it
         self._distributed = trainer.world_size > 1
         self._last_logged_step = -1
         self.flop_model = self.hardware_flop_model = None  # the model may have changed since the last fit
@@ -284,7 +307,7 @@ class ThroughputLatencyMonitor(Callback):
             step.flops += self.flops_per_batch
         elif self.flop_model is not None:  # this batch's shape: its samples and sequence length
             step.shape = (samples, sequence_length(batch))
-        if isinstance(tokens, Tensor):  # counted on the device; read at logging time
+        if isinstance(tokens, Tensor):  # counted on the device; read once the step has run
             step.mask_tokens = tokens.detach() if step.mask_tokens is None else step.mask_tokens + tokens.detach()
         elif tokens is not None:
             step.tokens += int(tokens)
@@ -333,21 +356,29 @@ class ThroughputLatencyMonitor(Callback):
         step = self._current
         if self._timer is None or step is None:
             return
+        self._count_padding(step, batch)
+        global_step = trainer.global_step
+        stepped = global_step != step.global_step  # else accumulating: the optimizer step is still to come
+        if stepped and (step.mask_tokens is not None or step.mask_real is not None):
+            # in before the end mark completes; asynchronous only where that mark is a CUDA event that orders the read
+            asynchronous = isinstance(self._timer.timer, CudaTimer)
+            step.on_host = _to_host(step.mask_tokens, step.mask_real, asynchronous=asynchronous)
         mark = self._prev_end = self._timer.mark()
-        self._count_padding(batch)
         self._count_batch_flops(step)
-        if trainer.global_step == step.global_step:
-            return  # accumulating: the optimizer step is still to come
+        if self._dynamic is not None and self._dynamic.runner is not None:  # the batch was a step cut in micro-batches
+            step.batches += self._dynamic.micro_batches - 1
+        if not stepped:
+            return
         step.end = mark
         step.excluded = compiled_graphs() != step.compiled  # torch.compile compiled during the step: not a timing
         self._current = None
         self._pending.append(step)
-        every = self.log_every_n_steps or trainer.log_every_n_steps  # type: ignore[attr-defined]  # set at runtime
-        if every and trainer.global_step % every == 0 and trainer.global_step != self._last_logged_step:
-            self._last_logged_step = trainer.global_step
+        if global_step != self._last_logged_step and should_log(trainer, self.log_every_n_steps):
+            self._last_logged_step = global_step
             self._log(trainer, self._train_metrics(trainer))
-        if trainer.global_step == self._warmup_end:  # the warm-up ends: resolve its steps (one wait), forget them
-            self._resolve_pending()
+        if global_step == self._warmup_end:  # the warm-up ends: its steps, resolved or not, are left out
+            for pending in self._pending:
+                pending.warmup = True
             self.stats = StepStats(window=self.window, percentiles=self.percentiles)
 
     def _count_batch_flops(self, step: _Step) -> None:
@@ -362,53 +393,82 @@ class ThroughputLatencyMonitor(Callback):
             step.flops += self.flop_model.flops(samples, length)
             step.hardware_flops += hardware.flops(samples, length)
 
-    def _count_padding(self, batch: Any) -> None:
+    def _count_padding(self, step: _Step, batch: Any) -> None:
         """Add the batch's real and padded tokens: as DynamicBatchSize ran them (trimmed), else from the mask."""
         dynamic = self._dynamic
         if dynamic is not None and dynamic.runner is not None and dynamic.step_tokens:
-            self._padding[0] += dynamic.step_tokens[0]
-            self._padding[1] += dynamic.step_tokens[1]
+            step.padding[0] += dynamic.step_tokens[0]
+            step.padding[1] += dynamic.step_tokens[1]
             return
         mask = batch.get("attention_mask") if isinstance(batch, Mapping) else None
         if isinstance(mask, Tensor) and mask.dim() == 2:
-            self._padding[0] = mask.detach().sum() + self._padding[0]  # on the device: read at logging time
-            self._padding[1] += mask.numel()
+            real = mask.detach().sum()  # on the device: read once the step has run
+            step.mask_real = real if step.mask_real is None else step.mask_real + real
+            step.padding[1] += mask.numel()
 
     def _padding_metrics(self) -> dict[str, float]:
         real, padded = self._padding
         self._padding = [0, 0]
-        return {keys.PADDING_FRAC: 1.0 - float(real) / padded} if padded else {}
+        return {keys.PADDING_FRAC: 1.0 - real / padded} if padded else {}
 
-    def _resolve_pending(self) -> None:
-        """Turn the recorded marks into durations (one wait, on the newest mark)."""
-        timer = self._timer
-        if timer is None or not self._pending:
+    def _resolve_pending(self, *, wait: bool = False) -> None:
+        """Fold the steps whose marks have completed into the figures; the others wait for the next call.
+
+        Without ``wait`` nothing blocks: at most one ``Event.query()`` per pending mark. With it (the end of the fit),
+        one wait on the newest mark resolves them all.
+        """
+        timeline = self._timer
+        if timeline is None or not self._pending:
             return
-        timer.wait(self._pending[-1].end)
-        masked = [step.mask_tokens for step in self._pending if step.mask_tokens is not None and not step.excluded]
-        # mask-counted tokens live on the device: one read for the whole interval
-        mask_total = int(torch.stack(masked).sum().item()) if masked else 0
-        for step in self._pending:
-            before = timer.elapsed_ms(*step.before) if step.before is not None else 0.0
-            if step.before is not None:
-                self.stats.add_between(wait_ms=before)
-            if step.excluded:
-                continue
-            within = sum(timer.elapsed_ms(a, b) for a, b in step.within)
-            if self._distributed:
-                self._own.add(before + within + sum(timer.elapsed_ms(a, b) for a, b in step.forward))
-            self.stats.add_step(
-                step_ms=timer.elapsed_ms(step.start, step.end),
-                samples=step.samples,
-                tokens=step.tokens,
-                batches=step.batches,
-                wait_ms=within,
-                flops=step.flops,
-                hardware_flops=step.hardware_flops,
-            )
-        self._pending = []
-        self.stats.interval.tokens += mask_total
-        self.stats.total.tokens += mask_total
+        resolved = timeline.resolve(wait=wait)
+        ready = 0
+        while ready < len(self._pending) and self._pending[ready].end < resolved:
+            ready += 1
+        for step in self._pending[:ready]:
+            self._fold(step, timeline)
+        del self._pending[:ready]
+        self._forget()
+
+    def _forget(self) -> None:
+        """Drop the times no longer needed: all but those of pending steps, the step recorded and the next gap."""
+        if self._timer is None:
+            return
+        steps = [*self._pending, *([self._current] if self._current is not None else [])]
+        oldest = [step.before[0] if step.before is not None else step.start for step in steps]
+        if self._prev_end is not None:
+            oldest.append(self._prev_end)
+        self._timer.forget(min(oldest, default=self._timer.resolved))
+
+    def _fold(self, step: _Step, timeline: Timeline) -> None:
+        """Add one resolved step to the figures."""
+        real, padded = step.padding
+        if step.on_host is not None:  # copied before the step's end mark, which has completed: reading it waits not
+            mask_tokens, mask_real = (int(v) for v in step.on_host.numpy())
+            real += mask_real
+            if not step.excluded and not step.warmup:
+                self.stats.interval.tokens += mask_tokens
+                self.stats.total.tokens += mask_tokens
+        self._padding[0] += real
+        self._padding[1] += padded
+        before = timeline.ms(*step.before) if step.before is not None else 0.0
+        within = sum(timeline.ms(a, b) for a, b in step.within)
+        if self._distributed and not step.excluded:
+            self._own.add(before + within + sum(timeline.ms(a, b) for a, b in step.forward))
+        if step.warmup:
+            return
+        if step.before is not None:
+            self.stats.add_between(wait_ms=before)
+        if step.excluded:
+            return
+        self.stats.add_step(
+            step_ms=timeline.ms(step.start, step.end),
+            samples=step.samples,
+            tokens=step.tokens,
+            batches=step.batches,
+            wait_ms=within,
+            flops=step.flops,
+            hardware_flops=step.hardware_flops,
+        )
 
     def _train_metrics(self, trainer: pl.Trainer) -> dict[str, float]:
         self._resolve_pending()
@@ -420,9 +480,21 @@ class ThroughputLatencyMonitor(Callback):
         else:
             metrics.update(self._utilisation(local))
         if self.gpu_stats:
-            device = {**cuda_memory_metrics(trainer.strategy.root_device), **self._sample_nvml()}
-            metrics.update({keys.DEVICE + k: v for k, v in device.items()})
+            metrics.update({keys.DEVICE + k: v for k, v in self._device_metrics(trainer).items()})
         return metrics
+
+    def _device_metrics(self, trainer: pl.Trainer) -> dict[str, float]:
+        """The allocator's counters (one read); the driver's too when :data:`DRIVER_READ_EVERY_S` has passed."""
+        device = trainer.strategy.root_device
+        out = allocator_metrics(device)  # nothing off CUDA
+        if "vram_peak_gib" in out:  # kept across any reset of torch's peak counters between two reads
+            out["vram_peak_gib"] = self._vram_peak = max(self._vram_peak, out["vram_peak_gib"])
+        now = time.monotonic()
+        if now >= self._driver_due:
+            self._driver_due = now + DRIVER_READ_EVERY_S
+            out.update(driver_metrics(device))
+            out.update(self._sample_nvml())
+        return out
 
     def _sample_nvml(self) -> dict[str, float]:
         if self._nvml is None:
@@ -514,16 +586,18 @@ class ThroughputLatencyMonitor(Callback):
 
     def _end_inference(self, stage: str, trainer: pl.Trainer) -> None:
         run = self._inference.pop(stage, None)
-        timer = self._timer
-        if run is None or timer is None or not run.marks or run.marks[-1][1] is None:
+        timeline = self._timer
+        if run is None or timeline is None or not run.marks or run.marks[-1][1] is None:
             return
-        timer.wait(run.marks[-1][1])
-        durations = [timer.elapsed_ms(a, b) for a, b in run.marks if b is not None]
+        end = run.marks[-1][1]
+        timeline.resolve(wait=True)  # the end of a run: one wait
+        durations = [timeline.ms(a, b) for a, b in run.marks if b is not None]
         window = LatencyWindow(self.window)
         window.extend(durations)
         percentiles = window.percentiles(self.percentiles)
         metrics = {keys.BATCH_MS.format(stage=stage, q=f"{p:g}"): v for p, v in percentiles.items()}
-        seconds = timer.elapsed_ms(run.start, run.marks[-1][1]) / 1000.0
+        seconds = timeline.ms(run.start, end) / 1000.0 if run.start is not None else 0.0
+        self._forget()
         if seconds > 0:
             metrics[keys.STAGE_SAMPLES_PER_SEC.format(stage=stage)] = run.samples / seconds
             if run.tokens:
@@ -615,31 +689,34 @@ class ThroughputLatencyMonitor(Callback):
             return
         metrics = {**metrics, "epoch": float(trainer.current_epoch)}  # as on Lightning's own rows
         for logger in trainer.loggers:
-            logger.log_metrics(metrics, step=_lightning_step(trainer))
+            logger.log_metrics(metrics, step=lightning_step(trainer))
 
     @override
     def on_fit_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
-        self._resolve_pending()
+        self._resolve_pending(wait=True)  # the fit's one wait: the steps still pending complete
+        self._current = self._prev_end = None  # no gap to time until the next fit
+        self._forget()
         totals = self.stats.total
         summary = {**StepStats.rates(totals), **self.stats.latency_metrics()}
         summary.update({key.rpartition("/")[2]: value for key, value in self._utilisation(summary).items()})
-        memory = cuda_memory_metrics(trainer.strategy.root_device) if self.gpu_stats else {}
-        if "vram_peak_gib" in memory:
-            summary["vram_peak_gib"] = memory["vram_peak_gib"]
+        peak = allocator_metrics(trainer.strategy.root_device).get("vram_peak_gib") if self.gpu_stats else None
+        if peak is not None:
+            summary["vram_peak_gib"] = self._vram_peak = max(self._vram_peak, peak)
         summary.update(steps=float(totals.steps), seconds=totals.wall_ms / 1000.0)
         self.summary = summary
         if totals.steps:
             rank_zero_info(format_summary(summary, self.percentiles, num_workers=_num_workers(trainer)))
 
 
-def _lightning_step(trainer: pl.Trainer) -> int:
-    """The step Lightning logs ``self.log`` values at, so ``perf/*`` rows overlay with them (e.g. ``train_loss``).
+def _to_host(*counts: Tensor | None, asynchronous: bool) -> Tensor:
+    """Device counts (0-dim tensors, ``None`` for 0) copied to the host; ``asynchronous``: into pinned memory, no wait.
 
-    Lightning logs at ``fit_loop.epoch_loop._batches_that_stepped``, the optimizer steps *before* the current batch's
-    (so one less than ``global_step`` in ``on_train_batch_end``); private, checked on Lightning 2.6.6, read only here.
+    An asynchronous copy may be read only once a CUDA event recorded after this call has completed. Host-clock marks
+    (MPS, XPU, the CPU) are done at once and order nothing, so there the copy is synchronous.
     """
-    step = getattr(getattr(trainer.fit_loop, "epoch_loop", None), "_batches_that_stepped", None)
-    return step if isinstance(step, int) else trainer.global_step
+    device = next(t for t in counts if t is not None).device
+    stacked = torch.stack([torch.zeros((), dtype=torch.long, device=device) if t is None else t.long() for t in counts])
+    return stacked.to("cpu", non_blocking=asynchronous)
 
 
 def _num_workers(trainer: pl.Trainer) -> int | None:

@@ -7,23 +7,30 @@ traceback). The precision, optimizer and attention types accept every name and a
 Example:
     >>> precision("bf16"), optimizer("adamw_8bit"), attention("flash_attention_2"), int_at_least(1)("3")
     ('bf16-mixed', 'adamw8bit', 'flash', 3)
+    >>> memory("24GB") == memory("24GiB") == memory("24576") == 24 * 2**30
+    True
 """
 
 from __future__ import annotations
 
 import argparse
+import re
 import sys
-from collections.abc import Callable, Collection
-from typing import NoReturn
+from collections.abc import Callable, Collection, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, NoReturn
 
 from lightning_tune import vocab
 
 __all__ = [
+    "MAX_DEVICES",
     "PROG",
     "ArgumentParser",
+    "IntRange",
     "attention",
     "devices",
     "int_at_least",
+    "memory",
     "name_in",
     "optimizer",
     "path",
@@ -37,10 +44,28 @@ PROG = "lightning-tune"
 
 
 class ArgumentParser(argparse.ArgumentParser):
-    """ArgumentParser whose usage errors are a single line on stderr (exit status 2)."""
+    """ArgumentParser whose usage errors are a single line on stderr (exit status 2).
+
+    ``hints`` maps a flag to the command that takes it: a usage error on a command line that holds such a flag
+    says which command to run (``calc --model ...`` points to ``calc batch-size``).
+    """
+
+    hints: Mapping[str, str] = {}
+    _given: Sequence[str] = ()
+
+    def parse_known_args(  # type: ignore[override]  # argparse's overloads, collapsed
+        self, args: Sequence[str] | None = None, namespace: Any = None
+    ) -> tuple[Any, list[str]]:
+        """As argparse's; the arguments are kept for the hints of :meth:`error`."""
+        self._given = list(sys.argv[1:] if args is None else args)
+        return super().parse_known_args(args, namespace)
 
     def error(self, message: str) -> NoReturn:
         """Print ``message`` on one line and exit with status 2."""
+        given = {arg.split("=", 1)[0] for arg in self._given}
+        for flag, command in self.hints.items():
+            if flag in given:
+                self.exit(2, f"{self.prog}: error: {flag} is an option of '{command}': run '{command} {flag} ...'\n")
         self.exit(2, f"{self.prog}: error: {message} (see '{self.prog} --help')\n")
 
 
@@ -51,20 +76,32 @@ def usage_error(command: str, err: BaseException) -> int:
     return 2
 
 
-def int_at_least(minimum: int, maximum: int | None = None) -> Callable[[str], int]:
+@dataclass(frozen=True)
+class IntRange:
     """A ``type=`` for an integer in ``[minimum, maximum]`` (no upper bound when ``maximum`` is ``None``)."""
-    rule = f"an integer >= {minimum}" if maximum is None else f"an integer from {minimum} to {maximum}"
 
-    def parse(text: str) -> int:
+    minimum: int
+    maximum: int | None = None
+
+    def __call__(self, text: str) -> int:
+        """The integer ``text`` spells, or an ArgumentTypeError saying what is allowed."""
+        rule = (
+            f"an integer >= {self.minimum}"
+            if self.maximum is None
+            else f"an integer from {self.minimum} to {self.maximum}"
+        )
         try:
             value = int(text)
         except ValueError:
-            value = minimum - 1
-        if value < minimum or (maximum is not None and value > maximum):
+            value = self.minimum - 1
+        if value < self.minimum or (self.maximum is not None and value > self.maximum):
             raise argparse.ArgumentTypeError(f"must be {rule}, got {text!r}")
         return value
 
-    return parse
+
+def int_at_least(minimum: int, maximum: int | None = None) -> IntRange:
+    """A ``type=`` for an integer in ``[minimum, maximum]`` (no upper bound when ``maximum`` is ``None``)."""
+    return IntRange(minimum, maximum)
 
 
 def name_in(canonical: Callable[..., str], allowed: Collection[str]) -> Callable[[str], str]:
@@ -93,22 +130,62 @@ def text(value: str) -> str:
 
 def path(value: str) -> str:
     """A ``type=`` for a path: an empty one would silently mean the current directory."""
-    if not value.strip():
-        raise argparse.ArgumentTypeError("must be a non-empty path (use '.' for the current directory), got ''")
+    if not value.strip() or "\0" in value:
+        raise argparse.ArgumentTypeError(
+            f"must be a non-empty path without NUL characters (use '.' for the current directory), got {value!r}"
+        )
     return value
 
 
+#: The most devices ``--devices`` names: more than any one machine holds (Lightning's count is per machine).
+MAX_DEVICES = 1024
+
+
 def devices(value: str) -> int | str:
-    """A ``type=`` for ``--devices``: a count >= 1, ``-1`` (all), ``auto``, or comma-separated device indices."""
-    parts = value.split(",")
-    if value == "auto" or (len(parts) > 1 and all(p.strip().isdigit() for p in parts if p.strip())):
+    """A ``type=`` for ``--devices``: a count from 1 to 1024, ``-1`` (all), ``auto``, or device indices (``0,1``)."""
+    parts = [p.strip() for p in value.split(",")]
+    if value == "auto" or (
+        len(parts) > 1 and all(p.isdigit() and int(p) < MAX_DEVICES for p in parts if p) and any(parts)
+    ):
         return value
     try:
         count = int(value)
     except ValueError:
         count = 0
-    if count == 0 or count < -1:
+    if count == 0 or count < -1 or count > MAX_DEVICES:
         raise argparse.ArgumentTypeError(
-            f"must be a device count >= 1, -1 (all), 'auto' or device indices such as '0,1', got {value!r}"
+            f"must be a device count from 1 to {MAX_DEVICES}, -1 (all), 'auto' or device indices such as '0,1', "
+            f"got {value!r}"
         )
     return count
+
+
+_MIB = 2**20
+_MEMORY = re.compile(r"(\d+(?:\.\d+)?)\s*(?:([kmgt])(?:i?b)?|(b))?", re.IGNORECASE)
+_MEMORY_UNITS = {"k": 2**10, "m": 2**20, "g": 2**30, "t": 2**40, "b": 1}
+#: The range ``--gpu-memory`` accepts, in bytes: 1 GiB to 64 TiB.
+MEMORY_RANGE = (2**30, 2**46)
+
+
+def memory(text: str) -> int:
+    """A ``type=`` for an amount of device memory in bytes: ``24GB``, ``24GiB``, ``80G``, ``24000MiB`` or MiB.
+
+    A bare number is MiB, as ``nvidia-smi`` counts; ``G``, ``GB`` and ``GiB`` are all 2**30 bytes, as GPU makers
+    count memory (an "80GB" GPU holds 80 GiB), and likewise ``K``, ``M``, ``T``. A bare number below 1024 is refused
+    with a hint, since 24 MiB is no GPU's memory but 24 GiB is.
+    """
+    match = _MEMORY.fullmatch(text.strip())
+    low, high = MEMORY_RANGE
+    allowed = "an amount such as '24GB', '24GiB', '80G' or '24576' (MiB)"
+    if match is None:
+        raise argparse.ArgumentTypeError(f"must be {allowed}, got {text!r}")
+    amount, unit, plain_bytes = match.groups()
+    if unit is None and plain_bytes is None and float(amount) < low // _MIB:
+        raise argparse.ArgumentTypeError(
+            f"a bare number is MiB, so {text!r} is {amount} MiB, less than any GPU; give a unit, such as "
+            f"'{amount}GB' for {amount} GiB"
+        )
+    value = round(float(amount) * _MEMORY_UNITS[(unit or plain_bytes or "m").lower()])
+    if not low <= value <= high:
+        raise argparse.ArgumentTypeError(f"must be from 1 GiB to 64 TiB, such as '24GB', got {text!r}")
+    return value

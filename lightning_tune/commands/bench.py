@@ -15,8 +15,17 @@ from pathlib import Path
 from typing import Any
 
 from lightning_tune import bench
-from lightning_tune.commands.args import PROG, attention, int_at_least, name_in, precision, usage_error
-from lightning_tune.swaps.optimizer import TARGETS
+from lightning_tune._validation import MAX_SEED
+from lightning_tune.bench.settings import DEMO_MAX_SEQ_LEN, MAX_STEPS
+from lightning_tune.commands.args import (
+    PROG,
+    attention,
+    int_at_least,
+    name_in,
+    path,
+    precision,
+    usage_error,
+)
 from lightning_tune.vocab import ACCELERATORS, canonical_optimizer
 
 __all__ = ["add_parser"]
@@ -41,6 +50,12 @@ def _milliseconds(text: str) -> float:
         return float(text)
     except ValueError:
         raise argparse.ArgumentTypeError(f"must be a number of milliseconds > 0, got {text!r}") from None
+
+
+def _swap_optimizer(text: str) -> str:
+    from lightning_tune.swaps.optimizer import TARGETS  # imports torch: only when the flag is given
+
+    return name_in(canonical_optimizer, TARGETS)(text)
 
 
 def _json_object(text: str) -> dict[str, Any]:
@@ -103,21 +118,27 @@ def add_parser(commands: Any) -> None:
         help=f"comma-separated batch sizes (default: {_DEFAULT_BATCH_SIZES})",
     )
     parser.add_argument(
-        "--sequence-length", "--seq-len", type=int_at_least(1), metavar="N", help="tokens per sequence, demo only (512)"
+        "--sequence-length",
+        "--seq-len",
+        type=int_at_least(1, DEMO_MAX_SEQ_LEN),
+        metavar="N",
+        help="tokens per sequence, demo only (default: 512)",
     )
     parser.add_argument(
         "--steps",
-        type=int_at_least(2),
+        type=int_at_least(2, MAX_STEPS),
         default=100,
         help="measured steps (train) or predict batches per batch size (default: 100)",
     )
-    parser.add_argument("--warmup", type=int_at_least(0), default=10, help="steps run first and left out (default: 10)")
+    parser.add_argument(
+        "--warmup", type=int_at_least(0, MAX_STEPS), default=10, help="steps run first and left out (default: 10)"
+    )
     parser.add_argument(
         "--precision", type=precision, default="auto", help="e.g. bf16-mixed or bf16 (default: auto, for the device)"
     )
     parser.add_argument(
         "--optimizer",
-        type=name_in(canonical_optimizer, TARGETS),
+        type=_swap_optimizer,
         default=None,
         help="swap the module's optimizer through TunePlugin, e.g. adamw8bit (needs bitsandbytes) or adamw_fused",
     )
@@ -128,7 +149,9 @@ def add_parser(commands: Any) -> None:
         help="route attention through TunePlugin: auto, flash, sdpa or eager",
     )
     parser.add_argument("--accelerator", choices=ACCELERATORS, default="auto", help="where to run (default: auto)")
-    parser.add_argument("--seed", type=int_at_least(0), default=0, help="seed set before each batch size")
+    parser.add_argument(
+        "--seed", type=int_at_least(0, MAX_SEED), default=0, help="seed set before each batch size, below 2**32"
+    )
     for q in (95, 99):
         parser.add_argument(
             f"--p{q}-budget-ms",
@@ -140,13 +163,18 @@ def add_parser(commands: Any) -> None:
         )
     parser.add_argument(
         "--output-dir",
+        type=path,
         default=None,
         metavar="DIR",
         help="directory that receives bench.json and bench.csv (default: a new "
         f"{os.path.join(_DEFAULT_OUTPUT_ROOT, 'version_N')} per sweep)",
     )
     parser.add_argument(
-        "--plot", default=None, metavar="PNG", help="draw samples/s against p95 latency (and the budget) into PNG"
+        "--plot",
+        type=path,
+        default=None,
+        metavar="PNG",
+        help="draw samples/s against p95 latency (and the budget) into PNG",
     )
     parser.add_argument("--no-progress-bar", action="store_true", help="hide the per-batch-size progress bars")
     parser.set_defaults(handler=_run_bench_command)

@@ -8,15 +8,16 @@ would, with the figures. Exit status: 0 when a batch fits, 1 when none does, 2 o
 from __future__ import annotations
 
 import argparse
-import sys
 from typing import Any
 
-from lightning_tune.commands.args import PROG, attention, int_at_least, name_in, optimizer, usage_error
+from lightning_tune.commands.args import PROG, attention, int_at_least, memory, name_in, optimizer, usage_error
 from lightning_tune.plan import PLAN_PRECISIONS, MemoryEstimate, estimate_memory, format_bytes, plan_zero, resolve_model
 from lightning_tune.vocab import canonical_precision
 
 _COMMAND = "calc batch-size"
 _MIB = 2**20
+#: The longest sequence ``--sequence-length`` takes: 16M tokens, past any model's context.
+_MAX_SEQUENCE_LENGTH = 2**24
 #: Rank the "what would fit" advice tries for LoRA.
 _LORA_RANK = 16
 #: GPU counts the advice tries for sharding.
@@ -34,8 +35,7 @@ def add_parser(commands: Any) -> None:
         help="planning calculations on any machine: what batch size fits a GPU",
         description="Planning calculations that need no GPU.",
     )
-    calculations = calc.add_subparsers(title="calculations", dest="calculation", metavar="<calculation>")
-    calc.set_defaults(handler=lambda args: calc.print_help(sys.stderr) or 2)
+    calculations = calc.add_subparsers(title="calculations", dest="calculation", metavar="<calculation>", required=True)
     parser = calculations.add_parser(
         "batch-size",
         help="memory breakdown of training a transformer and the largest batch that fits a GPU",
@@ -48,9 +48,21 @@ def add_parser(commands: Any) -> None:
     parser.add_argument(
         "--model", required=True, help="a known model name (e.g. llama-2-7b) or a path to a Hugging Face config.json"
     )
-    parser.add_argument("--gpu-memory", type=int_at_least(1), required=True, metavar="MIB", help="memory of one GPU")
     parser.add_argument(
-        "--sequence-length", "--seq-len", type=int_at_least(1), required=True, metavar="N", help="tokens per sample"
+        "--gpu-memory",
+        type=memory,
+        required=True,
+        metavar="SIZE",
+        help="memory of one GPU with a unit, such as 24GB, 24GiB, 80G or 24000MiB (GB and G mean GiB, as GPU makers "
+        "count); a bare number is MiB and must be at least 1024",
+    )
+    parser.add_argument(
+        "--sequence-length",
+        "--seq-len",
+        type=int_at_least(1, _MAX_SEQUENCE_LENGTH),
+        required=True,
+        metavar="N",
+        help="tokens per sample",
     )
     parser.add_argument(
         "--precision",
@@ -63,6 +75,7 @@ def add_parser(commands: Any) -> None:
         "--lora-rank", type=int_at_least(1), default=None, metavar="R", help="train LoRA adapters of rank R only"
     )
     parser.add_argument("--grad-checkpointing", action="store_true", help="recompute activations in backward")
+    parser.add_argument("--loss-swap", action="store_true", help="compute the loss without the logits (LossSwap)")
     parser.add_argument("--attention", type=attention, default="flash", help="attention kernel (default: %(default)s)")
     parser.add_argument(
         "--no-master-weights",
@@ -70,6 +83,9 @@ def add_parser(commands: Any) -> None:
         help="no float32 master copy of 16-bit weights (default: kept under bf16-mixed and 16-mixed)",
     )
     parser.set_defaults(handler=_run_batch_size)
+    # `calc --model ...` names the calculation that takes the flag
+    flags = (flag for action in parser._actions for flag in action.option_strings if flag not in ("-h", "--help"))
+    calc.hints = dict.fromkeys(flags, f"{PROG} calc batch-size")
 
 
 def _estimate(args: argparse.Namespace, **changes: Any) -> MemoryEstimate:
@@ -81,6 +97,7 @@ def _estimate(args: argparse.Namespace, **changes: Any) -> MemoryEstimate:
         "attention": args.attention,
         "gradient_checkpointing": args.grad_checkpointing,
         "lora_rank": args.lora_rank,
+        "loss_swap": args.loss_swap,
     }
     options.update(changes)
     return estimate_memory(args.shape, **options)
@@ -92,7 +109,7 @@ def _run_batch_size(args: argparse.Namespace) -> int:
         estimate = _estimate(args)
     except (ValueError, TypeError, OSError) as err:
         return usage_error(_COMMAND, err)
-    budget = args.gpu_memory * _MIB
+    budget = args.gpu_memory
     sizes = estimate.batch_sizes(budget)
     print(_format_breakdown(args, estimate, budget))
     if sizes["optimal"] == 0:
@@ -125,7 +142,7 @@ def _format_breakdown(args: argparse.Namespace, estimate: MemoryEstimate, budget
     ]
     head = [
         *estimate.notes,
-        f"GPU memory {format_bytes(budget)} ({args.gpu_memory} MiB); peak = fixed total + activations x batch",
+        f"GPU memory {format_bytes(budget)} ({budget // _MIB} MiB); peak = fixed total + activations x batch",
         "",
     ]
     return "\n".join(head + [f"  {label:<24}{value}" for label, value in rows])

@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import argparse
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from lightning.fabric.utilities.exceptions import MisconfigurationException
-
+from lightning_tune._validation import MAX_SEED
 from lightning_tune.commands.args import PROG, devices, int_at_least, path, precision, usage_error
-from lightning_tune.demos.run import DemoSummary, fit_demo, prepare_demo
 from lightning_tune.vocab import ACCELERATORS
+
+if TYPE_CHECKING:
+    from lightning_tune.demos.run import DemoSummary
 
 __all__ = ["add_parser"]
 
@@ -48,7 +49,9 @@ def add_parser(commands: Any) -> None:
         help="Lightning precision or an alias such as bf16 (default: auto, which is bf16-mixed or 16-mixed on a "
         "CUDA GPU and 32-true otherwise)",
     )
-    parser.add_argument("--seed", type=int_at_least(0), default=0, help="random seed, below 2**32 (default: 0)")
+    parser.add_argument(
+        "--seed", type=int_at_least(0, MAX_SEED), default=0, help="random seed, below 2**32 (default: 0)"
+    )
     parser.add_argument(
         "--root-dir", type=path, default=".", help="where lightning_logs/ goes (default: current directory)"
     )
@@ -57,6 +60,11 @@ def add_parser(commands: Any) -> None:
 
 
 def _run(args: argparse.Namespace) -> int:
+    # Lightning is imported only once a run is asked for: `--help` and usage errors come without it.
+    from lightning.fabric.utilities.exceptions import MisconfigurationException
+
+    from lightning_tune.demos.run import fit_demo, prepare_demo
+
     try:
         # Combinations only Lightning can judge (e.g. --accelerator gpu on a machine without one) fail here.
         demo = prepare_demo(

@@ -188,20 +188,21 @@ _MODEL_PARALLEL = (
 )
 
 
-def load_config(source: str | os.PathLike[str] | Mapping[str, Any]) -> dict[str, Any]:
+def load_config(path_or_dict: str | os.PathLike[str] | Mapping[str, Any]) -> dict[str, Any]:
     """Read a configuration: a YAML file, or a mapping as it is.
 
     Args:
-        source: Path of a YAML file, or a mapping.
+        path_or_dict: Path of a YAML file, or a mapping.
 
     Returns:
         The configuration as a dict.
 
     Raises:
-        TypeError: If ``source`` is neither a path nor a mapping, or the file does not hold a mapping.
+        TypeError: If ``path_or_dict`` is neither a path nor a mapping, or the file does not hold a mapping.
         FileNotFoundError: If the file does not exist.
         ValueError: If the path is empty or a directory, or the file is not UTF-8 text or not valid YAML.
     """
+    source = path_or_dict
     if isinstance(source, Mapping):
         return dict(source)
     if not isinstance(source, (str, os.PathLike)):
@@ -218,7 +219,7 @@ def load_config(source: str | os.PathLike[str] | Mapping[str, Any]) -> dict[str,
     try:
         text = path.read_text(encoding="utf-8")
     except FileNotFoundError:
-        raise FileNotFoundError(f"configuration file {str(path)!r} does not exist") from None
+        raise FileNotFoundError(f"`path_or_dict`: configuration file {str(path)!r} does not exist") from None
     except UnicodeDecodeError as err:
         raise ValueError(
             f"configuration file {str(path)!r} is not a YAML text file (byte {err.start} is not UTF-8 text)"

@@ -6,14 +6,15 @@ strategy from them on every call, so two Trainers never share a stateful callbac
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import inspect
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import TYPE_CHECKING, Any, Final, Literal, get_args
 
 from lightning.pytorch.callbacks import Callback
 
-from lightning_tune._validation import check_bool, check_choice, check_float, check_int, check_mapping
+from lightning_tune._validation import check_bool, check_choice, check_float, check_int, check_keys, check_mapping
 from lightning_tune.callbacks.lr_schedule import LinearWarmup, OneCycle, WarmupCosine
 from lightning_tune.plugins.deepspeed import DeepSpeedSettings
 from lightning_tune.swaps.checkpointing import BlockTypes
@@ -43,6 +44,23 @@ def _check_optional_choice(name: str, value: Any, choices: tuple[str, ...]) -> N
 
 def _frozen(mapping: Mapping[str, Any] | None) -> Mapping[str, Any] | None:
     return None if mapping is None else MappingProxyType(dict(mapping))
+
+
+#: Checks of the DataLoader settings the configuration file also knows (``dataloader.*``), the same rules.
+_LOADER_CHECKS: Final[dict[str, Callable[[str, Any], None]]] = {
+    "num_workers": lambda name, value: check_int(name, value, minimum=0),
+    "prefetch_factor": lambda name, value: check_int(name, value, minimum=1, allow_none=True),
+    "pin_memory": check_bool,
+    "persistent_workers": check_bool,
+    "drop_last": check_bool,
+    "timeout": lambda name, value: check_float(name, value, low=0.0),
+}
+
+
+def _build(name: str, kind: type[Callback], kwargs: Mapping[str, Any]) -> Callback:
+    """``kind(**kwargs)``, with a key ``kind`` does not take named as a key of the field ``name``."""
+    check_keys(name, kwargs, list(inspect.signature(kind).parameters))
+    return kind(**kwargs)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -147,8 +165,6 @@ class TrainingConfig:
                 f"`process_group_backend` ({self.process_group_backend!r}) sets the backend of data parallelism: it "
                 "needs `data_parallel=True`"
             )
-        import inspect
-
         from torch.utils.data import DataLoader
 
         allowed = set(inspect.signature(DataLoader).parameters) - {"self", "dataset", "batch_size"}
@@ -158,6 +174,9 @@ class TrainingConfig:
                 f"`dataloader_kwargs` has keys DataLoader does not take: {', '.join(unknown)} (allowed: "
                 f"{', '.join(sorted(allowed))}; the batch size is `micro_batch_size`)"
             )
+        for key, value in self.dataloader_kwargs.items():
+            if key in _LOADER_CHECKS:
+                _LOADER_CHECKS[key](f"dataloader_kwargs['{key}']", value)
         self.callbacks()  # the callbacks' own constructors check their arguments now, not when the Trainer is built
 
     @property
@@ -185,19 +204,19 @@ class TrainingConfig:
         if self.initial_lr is not None:
             out.append(InitialLR(self.initial_lr))
         if self.schedule is not None:
-            out.append(SCHEDULE_CALLBACKS[self.schedule](**self.schedule_kwargs))
+            out.append(_build("schedule_kwargs", SCHEDULE_CALLBACKS[self.schedule], self.schedule_kwargs))
         if self.plateau_kwargs is not None:
-            out.append(AdaptiveLROnPlateau(**self.plateau_kwargs))
+            out.append(_build("plateau_kwargs", AdaptiveLROnPlateau, self.plateau_kwargs))
         if self.dynamic_batch_kwargs is not None:
             # imported here: the module need not exist for the rest of the configuration to work
             from lightning_tune.callbacks.dynamic_batch import DynamicBatchSize
 
-            out.append(DynamicBatchSize(**self.dynamic_batch_kwargs))
+            out.append(_build("dynamic_batch_kwargs", DynamicBatchSize, self.dynamic_batch_kwargs))
         if self.checkpointing_blocks is not None:
             blocks = None if self.checkpointing_blocks == "auto" else self.checkpointing_blocks
             out.append(ActivationCheckpointing(blocks))
         if self.compile_kwargs is not None:
-            out.append(TorchCompile(**self.compile_kwargs))
+            out.append(_build("compile_kwargs", TorchCompile, self.compile_kwargs))
         if self.checkpoint_every_n_steps is not None:
             out.append(ModelCheckpoint(every_n_train_steps=self.checkpoint_every_n_steps))
         return out

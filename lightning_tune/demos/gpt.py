@@ -186,14 +186,17 @@ class GPT(nn.Module):
             nn.init.normal_(block.attn.proj.weight, mean=0.0, std=residual_std)
             nn.init.normal_(cast(nn.Linear, block.mlp[2]).weight, mean=0.0, std=residual_std)
 
-    def forward(self, input_ids: Tensor) -> Tensor:
-        """Compute next-token logits.
+    def forward(self, input_ids: Tensor, targets: Tensor | None = None) -> Tensor:
+        """Compute next-token logits, or their mean cross-entropy against ``targets``.
 
         Args:
             input_ids: Token ids of shape ``[batch, seq]`` (``int64``), with ``seq <= config.seq_len``.
+            targets: The token each position predicts, of the same shape (``-100``: no loss there); ``None``
+                returns the logits.
 
         Returns:
-            Logits of shape ``[batch, seq, vocab_size]``; position ``t`` predicts token ``t + 1``.
+            Logits of shape ``[batch, seq, vocab_size]``, where position ``t`` predicts token ``t + 1``; with
+            ``targets``, the scalar loss (the loss swap computes it without the logits).
 
         Raises:
             ValueError: If ``input_ids`` is not 2-D or is longer than ``config.seq_len``.
@@ -207,7 +210,10 @@ class GPT(nn.Module):
         x = self.drop(self.tok_emb(input_ids) + self.pos_emb(positions))
         for block in self.blocks:
             x = block(x)
-        return self.head(self.ln_f(x))
+        logits = self.head(self.ln_f(x))
+        if targets is None:
+            return logits
+        return F.cross_entropy(logits.reshape(-1, logits.shape[-1]).float(), targets.reshape(-1))
 
     def num_parameters(self) -> int:
         """Count the model's parameters.
@@ -272,8 +278,7 @@ class DemoGPT(pl.LightningModule):
 
     def _loss(self, batch: tuple[Tensor, Tensor]) -> Tensor:
         input_ids, targets = batch
-        logits = self.model(input_ids)
-        return F.cross_entropy(logits.reshape(-1, logits.shape[-1]).float(), targets.reshape(-1))
+        return self.model(input_ids, targets)
 
     def training_step(self, batch: tuple[Tensor, Tensor], batch_idx: int) -> Tensor:
         """Compute and log the mean next-token cross-entropy of a training batch.

@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
+import contextlib
 import math
 import os
 import shlex
+import tempfile
 import time
 import warnings
 from collections import deque
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -19,19 +21,20 @@ from lightning.pytorch.callbacks import Callback
 from lightning.pytorch.loggers import TensorBoardLogger
 
 import lightning_tune as lt
-from lightning_tune._validation import check_bool, check_int
+from lightning_tune._validation import MAX_SEED, check_bool, check_int
 from lightning_tune.demos.data import SyntheticTokenDataModule
 from lightning_tune.demos.gpt import DemoGPT, GPTConfig
 from lightning_tune.perf.devices import describe_device
-from lightning_tune.vocab import auto_precision, canonical_precision
+from lightning_tune.vocab import auto_precision, canonical_precision, check_precision_device
 
 __all__ = ["DemoRun", "DemoSummary", "fit_demo", "prepare_demo", "run_demo"]
 
 #: Learning rate of the demo model; the warmup-cosine schedule decays it to a tenth.
 DEMO_LR = 3e-3
-_MAX_SEED = 2**32 - 1  # the largest seed seed_everything accepts
 #: Sequences in the demo's training split: also the largest batch it can make.
 TRAIN_SEQUENCES = 4096
+#: The most optimizer steps a demo runs (about half a day on two CPU cores).
+MAX_STEPS = 1_000_000
 
 
 @dataclass(frozen=True)
@@ -177,15 +180,17 @@ def prepare_demo(
     other work shared those cores.
 
     Args:
-        max_steps: Optimizer steps to train, >= 1.
+        max_steps: Optimizer steps to train, in ``[1, MAX_STEPS]`` (a million).
         batch_size: Sequences (of 64 tokens) per batch, in ``[1, TRAIN_SEQUENCES]`` (4096, the training split).
         accelerator: Lightning accelerator name (``"auto"``, ``"cpu"``, ``"gpu"``, ``"cuda"``, ``"mps"``).
         devices: Lightning ``devices`` (a count, ``"auto"`` or a device list such as ``"0,1"``).
         precision: Lightning precision or an alias such as ``"bf16"``; ``"auto"`` picks ``"bf16-mixed"`` on a CUDA
-            GPU that supports it, ``"16-mixed"`` on other CUDA GPUs and ``"32-true"`` elsewhere.
+            GPU that supports it, ``"16-mixed"`` on other CUDA GPUs and ``"32-true"`` elsewhere. ``"16-mixed"`` needs
+            a CUDA GPU.
         seed: Global seed (model init, data, shuffling), in ``[0, 2**32 - 1]``.
-        default_root_dir: Directory under which ``lightning_logs`` is created (missing directories are made); not
-            empty, and no part of it may be an existing file.
+        default_root_dir: Directory under which ``lightning_logs`` is created (missing directories are made here,
+            so that one that cannot be made or written is refused before training); not empty, and no part of it may
+            be an existing file.
         enable_progress_bar: Show Lightning's progress bar and model summary.
         extra_callbacks: More callbacks to add to the Trainer (e.g. other callbacks of the pack).
 
@@ -194,7 +199,8 @@ def prepare_demo(
 
     Raises:
         TypeError: If an argument has the wrong type or ``extra_callbacks`` holds something that is not a Callback.
-        ValueError: If an argument is out of range.
+        ValueError: If an argument is out of range, the precision cannot train on the device (``"16-mixed"`` on a
+            CPU) or ``default_root_dir`` cannot be made or written.
         lightning.fabric.utilities.exceptions.MisconfigurationException: If Lightning rejects the
             accelerator/devices/precision combination (e.g. ``accelerator="gpu"`` on a machine without one).
 
@@ -204,16 +210,14 @@ def prepare_demo(
         >>> demo.trainer.precision, demo.datamodule.batch_size  # "auto" on a CPU
         ('32-true', 2)
     """
-    check_int("max_steps", max_steps, minimum=1)
+    check_int("max_steps", max_steps, minimum=1, maximum=MAX_STEPS)
     check_int("batch_size", batch_size, minimum=1)
     if batch_size > TRAIN_SEQUENCES:
         raise ValueError(
             f"`batch_size` must be at most {TRAIN_SEQUENCES} (the sequences of the demo's training split), "
             f"got {batch_size!r}"
         )
-    check_int("seed", seed, minimum=0)
-    if seed > _MAX_SEED:
-        raise ValueError(f"`seed` must be an integer <= {_MAX_SEED}, got {seed!r}")
+    check_int("seed", seed, minimum=0, maximum=MAX_SEED)
     check_bool("enable_progress_bar", enable_progress_bar)
     if not isinstance(accelerator, str):
         raise TypeError(f"`accelerator` must be a string such as 'auto' or 'cpu', got {accelerator!r}")
@@ -242,6 +246,8 @@ def prepare_demo(
     on_cuda = accelerator in ("auto", "gpu", "cuda") and torch.cuda.is_available()
     if precision == "auto":
         precision = auto_precision("cuda" if on_cuda else "cpu")
+    if accelerator == "cpu" or not (on_cuda or accelerator == "mps" or torch.backends.mps.is_available()):
+        check_precision_device(precision, "cpu")  # Lightning would only warn and train in bf16-mixed
     dynamic = _dynamic_batch(on_cuda, batch_size)
     root = os.fspath(default_root_dir)
     logger = TensorBoardLogger(save_dir=root, name="lightning_logs", default_hp_metric=False)
@@ -293,7 +299,13 @@ def _check_root_dir(root: Any) -> None:
         if part.exists():
             if not part.is_dir():
                 raise ValueError(f"`default_root_dir` {text!r} cannot be a directory: {str(part)!r} is a file")
-            return
+            break
+    try:  # made now, so that a directory that cannot hold the logs fails before training and not in the logger
+        path.mkdir(parents=True, exist_ok=True)
+        with tempfile.TemporaryFile(dir=path):
+            pass
+    except OSError as err:
+        raise ValueError(f"`default_root_dir` {text!r} cannot hold the logs: {err.strerror or err}") from None
 
 
 #: The device the demo simulates when there is no GPU: 1 GiB, 600 MiB of it fixed.
@@ -316,14 +328,50 @@ def _dynamic_batch(on_cuda: bool, batch_size: int) -> lt.DynamicBatchSize | None
     return lt.DynamicBatchSize(target_vram=0.9, adjust_every=10, multiple_of=4, probe=memory)
 
 
+def cpu_threads(current: int) -> int:
+    """The intra-op threads the demo trains with on a CPU: ``current``, less the cores other work keeps busy.
+
+    Its matrices are small, so a thread that must share a core with other work costs far more than it brings: on two
+    cores under load, 50 steps took 22.5 s and 46.5 s with one thread and 400 s with two. The busy cores are the load
+    average of the last minute (none where the system keeps no load average). ``OMP_NUM_THREADS`` overrides it.
+
+    Args:
+        current: The threads torch would use, ``torch.get_num_threads()``.
+
+    Returns:
+        At least 1, at most ``current``.
+    """
+    if "OMP_NUM_THREADS" in os.environ or not hasattr(os, "getloadavg"):
+        return current
+    idle = (os.cpu_count() or 1) - int(os.getloadavg()[0])
+    return max(1, min(current, idle))
+
+
+@contextlib.contextmanager
+def _threads_for(device: torch.device) -> Iterator[None]:
+    """Train with :func:`cpu_threads` threads on a CPU, and give torch its thread count back afterwards."""
+    before = torch.get_num_threads()
+    if device.type == "cpu":
+        torch.set_num_threads(cpu_threads(before))
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)
+
+
 def fit_demo(run: DemoRun) -> DemoSummary:
-    """Train a demo built by :func:`prepare_demo` and summarise it."""
-    with warnings.catch_warnings():
+    """Train a demo built by :func:`prepare_demo` and summarise it.
+
+    On a CPU it trains with :func:`cpu_threads` threads unless ``OMP_NUM_THREADS`` is set.
+    """
+    root = run.trainer.strategy.root_device
+    with warnings.catch_warnings(), _threads_for(root):
         # The data is generated in memory, so worker processes would only add start-up cost.
         warnings.filterwarnings("ignore", message=r".*does not have many workers.*")
         start = time.perf_counter()
         run.trainer.fit(run.model, datamodule=run.datamodule)
         seconds = time.perf_counter() - start
+        device = describe_device(root)  # names the threads it trained with
     tracker, devices = run.tracker, run.trainer.num_devices
     return DemoSummary(
         start_loss=tracker.mean(tracker.first),
@@ -333,7 +381,7 @@ def fit_demo(run: DemoRun) -> DemoSummary:
         seconds=seconds,
         samples_per_sec=tracker.samples / seconds if seconds > 0 else math.nan,
         log_dir=str(run.logger.log_dir),
-        device=(f"{devices} x " if devices > 1 else "") + describe_device(run.trainer.strategy.root_device),
+        device=(f"{devices} x " if devices > 1 else "") + device,
         perf=dict(run.monitor.summary),
         batch=_batch_summary(run),
     )

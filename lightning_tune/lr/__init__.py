@@ -8,10 +8,14 @@ from lightning_tune.lr.schedules import (
     OneCycleSchedule,
     Schedule,
     WarmupCosineSchedule,
+    WarmupPolynomialSchedule,
+    WarmupStableDecaySchedule,
     linear_warmup_lr,
     one_cycle_lr,
     one_cycle_momentum,
     warmup_cosine_lr,
+    warmup_polynomial_lr,
+    warmup_stable_decay_lr,
 )
 
 __all__ = [
@@ -21,9 +25,13 @@ __all__ = [
     "Schedule",
     "ScheduleLR",
     "WarmupCosineSchedule",
+    "WarmupPolynomialSchedule",
+    "WarmupStableDecaySchedule",
     "linear_warmup_lr",
     "one_cycle_lr",
     "one_cycle_momentum",
     "scale_lr",
     "warmup_cosine_lr",
+    "warmup_polynomial_lr",
+    "warmup_stable_decay_lr",
 ]

@@ -5,7 +5,7 @@ from __future__ import annotations
 import math
 from typing import Final, Literal
 
-from lightning_tune._validation import check_choice, check_float, check_int
+from lightning_tune._validation import check_choice, check_finite_result, check_float, check_int
 
 ScaleRule = Literal["sqrt", "linear"]
 SCALE_RULES: Final[tuple[str, ...]] = ("sqrt", "linear")
@@ -28,7 +28,7 @@ def scale_lr(lr: float, old_batch_size: int, new_batch_size: int, *, rule: Scale
 
     Raises:
         TypeError: If a batch size is not an integer or ``lr`` not a number.
-        ValueError: If ``lr`` is negative, a batch size below 1, or ``rule`` unknown.
+        ValueError: If ``lr`` is negative, a batch size below 1, ``rule`` unknown, or the scaled rate overflows.
 
     Example:
         >>> round(scale_lr(3e-4, 32, 64), 8)
@@ -41,4 +41,6 @@ def scale_lr(lr: float, old_batch_size: int, new_batch_size: int, *, rule: Scale
     check_int("new_batch_size", new_batch_size, minimum=1)
     check_choice("rule", rule, SCALE_RULES)
     ratio = new_batch_size / old_batch_size
-    return lr * (math.sqrt(ratio) if rule == "sqrt" else ratio)
+    scaled = lr * (math.sqrt(ratio) if rule == "sqrt" else ratio)
+    inputs = f"`lr`={lr!r}, `old_batch_size`={old_batch_size!r}, `new_batch_size`={new_batch_size!r}"
+    return check_finite_result("the scaled learning rate", scaled, inputs)

@@ -18,7 +18,7 @@ from torch import Tensor
 from torch.optim import Optimizer
 from torch.optim.lr_scheduler import LRScheduler
 
-from lightning_tune._validation import check_int
+from lightning_tune._validation import check_callable, check_instance, check_int
 from lightning_tune.lr.schedules import Schedule, schedule_from_dict, schedule_to_dict
 
 
@@ -36,7 +36,8 @@ class ScheduleLR(LRScheduler):
             schedule callbacks use it to honour the arguments a run is resumed with.
 
     Raises:
-        TypeError: If ``last_epoch`` is not an integer or ``on_restore`` is not callable.
+        TypeError: If ``optimizer`` is not an optimizer, ``schedule`` not a schedule, ``last_epoch`` not an integer or
+            ``on_restore`` not callable.
         ValueError: If ``last_epoch < -1``, the schedule was resolved for a different number of parameter groups, or
             it cycles momentum and the optimizer has neither ``momentum`` nor ``betas``.
 
@@ -57,6 +58,8 @@ class ScheduleLR(LRScheduler):
         *,
         on_restore: Callable[[Schedule, Schedule, int], Schedule] | None = None,
     ) -> None:
+        check_instance("optimizer", optimizer, Optimizer, "a torch.optim.Optimizer")
+        check_instance("schedule", schedule, Schedule, "a schedule (such as WarmupCosineSchedule)")
         if schedule.num_groups != len(optimizer.param_groups):
             raise ValueError(
                 f"the schedule was resolved for {schedule.num_groups} parameter group(s) but the optimizer has "
@@ -70,10 +73,9 @@ class ScheduleLR(LRScheduler):
                 "pass `cycle_momentum=False`"
             )
         check_int("last_epoch", last_epoch, minimum=-1)
-        if on_restore is not None and not callable(on_restore):
-            raise TypeError(
-                f"`on_restore` must be a callable or None, got {on_restore!r} ({type(on_restore).__name__})"
-            )
+        check_callable("on_restore", on_restore, allow_none=True)
+        for group in optimizer.param_groups:  # torch resumes from `initial_lr`; the schedule recomputes it anyway
+            group.setdefault("initial_lr", group["lr"].clone() if isinstance(group["lr"], Tensor) else group["lr"])
         self.schedule = schedule
         self.scales = [1.0] * len(optimizer.param_groups)
         self.on_restore = on_restore

@@ -10,28 +10,45 @@ from __future__ import annotations
 
 import math
 from dataclasses import asdict, dataclass, fields
-from typing import Any, ClassVar, Final, Literal, Protocol, runtime_checkable
+from typing import Any, ClassVar, Final, Literal, Protocol, get_args, runtime_checkable
 
-from lightning_tune._validation import check_choice, check_float, check_int
+from lightning_tune._validation import check_bool, check_choice, check_float, check_int, check_numbers
 
 AnnealStrategy = Literal["cos", "linear"]
 ANNEAL_STRATEGIES: Final[tuple[str, ...]] = ("cos", "linear")
+RampShape = Literal["linear", "cosine", "1-sqrt"]
+RAMP_SHAPES: Final[tuple[str, ...]] = get_args(RampShape)
 
 
-def warmup_cosine_lr(step: int, *, base_lr: float, warmup_steps: int, total_steps: int, min_lr: float = 0.0) -> float:
-    r"""Learning rate of a linear warm-up followed by a cosine decay.
+def warmup_cosine_lr(
+    step: int,
+    *,
+    base_lr: float,
+    warmup_steps: int,
+    total_steps: int,
+    min_lr: float = 0.0,
+    num_cycles: float = 0.5,
+    hard_restarts: bool = False,
+) -> float:
+    r"""Learning rate of a linear warm-up followed by a cosine decay (with Hugging Face's ``num_cycles`` and restarts).
 
-    With warm-up :math:`W`, total :math:`T`, base LR :math:`b` and floor :math:`m`, the LR used by step :math:`s` is
-    :math:`b \cdot s / W` for :math:`s < W`, then
-    :math:`m + (b - m) \cdot \tfrac12 \left(1 + \cos\left(\pi \frac{s - W}{T - W}\right)\right)`, and :math:`m` from
-    step :math:`T` on.
+    With warm-up :math:`W`, total :math:`T`, base LR :math:`b`, floor :math:`m`, cycles :math:`c` and progress
+    :math:`p = (s - W) / (T - W)`, the LR used by step :math:`s` is :math:`b \cdot s / W` for :math:`s < W`, then
+    :math:`m + (b - m) \cdot \tfrac12 \left(1 + \cos(2 \pi c p)\right)` (the default :math:`c = 1/2` is one
+    half-wave, from :math:`b` down to :math:`m`), and the value of :math:`p = 1` from step :math:`T` on. With
+    ``hard_restarts`` the decay is :math:`c` half-waves, each restarting from :math:`b`:
+    :math:`m + (b - m) \cdot \tfrac12 \left(1 + \cos(\pi \cdot (c p \bmod 1))\right)`, and :math:`m` from
+    :math:`T` on.
 
     Args:
         step: Index of the optimizer step (0-based).
         base_lr: Peak learning rate, reached at the end of warm-up.
         warmup_steps: Number of warm-up steps :math:`W` (0 for none).
-        total_steps: Step :math:`T` at which the decay reaches ``min_lr``; greater than ``warmup_steps``.
+        total_steps: Step :math:`T` at which the decay ends; greater than ``warmup_steps``.
         min_lr: Floor of the decay.
+        num_cycles: Waves of the cosine over the decay (``get_cosine_schedule_with_warmup``'s ``num_cycles``), or the
+            number of decays with ``hard_restarts`` (``get_cosine_with_hard_restarts_schedule_with_warmup``'s).
+        hard_restarts: Jump back to ``base_lr`` at the start of each cycle.
 
     Returns:
         The learning rate for ``step``.
@@ -39,11 +56,116 @@ def warmup_cosine_lr(step: int, *, base_lr: float, warmup_steps: int, total_step
     Example:
         >>> [round(warmup_cosine_lr(s, base_lr=1.0, warmup_steps=2, total_steps=4), 3) for s in range(5)]
         [0.0, 0.5, 1.0, 0.5, 0.0]
+        >>> [round(warmup_cosine_lr(s, base_lr=1.0, warmup_steps=0, total_steps=4, num_cycles=2, hard_restarts=True), 3)
+        ...  for s in range(5)]
+        [1.0, 0.5, 1.0, 0.5, 0.0]
     """
+    _check_decay_step(step, base_lr=base_lr, warmup_steps=warmup_steps, total_steps=total_steps, min_lr=min_lr)
+    check_float("num_cycles", num_cycles, low=0.0, low_inclusive=False)
+    check_bool("hard_restarts", hard_restarts)
     if step < warmup_steps:
         return base_lr * step / warmup_steps
     progress = min(1.0, (step - warmup_steps) / (total_steps - warmup_steps))
-    return min_lr + (base_lr - min_lr) * 0.5 * (1.0 + math.cos(math.pi * progress))
+    if hard_restarts:
+        if progress >= 1.0:
+            return min_lr
+        return min_lr + (base_lr - min_lr) * 0.5 * (1.0 + math.cos(math.pi * ((num_cycles * progress) % 1.0)))
+    return min_lr + (base_lr - min_lr) * 0.5 * (1.0 + math.cos(math.pi * num_cycles * 2.0 * progress))
+
+
+def warmup_polynomial_lr(
+    step: int, *, base_lr: float, warmup_steps: int, total_steps: int, min_lr: float = 0.0, power: float = 1.0
+) -> float:
+    r"""Learning rate of a linear warm-up followed by a polynomial decay to ``min_lr``.
+
+    :math:`b \cdot s / W` for :math:`s < W`, then :math:`m + (b - m) (1 - p)^{k}` with
+    :math:`p = (s - W) / (T - W)` and power :math:`k`, and :math:`m` from step :math:`T` on. ``power=1`` with
+    ``min_lr=0`` is Hugging Face's default ``get_linear_schedule_with_warmup``; other values are its
+    ``get_polynomial_decay_schedule_with_warmup`` (``lr_end`` = ``min_lr``).
+
+    Args:
+        step: Index of the optimizer step (0-based).
+        base_lr: Peak learning rate, reached at the end of warm-up.
+        warmup_steps: Number of warm-up steps :math:`W` (0 for none).
+        total_steps: Step :math:`T` at which the decay reaches ``min_lr``; greater than ``warmup_steps``.
+        min_lr: Floor of the decay.
+        power: Exponent :math:`k` of the decay (1 is linear).
+
+    Returns:
+        The learning rate for ``step``.
+
+    Example:
+        >>> [warmup_polynomial_lr(s, base_lr=1.0, warmup_steps=2, total_steps=6) for s in range(7)]
+        [0.0, 0.5, 1.0, 0.75, 0.5, 0.25, 0.0]
+    """
+    _check_decay_step(step, base_lr=base_lr, warmup_steps=warmup_steps, total_steps=total_steps, min_lr=min_lr)
+    check_float("power", power, low=0.0, low_inclusive=False)
+    if step < warmup_steps:
+        return base_lr * step / warmup_steps
+    if step >= total_steps:
+        return min_lr
+    remaining = 1.0 - (step - warmup_steps) / (total_steps - warmup_steps)
+    return min_lr + (base_lr - min_lr) * remaining**power
+
+
+def _ramp(progress: float, shape: str) -> float:
+    """A rise from 0 to 1 over ``progress`` in [0, 1]: ``linear``, ``cosine`` (half a wave) or ``1-sqrt``."""
+    if shape == "linear":
+        return progress
+    if shape == "cosine":
+        return 0.5 * (1.0 - math.cos(math.pi * progress))
+    return 1.0 - math.sqrt(1.0 - progress)
+
+
+def warmup_stable_decay_lr(
+    step: int,
+    *,
+    base_lr: float,
+    warmup_steps: int,
+    decay_steps: int,
+    total_steps: int,
+    min_lr: float = 0.0,
+    warmup_shape: RampShape = "linear",
+    decay_shape: RampShape = "cosine",
+) -> float:
+    r"""Learning rate of warm-up, stable, decay (WSD), as Hugging Face's ``get_wsd_schedule``.
+
+    The LR rises from ``min_lr`` to ``base_lr`` over the first ``warmup_steps`` (``warmup_shape``), stays at
+    ``base_lr``, and falls back to ``min_lr`` over the last ``decay_steps`` before ``total_steps``
+    (``decay_shape``: the warm-up's shape run backwards); ``min_lr`` from ``total_steps`` on. The shapes, over a
+    phase's progress :math:`p`: ``"linear"`` :math:`p`, ``"cosine"`` :math:`\tfrac12(1 - \cos \pi p)`, ``"1-sqrt"``
+    :math:`1 - \sqrt{1 - p}` for the rise.
+
+    Args:
+        step: Index of the optimizer step (0-based).
+        base_lr: Learning rate of the stable phase.
+        warmup_steps: Length of the warm-up (0 for none).
+        decay_steps: Length of the decay (0 for none).
+        total_steps: End of the decay; at least ``warmup_steps + decay_steps``.
+        min_lr: Start of the warm-up and end of the decay.
+        warmup_shape: ``"linear"``, ``"cosine"`` or ``"1-sqrt"``.
+        decay_shape: ``"linear"``, ``"cosine"`` or ``"1-sqrt"``.
+
+    Returns:
+        The learning rate for ``step``.
+
+    Example:
+        >>> [warmup_stable_decay_lr(s, base_lr=1.0, warmup_steps=2, decay_steps=2, total_steps=6,
+        ...                         decay_shape="linear") for s in range(7)]
+        [0.0, 0.5, 1.0, 1.0, 1.0, 0.5, 0.0]
+    """
+    _check_decay_step(step, base_lr=base_lr, warmup_steps=warmup_steps, total_steps=total_steps, min_lr=min_lr)
+    check_int("decay_steps", decay_steps, minimum=0, maximum=total_steps - warmup_steps)
+    check_choice("warmup_shape", warmup_shape, RAMP_SHAPES)
+    check_choice("decay_shape", decay_shape, RAMP_SHAPES)
+    if step < warmup_steps:
+        return min_lr + (base_lr - min_lr) * _ramp(step / warmup_steps, warmup_shape)
+    decay_start = total_steps - decay_steps
+    if step < decay_start:
+        return base_lr
+    if step >= total_steps:
+        return min_lr
+    return min_lr + (base_lr - min_lr) * _ramp(1.0 - (step - decay_start) / decay_steps, decay_shape)
 
 
 def linear_warmup_lr(step: int, *, base_lr: float, warmup_steps: int) -> float:
@@ -62,9 +184,34 @@ def linear_warmup_lr(step: int, *, base_lr: float, warmup_steps: int) -> float:
         >>> [linear_warmup_lr(s, base_lr=1.0, warmup_steps=4) for s in range(6)]
         [0.0, 0.25, 0.5, 0.75, 1.0, 1.0]
     """
+    _check_step(step, base_lr=base_lr, warmup_steps=warmup_steps)
     if step < warmup_steps:
         return base_lr * step / warmup_steps
     return base_lr
+
+
+def _check_step(step: int, **numbers: float) -> None:
+    """Check the step (an integer >= 0) and the learning rates, momenta and step counts of a schedule function."""
+    check_int("step", step, minimum=0)
+    for name, value in numbers.items():
+        if name.endswith("_steps"):
+            check_int(name, value, minimum=0)
+        else:
+            check_float(name, value, low=0.0)
+
+
+def _check_decay_step(step: int, *, base_lr: float, warmup_steps: int, total_steps: int, min_lr: float) -> None:
+    """The checks of :func:`_check_step` for a schedule that warms up, then decays to ``min_lr`` by ``total_steps``."""
+    _check_step(step, base_lr=base_lr, warmup_steps=warmup_steps, min_lr=min_lr)
+    check_int("total_steps", total_steps, minimum=1)
+    if warmup_steps >= total_steps:
+        raise ValueError(f"`warmup_steps` must be smaller than `total_steps` ({total_steps}), got {warmup_steps}")
+
+
+def _check_cycle(pct_start: float, anneal_strategy: str, three_phase: bool) -> None:
+    check_float("pct_start", pct_start, low=0.0, high=1.0, low_inclusive=False, high_inclusive=False)
+    check_choice("anneal_strategy", anneal_strategy, ANNEAL_STRATEGIES)
+    check_bool("three_phase", three_phase)
 
 
 def _anneal(start: float, end: float, pct: float, strategy: str) -> float:
@@ -126,6 +273,11 @@ def one_cycle_lr(
         >>> round(one_cycle_lr(0, max_lr=1.0, total_steps=10), 6)
         0.04
     """
+    _check_step(step, max_lr=max_lr)
+    check_int("total_steps", total_steps, minimum=1)
+    check_float("div_factor", div_factor, low=0.0, low_inclusive=False)
+    check_float("final_div_factor", final_div_factor, low=0.0, low_inclusive=False)
+    _check_cycle(pct_start, anneal_strategy, three_phase)
     initial = max_lr / div_factor
     minimum = initial / final_div_factor
     phase, pct = _one_cycle_phase(step, total_steps, pct_start, three_phase)
@@ -166,6 +318,9 @@ def one_cycle_momentum(
         >>> one_cycle_momentum(0, total_steps=10)
         0.95
     """
+    _check_step(step, base_momentum=base_momentum, max_momentum=max_momentum)
+    check_int("total_steps", total_steps, minimum=1)
+    _check_cycle(pct_start, anneal_strategy, three_phase)
     phase, pct = _one_cycle_phase(step, total_steps, pct_start, three_phase)
     ends = (
         [(max_momentum, base_momentum), (base_momentum, max_momentum), (max_momentum, max_momentum)]
@@ -174,6 +329,24 @@ def one_cycle_momentum(
     )
     start, end = ends[phase]
     return _anneal(start, end, pct, anneal_strategy)
+
+
+def _own_floats(schedule: Any) -> None:
+    """Store every per-group sequence of a frozen schedule as a tuple of Python floats.
+
+    A tensor given as a group's value (an optimizer's tensor ``lr``) would otherwise stay shared with whoever owns it:
+    the scheduler fills the optimizer's ``lr`` in place every step, and a schedule holding that same tensor as its
+    peak would see the peak overwritten. ``float`` copies the value out.
+    """
+    for f in fields(schedule):
+        values = getattr(schedule, f.name)
+        if not isinstance(values, tuple | list):
+            continue
+        try:
+            copied = tuple(float(v) for v in values)
+        except (TypeError, ValueError, RuntimeError):
+            raise TypeError(f"`{f.name}` must be a sequence of numbers, got {values!r}") from None
+        object.__setattr__(schedule, f.name, copied)
 
 
 @runtime_checkable
@@ -202,6 +375,8 @@ class WarmupCosineSchedule:
         min_lrs: Floor of each group.
         warmup_steps: Warm-up length in optimizer steps.
         total_steps: End of the decay in optimizer steps.
+        num_cycles: Waves of the cosine (or, with ``hard_restarts``, decays), > 0.
+        hard_restarts: Restart from the peak at each cycle.
     """
 
     kind: ClassVar[str] = "warmup_cosine"
@@ -209,8 +384,13 @@ class WarmupCosineSchedule:
     min_lrs: tuple[float, ...]
     warmup_steps: int
     total_steps: int
+    num_cycles: float = 0.5
+    hard_restarts: bool = False
 
     def __post_init__(self) -> None:
+        _own_floats(self)
+        check_numbers("base_lrs", self.base_lrs, low=0.0)
+        check_numbers("min_lrs", self.min_lrs, low=0.0)
         check_int("warmup_steps", self.warmup_steps, minimum=0)
         check_int("total_steps", self.total_steps, minimum=1)
         if self.warmup_steps >= self.total_steps:
@@ -219,6 +399,8 @@ class WarmupCosineSchedule:
             )
         if len(self.min_lrs) != len(self.base_lrs):
             raise ValueError(f"`min_lrs` needs one value per group ({len(self.base_lrs)}), got {len(self.min_lrs)}")
+        check_float("num_cycles", self.num_cycles, low=0.0, low_inclusive=False)
+        check_bool("hard_restarts", self.hard_restarts)
 
     @property
     def num_groups(self) -> int:
@@ -233,6 +415,8 @@ class WarmupCosineSchedule:
             warmup_steps=self.warmup_steps,
             total_steps=self.total_steps,
             min_lr=self.min_lrs[group],
+            num_cycles=self.num_cycles,
+            hard_restarts=self.hard_restarts,
         )
 
     def momentum_at(self, step: int, group: int) -> float | None:
@@ -254,6 +438,8 @@ class LinearWarmupSchedule:
     warmup_steps: int
 
     def __post_init__(self) -> None:
+        _own_floats(self)
+        check_numbers("base_lrs", self.base_lrs, low=0.0)
         check_int("warmup_steps", self.warmup_steps, minimum=0)
 
     @property
@@ -264,6 +450,122 @@ class LinearWarmupSchedule:
     def lr_at(self, step: int, group: int) -> float:
         """Learning rate of ``group`` at ``step``."""
         return linear_warmup_lr(step, base_lr=self.base_lrs[group], warmup_steps=self.warmup_steps)
+
+    def momentum_at(self, step: int, group: int) -> float | None:
+        """Not scheduled: always ``None``."""
+        return None
+
+
+def _check_decay(schedule: WarmupPolynomialSchedule | WarmupStableDecaySchedule) -> None:
+    """Checks of a schedule that warms up, then decays from ``base_lrs`` to ``min_lrs`` by ``total_steps``."""
+    _own_floats(schedule)
+    check_numbers("base_lrs", schedule.base_lrs, low=0.0)
+    check_numbers("min_lrs", schedule.min_lrs, low=0.0)
+    check_int("warmup_steps", schedule.warmup_steps, minimum=0)
+    check_int("total_steps", schedule.total_steps, minimum=1)
+    if schedule.warmup_steps >= schedule.total_steps:
+        raise ValueError(
+            f"`warmup_steps` must be smaller than `total_steps` ({schedule.total_steps}), got {schedule.warmup_steps}"
+        )
+    if len(schedule.min_lrs) != len(schedule.base_lrs):
+        raise ValueError(f"`min_lrs` needs one value per group ({len(schedule.base_lrs)}), got {len(schedule.min_lrs)}")
+
+
+@dataclass(frozen=True)
+class WarmupPolynomialSchedule:
+    """:func:`warmup_polynomial_lr` resolved for every parameter group of one optimizer.
+
+    Args:
+        base_lrs: Peak LR of each group.
+        min_lrs: Floor of each group.
+        warmup_steps: Warm-up length in optimizer steps.
+        total_steps: End of the decay in optimizer steps.
+        power: Exponent of the decay, > 0 (1 is linear).
+    """
+
+    kind: ClassVar[str] = "warmup_polynomial"
+    base_lrs: tuple[float, ...]
+    min_lrs: tuple[float, ...]
+    warmup_steps: int
+    total_steps: int
+    power: float = 1.0
+
+    def __post_init__(self) -> None:
+        _check_decay(self)
+        check_float("power", self.power, low=0.0, low_inclusive=False)
+
+    @property
+    def num_groups(self) -> int:
+        """Number of parameter groups."""
+        return len(self.base_lrs)
+
+    def lr_at(self, step: int, group: int) -> float:
+        """Learning rate of ``group`` at ``step``."""
+        return warmup_polynomial_lr(
+            step,
+            base_lr=self.base_lrs[group],
+            warmup_steps=self.warmup_steps,
+            total_steps=self.total_steps,
+            min_lr=self.min_lrs[group],
+            power=self.power,
+        )
+
+    def momentum_at(self, step: int, group: int) -> float | None:
+        """Not scheduled: always ``None``."""
+        return None
+
+
+@dataclass(frozen=True)
+class WarmupStableDecaySchedule:
+    """:func:`warmup_stable_decay_lr` resolved for every parameter group of one optimizer.
+
+    Args:
+        base_lrs: Stable-phase LR of each group.
+        min_lrs: Start and end LR of each group.
+        warmup_steps: Warm-up length in optimizer steps.
+        decay_steps: Decay length in optimizer steps.
+        total_steps: End of the decay; at least ``warmup_steps + decay_steps``.
+        warmup_shape: ``"linear"``, ``"cosine"`` or ``"1-sqrt"``.
+        decay_shape: ``"linear"``, ``"cosine"`` or ``"1-sqrt"``.
+    """
+
+    kind: ClassVar[str] = "warmup_stable_decay"
+    base_lrs: tuple[float, ...]
+    min_lrs: tuple[float, ...]
+    warmup_steps: int
+    decay_steps: int
+    total_steps: int
+    warmup_shape: str = "linear"
+    decay_shape: str = "cosine"
+
+    def __post_init__(self) -> None:
+        _check_decay(self)
+        check_int("decay_steps", self.decay_steps, minimum=0)
+        if self.warmup_steps + self.decay_steps > self.total_steps:
+            raise ValueError(
+                f"`warmup_steps` + `decay_steps` must not exceed `total_steps` ({self.total_steps}), got "
+                f"{self.warmup_steps} + {self.decay_steps}"
+            )
+        check_choice("warmup_shape", self.warmup_shape, RAMP_SHAPES)
+        check_choice("decay_shape", self.decay_shape, RAMP_SHAPES)
+
+    @property
+    def num_groups(self) -> int:
+        """Number of parameter groups."""
+        return len(self.base_lrs)
+
+    def lr_at(self, step: int, group: int) -> float:
+        """Learning rate of ``group`` at ``step``."""
+        return warmup_stable_decay_lr(
+            step,
+            base_lr=self.base_lrs[group],
+            warmup_steps=self.warmup_steps,
+            decay_steps=self.decay_steps,
+            total_steps=self.total_steps,
+            min_lr=self.min_lrs[group],
+            warmup_shape=self.warmup_shape,  # type: ignore[arg-type]
+            decay_shape=self.decay_shape,  # type: ignore[arg-type]
+        )
 
     def momentum_at(self, step: int, group: int) -> float | None:
         """Not scheduled: always ``None``."""
@@ -298,9 +600,16 @@ class OneCycleSchedule:
     max_momentums: tuple[float, ...] = ()
 
     def __post_init__(self) -> None:
+        _own_floats(self)
+        check_numbers("max_lrs", self.max_lrs, low=0.0)
         check_int("total_steps", self.total_steps, minimum=1)
         check_float("pct_start", self.pct_start, low=0.0, high=1.0, low_inclusive=False, high_inclusive=False)
+        check_float("div_factor", self.div_factor, low=0.0, low_inclusive=False)
+        check_float("final_div_factor", self.final_div_factor, low=0.0, low_inclusive=False)
         check_choice("anneal_strategy", self.anneal_strategy, ANNEAL_STRATEGIES)
+        check_bool("three_phase", self.three_phase)
+        check_numbers("base_momentums", self.base_momentums, low=0.0, allow_empty=True)
+        check_numbers("max_momentums", self.max_momentums, low=0.0, allow_empty=True)
 
     @property
     def num_groups(self) -> int:
@@ -335,8 +644,15 @@ class OneCycleSchedule:
         )
 
 
-_SCHEDULE_TYPES: Final[dict[str, type[WarmupCosineSchedule | LinearWarmupSchedule | OneCycleSchedule]]] = {
-    cls.kind: cls for cls in (WarmupCosineSchedule, LinearWarmupSchedule, OneCycleSchedule)
+_SCHEDULE_TYPES: Final[dict[str, type[Any]]] = {
+    cls.kind: cls
+    for cls in (
+        WarmupCosineSchedule,
+        WarmupPolynomialSchedule,
+        WarmupStableDecaySchedule,
+        LinearWarmupSchedule,
+        OneCycleSchedule,
+    )
 }
 
 

@@ -1,6 +1,8 @@
-"""Device readings for the monitor: CUDA allocator memory and NVML utilisation.
+"""Device readings for the monitor: CUDA allocator memory, driver memory and NVML utilisation.
 
-Both are read only at logging time. On a machine without CUDA they return nothing, quietly.
+None of them waits for the device. The monitor reads the allocator at its logging steps only, and the driver
+(``mem_get_info``, NVML) at most every :data:`DRIVER_READ_EVERY_S` seconds. On a machine without CUDA they return
+nothing, quietly.
 """
 
 from __future__ import annotations
@@ -12,8 +14,12 @@ from typing import Any
 import torch
 
 from lightning_tune import _imports
+from lightning_tune._validation import check_instance
 
 GIB = float(1 << 30)
+#: Seconds between two driver reads (``mem_get_info``, NVML): NVML's utilisation is itself an average over the
+#: driver's last sample period (up to a second), and each query costs tens to hundreds of microseconds of host time.
+DRIVER_READ_EVERY_S = 1.0
 
 _EARLIER_PEAK: dict[int, int] = {}  # device index -> highest allocated peak before an interval reset
 
@@ -47,22 +53,47 @@ def cuda_memory_metrics(device: torch.device) -> dict[str, float]:
         device: The device; anything but a CUDA device gives an empty result.
 
     Returns:
-        ``vram_allocated_gib``, ``vram_reserved_gib``, ``vram_peak_gib`` (peak allocated in the process, across
-        DynamicBatchSize's interval resets),
-        ``vram_used_frac`` (memory in use on the whole device, all processes, as a fraction of its total) and
-        ``alloc_retries`` (allocator retries after a failed ``cudaMalloc``: memory pressure short of an OOM).
+        :func:`allocator_metrics` and :func:`driver_metrics` together.
+    """
+    return {**allocator_metrics(device), **driver_metrics(device)}
+
+
+def allocator_metrics(device: torch.device) -> dict[str, float]:
+    """What the caching allocator holds on a CUDA device, from one ``torch.cuda.memory_stats`` read (host only).
+
+    Args:
+        device: The device; anything but a CUDA device gives an empty result.
+
+    Returns:
+        ``vram_allocated_gib``, ``vram_reserved_gib``, ``vram_peak_gib`` (peak allocated since the last
+        :func:`reset_run_peak`, across DynamicBatchSize's interval resets) and ``alloc_retries`` (allocator retries
+        after a failed ``cudaMalloc``: memory pressure short of an OOM).
+    """
+    if device.type != "cuda" or not torch.cuda.is_available():
+        return {}
+    stats = torch.cuda.memory_stats(device)  # torch's memory_allocated() & co. each read all of it again
+    peak = max(int(stats.get("allocated_bytes.all.peak", 0)), _EARLIER_PEAK.get(device.index or 0, 0))
+    return {
+        "vram_allocated_gib": stats.get("allocated_bytes.all.current", 0) / GIB,
+        "vram_reserved_gib": stats.get("reserved_bytes.all.current", 0) / GIB,
+        "vram_peak_gib": peak / GIB,
+        "alloc_retries": float(stats.get("num_alloc_retries", 0)),
+    }
+
+
+def driver_metrics(device: torch.device) -> dict[str, float]:
+    """Memory in use on the whole CUDA device, all processes, from the driver (``torch.cuda.mem_get_info``).
+
+    Args:
+        device: The device; anything but a CUDA device gives an empty result.
+
+    Returns:
+        ``vram_used_frac``: the fraction of the device's total memory in use.
     """
     if device.type != "cuda" or not torch.cuda.is_available():
         return {}
     free, total = torch.cuda.mem_get_info(device)
-    stats = torch.cuda.memory_stats(device)
-    return {
-        "vram_allocated_gib": torch.cuda.memory_allocated(device) / GIB,
-        "vram_reserved_gib": torch.cuda.memory_reserved(device) / GIB,
-        "vram_peak_gib": run_peak_allocated(device) / GIB,
-        "vram_used_frac": (total - free) / total,
-        "alloc_retries": float(stats.get("num_alloc_retries", 0)),
-    }
+    return {"vram_used_frac": (total - free) / total}
 
 
 def describe_device(device: torch.device) -> str:
@@ -74,6 +105,7 @@ def describe_device(device: torch.device) -> str:
     Returns:
         The description.
     """
+    check_instance("device", device, torch.device, "a torch.device")
     if device.type == "cuda":
         return f"{device} ({torch.cuda.get_device_name(device)})"
     if device.type == "cpu":

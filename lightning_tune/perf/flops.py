@@ -94,6 +94,31 @@ _TABLE: Final[dict[str, dict[Dtype, float]]] = {
     "L4": {"fp32": 30.3e12, "tf32": 60e12, "bf16": 121e12, "fp16": 121e12, "fp8": 242.5e12},
     "RTX 4090": {"fp32": 82.6e12, "tf32": 82.6e12, "bf16": 165.2e12, "fp16": 165.2e12, "fp8": 330.3e12},
     "RTX 5090": {"fp32": 104.8e12, "tf32": 104.8e12, "bf16": 209.5e12, "fp16": 209.5e12, "fp8": 419e12},
+    # NVIDIA Ada GPU Architecture whitepaper, appendix (GeForce RTX 4080 16GB column; FP32-accumulate rows).
+    "RTX 4080": {"fp32": 48.7e12, "tf32": 48.7e12, "bf16": 97.5e12, "fp16": 97.5e12, "fp8": 194.9e12},
+    # NVIDIA's RTX 4080 SUPER specifications (80 SMs, 2.55 GHz boost) at the whitepaper's per-SM GeForce Ada rates.
+    "RTX 4080 SUPER": {"fp32": 52.2e12, "tf32": 52.2e12, "bf16": 104.4e12, "fp16": 104.4e12, "fp8": 208.9e12},
+    # NVIDIA Ampere GA102 GPU Architecture whitepaper (RTX 3080 in the body; RTX 3090, RTX 3070 in appendix A) ...
+    "RTX 3090": {"fp32": 35.6e12, "tf32": 35.6e12, "bf16": 71e12, "fp16": 71e12},
+    "RTX 3080": {"fp32": 29.8e12, "tf32": 29.8e12, "bf16": 59.5e12, "fp16": 59.5e12},
+    "RTX 3070": {"fp32": 20.3e12, "tf32": 20.3e12, "bf16": 40.6e12, "fp16": 40.6e12},
+    # ... and, for the cards released after it, NVIDIA's specifications (SMs, boost clock) at the same per-SM rates.
+    "RTX 3090 Ti": {"fp32": 40e12, "tf32": 40e12, "bf16": 80e12, "fp16": 80e12},
+    "RTX 3080 Ti": {"fp32": 34.1e12, "tf32": 34.1e12, "bf16": 68.2e12, "fp16": 68.2e12},
+    # NVIDIA RTX A6000 datasheet (tensor 309.7 sparse) and the GA102 whitepaper's appendix C (RTX A6000).
+    "RTX A6000": {"fp32": 38.7e12, "tf32": 77.4e12, "bf16": 154.8e12, "fp16": 154.8e12},
+    # NVIDIA A40 datasheet.
+    "A40": {"fp32": 37.4e12, "tf32": 74.8e12, "bf16": 149.7e12, "fp16": 149.7e12},
+    # NVIDIA Turing GPU Architecture whitepaper, appendix (Founders Edition columns; FP32-accumulate row) ...
+    "RTX 2080 Ti": {"fp32": 14.2e12, "fp16": 56.9e12},
+    "RTX 2080": {"fp32": 10.6e12, "fp16": 42.4e12},
+    # ... and, for the SUPER cards released after it, NVIDIA's specifications at the same per-SM rates.
+    "RTX 2080 SUPER": {"fp32": 11.2e12, "fp16": 44.6e12},
+    "RTX 2070 SUPER": {"fp32": 9.1e12, "fp16": 36.2e12},
+    # NVIDIA TITAN RTX specifications (130 tensor TFLOPS; full-rate FP32 accumulate, unlike GeForce).
+    "TITAN RTX": {"fp32": 16.3e12, "fp16": 130.5e12},
+    # NVIDIA Quadro RTX 5000 datasheet.
+    "Quadro RTX 5000": {"fp32": 11.2e12, "fp16": 89.2e12},
     "V100 SXM2": {"fp64": 7.8e12, "fp32": 15.7e12, "fp16": 125e12},
     "V100 PCIe": {"fp64": 7e12, "fp32": 14e12, "fp16": 112e12},
     "V100S PCIe": {"fp64": 8.2e12, "fp32": 16.4e12, "fp16": 130e12},
@@ -137,6 +162,21 @@ _RULES: Final[tuple[_Rule, ...]] = (
     _rule("L4", "l4"),
     _rule("RTX 5090", "rtx 5090"),
     _rule("RTX 4090", "rtx 4090"),
+    _rule("RTX 4080 SUPER", "rtx 4080 super"),
+    _rule("RTX 4080", "rtx 4080"),
+    _rule("RTX 3090 Ti", "rtx 3090 ti"),
+    _rule("RTX 3090", "rtx 3090"),
+    _rule("RTX 3080 Ti", "rtx 3080 ti"),
+    _rule("RTX 3080", "rtx 3080"),
+    _rule("RTX 3070", "rtx 3070"),
+    _rule("RTX A6000", "a6000", "rtx"),
+    _rule("A40", "a40"),
+    _rule("RTX 2080 Ti", "rtx 2080 ti"),
+    _rule("RTX 2080 SUPER", "rtx 2080 super"),
+    _rule("RTX 2080", "rtx 2080"),
+    _rule("RTX 2070 SUPER", "rtx 2070 super"),
+    _rule("TITAN RTX", "titan rtx"),
+    _rule("Quadro RTX 5000", "quadro rtx 5000"),
     _rule("V100S PCIe", "v100s", "pcie"),
     _rule("V100 PCIe", "v100 pcie"),
     _rule("V100 SXM2", "v100 sxm2"),

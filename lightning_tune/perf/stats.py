@@ -10,7 +10,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass, fields
 
-from lightning_tune.perf.window import LatencyWindow, percentile_suffix
+from lightning_tune._validation import check_int
+from lightning_tune.perf.window import MAX_WINDOW, LatencyWindow, check_percentiles, percentile_suffix
 
 
 @dataclass
@@ -72,8 +73,9 @@ class StepStats:
     """
 
     def __init__(self, *, window: int, percentiles: Sequence[float]) -> None:
+        check_int("window", window, minimum=2, maximum=MAX_WINDOW)
         self.window = LatencyWindow(window)
-        self.percentiles = tuple(percentiles)
+        self.percentiles = check_percentiles("percentiles", percentiles)
         self.interval = Totals()
         self.total = Totals()
 

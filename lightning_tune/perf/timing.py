@@ -1,17 +1,23 @@
-"""Timestamps for step timing without a host-device synchronisation per step.
+"""Timestamps for step timing that never make the host wait for the device.
 
 A timer hands out opaque *marks*. :class:`HostTimer` marks are ``time.perf_counter()`` values. :class:`CudaTimer`
-marks are CUDA events recorded on the current stream: recording costs microseconds and never waits for the GPU;
-the time between two marks is read later (at logging time), after one wait on the newest mark.
+marks are CUDA events recorded on the current stream, taken from a pool and given back once read: recording costs
+microseconds and never waits for the GPU. :class:`Timeline` numbers the marks in the order they were taken and turns
+them into times as the device completes them (``Event.query()``, which does not wait), so the monitor resolves the
+steps that have finished and carries the rest to its next log; only :meth:`Timeline.resolve` with ``wait=True`` (at
+the end of a fit or of a validation run) blocks.
 """
 
 from __future__ import annotations
 
 import sys
+from collections import deque
 from time import perf_counter
 from typing import Any, Protocol
 
 import torch
+
+from lightning_tune._validation import check_instance
 
 
 class Timer(Protocol):
@@ -21,10 +27,16 @@ class Timer(Protocol):
         """Take a timestamp now (without waiting for the device)."""
 
     def elapsed_ms(self, start: Any, end: Any) -> float:
-        """Milliseconds between two marks; only valid after :meth:`wait` on ``end`` or a later mark."""
+        """Milliseconds between two marks; only valid once both are :meth:`done`."""
+
+    def done(self, mark: Any) -> bool:
+        """Whether everything before ``mark`` has run (without waiting)."""
 
     def wait(self, mark: Any) -> None:
         """Block until everything before ``mark`` has run."""
+
+    def release(self, mark: Any) -> None:
+        """Give back a mark that will not be read again, for reuse."""
 
 
 class HostTimer:
@@ -57,6 +69,17 @@ class HostTimer:
         """
         return (end - start) * 1000.0
 
+    def done(self, mark: float) -> bool:
+        """A host mark is a time already taken.
+
+        Args:
+            mark: Ignored.
+
+        Returns:
+            ``True``.
+        """
+        return True
+
     def wait(self, mark: float) -> None:
         """Nothing to wait for on the host.
 
@@ -64,9 +87,16 @@ class HostTimer:
             mark: Ignored.
         """
 
+    def release(self, mark: float) -> None:
+        """Nothing to give back.
+
+        Args:
+            mark: Ignored.
+        """
+
 
 class CudaTimer:
-    """CUDA-event marks on the current stream of ``device``.
+    """CUDA-event marks on the current stream of ``device``, from a pool of events given back by :meth:`release`.
 
     Args:
         device: The CUDA device whose stream is timed.
@@ -74,14 +104,15 @@ class CudaTimer:
 
     def __init__(self, device: torch.device) -> None:
         self.device = device
+        self._pool: list[torch.cuda.Event] = []
 
     def mark(self) -> torch.cuda.Event:
-        """Record a timing event on the current stream (asynchronous).
+        """Record a timing event on the current stream (asynchronous); a released event is reused.
 
         Returns:
             The recorded event.
         """
-        event = torch.cuda.Event(enable_timing=True)
+        event = self._pool.pop() if self._pool else torch.cuda.Event(enable_timing=True)
         event.record(torch.cuda.current_stream(self.device))
         return event
 
@@ -97,6 +128,17 @@ class CudaTimer:
         """
         return float(start.elapsed_time(end))
 
+    def done(self, mark: torch.cuda.Event) -> bool:
+        """Whether the event has completed (``Event.query()``: asks, never waits).
+
+        Args:
+            mark: The event.
+
+        Returns:
+            ``True`` once all work recorded before it has run.
+        """
+        return bool(mark.query())
+
     def wait(self, mark: torch.cuda.Event) -> None:
         """Wait for the event (and so for all work recorded before it).
 
@@ -104,6 +146,101 @@ class CudaTimer:
             mark: The event.
         """
         mark.synchronize()
+
+    def release(self, mark: torch.cuda.Event) -> None:
+        """Put a completed event that will not be read again back into the pool.
+
+        Args:
+            mark: The event.
+        """
+        self._pool.append(mark)
+
+
+class Timeline:
+    """Marks numbered in the order they were taken, turned into times as the device completes them.
+
+    :meth:`mark` returns the mark's number. :meth:`resolve` asks the oldest unresolved marks, in order, whether they
+    have completed, and stops at the first that has not (marks on one stream complete in order); each resolved mark's
+    time is the previous one's plus the milliseconds between the two, so every duration read is a difference of
+    nearby marks, and the older mark goes back to the timer's pool.
+
+    Args:
+        timer: The source of marks.
+
+    Example:
+        >>> timeline = Timeline(HostTimer())
+        >>> a, b = timeline.mark(), timeline.mark()
+        >>> timeline.resolve(), timeline.ms(a, b) >= 0.0
+        (2, True)
+    """
+
+    def __init__(self, timer: Timer) -> None:
+        self.timer = timer
+        self._unresolved: deque[Any] = deque()
+        self._times: dict[int, float] = {}
+        self._resolved = 0  # marks numbered below this have a time
+        self._last: Any = None  # the newest resolved mark, the origin of the next difference
+        self._now_ms = 0.0
+
+    def mark(self) -> int:
+        """Take a mark now (without waiting).
+
+        Returns:
+            Its number: the count of marks taken before it.
+        """
+        self._unresolved.append(self.timer.mark())
+        return self._resolved + len(self._unresolved) - 1
+
+    @property
+    def resolved(self) -> int:
+        """The number of marks resolved so far: every mark numbered below it has a time."""
+        return self._resolved
+
+    def resolve(self, *, wait: bool = False) -> int:
+        """Resolve the marks that have completed: at most one non-blocking query each, or all after one wait.
+
+        Args:
+            wait: Block until the newest mark has completed first (for the end of a fit or a validation run).
+
+        Returns:
+            :attr:`resolved`.
+        """
+        timer, unresolved = self.timer, self._unresolved
+        if wait and unresolved:
+            timer.wait(unresolved[-1])
+        while unresolved:
+            mark = unresolved[0]
+            if not wait and not timer.done(mark):
+                break
+            unresolved.popleft()
+            if self._last is not None:
+                self._now_ms += timer.elapsed_ms(self._last, mark)
+                timer.release(self._last)
+            self._last = mark
+            self._times[self._resolved] = self._now_ms
+            self._resolved += 1
+        return self._resolved
+
+    def ms(self, start: int, end: int) -> float:
+        """Milliseconds between two resolved marks.
+
+        Args:
+            start: The earlier mark's number.
+            end: The later mark's number.
+
+        Returns:
+            The duration.
+        """
+        return self._times[end] - self._times[start]
+
+    def forget(self, before: int) -> None:
+        """Drop the times of the marks numbered below ``before`` (they will not be read again).
+
+        Args:
+            before: The oldest mark still to be read.
+        """
+        for number in [n for n in self._times if n < before]:
+            del self._times[number]
 
 
 def timer_for(device: torch.device) -> Timer:
@@ -115,6 +252,7 @@ def timer_for(device: torch.device) -> Timer:
     Returns:
         A timer.
     """
+    check_instance("device", device, torch.device, "a torch.device")
     if device.type == "cuda":
         return CudaTimer(device)
     return HostTimer()

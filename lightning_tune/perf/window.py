@@ -7,7 +7,7 @@ from collections.abc import Iterable, Sequence
 
 import numpy as np
 
-from lightning_tune._validation import check_float, check_int
+from lightning_tune._validation import check_float, check_int, check_str
 
 #: The largest window: a million durations (8 MB), sorted at each log.
 MAX_WINDOW = 1_000_000
@@ -27,6 +27,7 @@ def check_percentiles(name: str, percentiles: Sequence[float]) -> tuple[float, .
         TypeError: If ``percentiles`` is not a sequence of numbers.
         ValueError: If it is empty, has duplicates or a value outside (0, 100).
     """
+    check_str("name", name)
     if isinstance(percentiles, (str, bytes)) or not isinstance(percentiles, Sequence):
         raise TypeError(f"`{name}` must be a sequence of numbers such as (50, 95, 99), got {percentiles!r}")
     if not percentiles:
@@ -51,6 +52,7 @@ def percentile_suffix(percentile: float) -> str:
         >>> [percentile_suffix(p) for p in (50, 99.0, 99.9)]
         ['p50', 'p99', 'p99.9']
     """
+    check_float("percentile", percentile, low=0.0, high=100.0, low_inclusive=False, high_inclusive=False)
     return f"p{percentile:g}"
 
 

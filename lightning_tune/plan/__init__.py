@@ -10,9 +10,11 @@ Two ways to get a :class:`MemoryEstimate`:
 :func:`plan_zero` turns an estimate into the least-sharding DeepSpeed ZeRO configuration that fits.
 """
 
+from typing import TYPE_CHECKING
+
+from lightning_tune._lazy import lazy_exports as _lazy_exports
 from lightning_tune.plan.analytic import estimate_memory, lora_parameters, resolve_model
 from lightning_tune.plan.estimate import MARGIN_RESERVE, MARGINS, PLAN_PRECISIONS, Margin, MemoryEstimate, format_bytes
-from lightning_tune.plan.measured import measure_memory
 from lightning_tune.plan.shapes import (
     FAMILIES,
     HF_MODEL_TYPES,
@@ -22,6 +24,12 @@ from lightning_tune.plan.shapes import (
     get_shape,
 )
 from lightning_tune.plan.zero import ZeroPlan, plan_zero
+
+if TYPE_CHECKING:
+    from lightning_tune.plan.measured import measure_memory
+
+# measure_memory needs torch, which the analytic planner (and `lightning-tune calc`) does without
+__getattr__, __dir__ = _lazy_exports(__name__, {"measure_memory": "lightning_tune.plan.measured"})
 
 __all__ = [
     "FAMILIES",

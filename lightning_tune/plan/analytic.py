@@ -1,6 +1,6 @@
 """Analytic memory estimate of training a transformer from its shape: no model is built, any machine can run it.
 
-Bytes per parameter (``e`` = the bytes of :func:`~lightning_tune.vocab.precision_dtype`; ``u`` = the bytes of the
+Bytes per parameter (``e`` = the bytes of :func:`~lightning_tune.vocab.precision_bytes`; ``u`` = the bytes of the
 tensor the optimizer updates, 4 with master weights, else ``e``):
 
 - weights ``e`` for every parameter; gradients ``e`` for every trainable one;
@@ -25,8 +25,17 @@ inventory covers a SwiGLU MLP, grouped-query attention and frozen (LoRA) weights
 - MLP: its input ``h``; SwiGLU ``4i`` (gate, up, SiLU output, product), GELU ``2i``; with frozen weights the inputs
   that only weight gradients need are not kept;
 - dropout: one byte per residual value; LoRA adapters keep their rank-``r`` intermediate;
+- mixture of experts: parameters, gradients and optimizer state count every expert, activations only the
+  ``experts_per_token`` experts each token is routed to (``k`` times a dense MLP's, as if routing were balanced and
+  nothing dropped) plus float32 router logits; the router's load-balancing loss is not counted;
+- ``"t5"``: source and target are both ``sequence_length`` tokens; a decoder block keeps a second (cross-)attention
+  sub-block; ``"phi"`` blocks have one norm feeding attention and MLP in parallel;
 - once per model: the final norm and head inputs, the logits (``V * e``) and the float32 loss over the vocabulary
-  (log-probabilities and their gradient, ``2 * V * 4``), and the int64 inputs and labels.
+  (log-probabilities and their gradient, ``2 * V * 4``), and the int64 inputs and labels. An encoder (``"bert"``) is
+  planned as the body a task head sits on: its pooler's input, no vocabulary logits (a masked-LM head would add
+  about ``V * (e + 8)`` bytes per token). With ``loss_swap`` (``LossSwap``, ``TunePlugin(loss=...)``) the logits
+  term ``V * e + 2 * V * 4`` becomes ``2 * h * 4``: one chunk of float32 logits and their gradient, the chunks sized
+  like the hidden states. The notes say what the term is, and what the swap leaves of it.
 
 With ``gradient_checkpointing`` each block keeps only its input (``h`` per token) and one block's activations are
 recomputed at a time. Norms and activation functions are counted as fused kernels (the paper's assumption);
@@ -42,12 +51,13 @@ from __future__ import annotations
 
 import math
 import os
-from collections.abc import Iterator
+import re
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from typing import Final
+from typing import Any, Final
 
-from lightning_tune._validation import check_bool, check_int
-from lightning_tune.plan.estimate import PLAN_PRECISIONS, MemoryEstimate
+from lightning_tune._validation import check_bool, check_instance, check_int
+from lightning_tune.plan.estimate import PLAN_PRECISIONS, MemoryEstimate, format_bytes
 from lightning_tune.plan.shapes import TransformerShape, from_hf_config, get_shape
 from lightning_tune.vocab import (
     Attention,
@@ -56,7 +66,7 @@ from lightning_tune.vocab import (
     canonical_attention,
     canonical_optimizer,
     canonical_precision,
-    precision_dtype,
+    precision_bytes,
 )
 
 __all__ = ["estimate_memory", "lora_parameters", "resolve_model"]
@@ -90,21 +100,21 @@ def lora_parameters(shape: TransformerShape, rank: int) -> int:
         The count.
 
     Raises:
-        TypeError: If ``rank`` is not an integer.
+        TypeError: If ``shape`` is not a TransformerShape or ``rank`` not an integer.
         ValueError: If ``rank`` < 1.
 
     Example:
-        >>> from lightning_tune.plan.shapes import get_shape
         >>> lora_parameters(get_shape("llama-2-7b"), 8)  # 32 layers x 4 projections x 8 x (4096 + 4096)
         8388608
     """
+    check_instance("shape", shape, TransformerShape, "a TransformerShape (get_shape, from_hf_config)")
     check_int("rank", rank, minimum=1)
     return sum(t.numel for t in _lora_tensors(shape, rank))
 
 
 def _lora_tensors(shape: TransformerShape, rank: int) -> Iterator[_Tensor]:
     h, q, kv = shape.hidden_size, shape.q_size, shape.kv_size
-    for _ in range(shape.num_layers):
+    for _ in range(shape.attention_blocks):
         for fan_in, fan_out in ((h, q), (h, kv), (h, kv), (q, h)):
             yield _Tensor(rank * fan_in, True)
             yield _Tensor(fan_out * rank, True)
@@ -132,29 +142,36 @@ def _optimizer_bytes(tensors: list[_Tensor], optimizer: str, update_bytes: int) 
 
 
 def _layer_activation_bytes(
-    shape: TransformerShape, sequence_length: int, e: int, attention: str, frozen: bool, lora_rank: int | None
+    shape: TransformerShape,
+    sequence_length: int,
+    e: int,
+    attention: str,
+    frozen: bool,
+    lora_rank: int | None,
+    cross_attention: bool = False,
 ) -> int:
-    """Bytes one block keeps for backward, per token."""
+    """Bytes one block keeps for backward, per token; a ``"t5"`` decoder block adds a cross-attention sub-block."""
     h, q, kv, i, a = shape.hidden_size, shape.q_size, shape.kv_size, shape.intermediate_size, shape.num_heads
     s = sequence_length
-    values = 2 * h + h + q  # norm inputs, attention input, output-projection input
+    sublayers = 1 if shape.family == "phi" else 3 if cross_attention else 2  # Phi: attention and MLP in parallel
+    blocks = 2 if cross_attention else 1
+    values = sublayers * h + blocks * (h + q)  # norm inputs; per attention block its input and the o-proj input
     extra = 0  # bytes not in the activation dtype
     if attention != "eager":
-        values += q + 2 * kv
-        extra += 4 * a  # float32 log-sum-exp per head
+        values += blocks * (q + 2 * kv)
+        extra += blocks * 4 * a  # float32 log-sum-exp per head
     else:
-        values += 3 * q + a * s  # queries, expanded keys and values, softmax output
+        values += blocks * (3 * q + a * s)  # queries, expanded keys and values, softmax output
         if shape.dropout:
-            values += a * s  # dropped-out probabilities
-            extra += a * s  # dropout mask
-    if shape.family == "llama":
-        values += 3 * i if frozen else h + 4 * i
-    else:
-        values += i if frozen else h + 2 * i
+            values += blocks * a * s  # dropped-out probabilities
+            extra += blocks * a * s  # dropout mask
+    mlp = (3 * i if shape.gated else i) if frozen else h + (4 * i if shape.gated else 2 * i)
+    values += max(shape.experts_per_token, 1) * mlp  # a token's activations in each expert it is routed to
+    extra += 4 * shape.num_experts  # float32 router logits
     if shape.dropout:
-        extra += 2 * h  # residual dropout masks
+        extra += sublayers * h  # residual dropout masks
     if lora_rank is not None:
-        values += 4 * lora_rank
+        values += blocks * 4 * lora_rank
     return values * e + extra
 
 
@@ -166,12 +183,36 @@ def _activation_bytes_per_sample(
     gradient_checkpointing: bool,
     frozen: bool,
     lora_rank: int | None,
+    loss_swap: bool = False,
 ) -> int:
+    h, blocks = shape.hidden_size, shape.num_layers + shape.num_decoder_layers
     layer = _layer_activation_bytes(shape, sequence_length, e, attention, frozen, lora_rank)
-    layers = shape.num_layers * shape.hidden_size * e + layer if gradient_checkpointing else shape.num_layers * layer
-    head = 2 * shape.hidden_size * e + shape.vocab_size * e + 2 * shape.vocab_size * 4
-    inputs = 2 * 8 + (shape.hidden_size if shape.dropout else 0)  # int64 ids and labels, embedding dropout mask
+    layers = shape.num_layers * layer
+    if shape.num_decoder_layers:
+        decoder = _layer_activation_bytes(shape, sequence_length, e, attention, frozen, lora_rank, True)
+        layers += shape.num_decoder_layers * decoder
+        layer = max(layer, decoder)
+    if gradient_checkpointing:
+        layers = blocks * h * e + layer
+    # An encoder ("bert") has no vocabulary head: its pooler's input; the others: final norm, head, logits, loss.
+    head = h * e if shape.family == "bert" else 2 * h * e + _logits_bytes_per_token(shape, e, loss_swap)
+    inputs = 2 * 8 + (h if shape.dropout else 0)  # int64 ids and labels, embedding dropout mask
     return sequence_length * (layers + head + inputs)
+
+
+def _logits_bytes_per_token(shape: TransformerShape, e: int, loss_swap: bool) -> int:
+    """The logits and the float32 loss over the vocabulary; under the loss swap, one chunk's (about ``h`` values)."""
+    if shape.family == "bert":
+        return 0
+    return 2 * shape.hidden_size * 4 if loss_swap else shape.vocab_size * (e + 2 * 4)
+
+
+def _as_model(read: Callable[[Any], TransformerShape], model: str | os.PathLike[str]) -> TransformerShape:
+    """``read(model)``, its errors naming ``model``, the argument the user gave, instead of ``read``'s own."""
+    try:
+        return read(model)
+    except (FileNotFoundError, ValueError) as err:
+        raise type(err)(re.sub(r"^`(config|name)`", "`model`", str(err))) from None
 
 
 def resolve_model(model: str | os.PathLike[str] | TransformerShape) -> TransformerShape:
@@ -187,13 +228,13 @@ def resolve_model(model: str | os.PathLike[str] | TransformerShape) -> Transform
     if isinstance(model, TransformerShape):
         return model
     if isinstance(model, os.PathLike) or (isinstance(model, str) and model.endswith(".json")):
-        return from_hf_config(model)
+        return _as_model(from_hf_config, model)
     if isinstance(model, str):
         if os.path.isdir(model):
             if not os.path.isfile(os.path.join(model, "config.json")):
                 raise FileNotFoundError(f"`model`: the directory {model!r} has no config.json")
-            return from_hf_config(model)
-        return get_shape(model)
+            return _as_model(from_hf_config, model)
+        return _as_model(get_shape, model)
     raise TypeError(
         "`model` must be a model name, a path to a Hugging Face config.json or a TransformerShape, got "
         f"{model!r} ({type(model).__name__}); for an nn.Module use measure_memory"
@@ -210,6 +251,7 @@ def estimate_memory(
     attention: Attention = "flash",
     gradient_checkpointing: bool = False,
     lora_rank: int | None = None,
+    loss_swap: bool = False,
 ) -> MemoryEstimate:
     """Estimate the training memory of a transformer from its shape (the arithmetic is in the module docstring).
 
@@ -229,6 +271,7 @@ def estimate_memory(
         lora_rank: Train only rank-``r`` LoRA adapters on the attention's query, key, value and output projections;
             the base weights are frozen (no gradients, no optimizer state). ``None`` trains every weight. At most the
             smallest side of those projections (``hidden_size``, or the key/value width with grouped-query attention).
+        loss_swap: The loss is computed without the logits (``LossSwap``, ``TunePlugin(loss=...)``).
 
     Returns:
         The estimate; ``fixed_bytes`` is weights + gradients + master weights + optimizer state + buffers and
@@ -247,7 +290,7 @@ def estimate_memory(
     """
     shape = resolve_model(model)
     check_int("sequence_length", sequence_length, minimum=1)
-    if shape.family == "gpt2" and sequence_length > shape.max_position_embeddings:
+    if shape.family in ("gpt2", "bert") and sequence_length > shape.max_position_embeddings:
         raise ValueError(
             f"`sequence_length` must be at most {shape.max_position_embeddings} for {shape.name or 'this model'} "
             f"(its learned position table), got {sequence_length}"
@@ -259,6 +302,7 @@ def estimate_memory(
     attention = canonical_attention(attention)
     check_bool("gradient_checkpointing", gradient_checkpointing)
     check_int("lora_rank", lora_rank, minimum=1, allow_none=True)
+    check_bool("loss_swap", loss_swap)
     full_rank = min(shape.hidden_size, shape.q_size, shape.kv_size)
     if lora_rank is not None and lora_rank > full_rank:
         raise ValueError(
@@ -266,7 +310,7 @@ def estimate_memory(
             "side of its q/k/v/o projections; a higher rank trains more than the full weight), got "
             f"{lora_rank}"
         )
-    e = precision_dtype(precision).itemsize
+    e = precision_bytes(precision)
     if master_weights and e >= 4:
         raise ValueError(f"`master_weights` must be False or None with precision {precision!r} (no 16-bit weights)")
     master = precision.endswith("-mixed") if master_weights is None else master_weights
@@ -284,7 +328,7 @@ def estimate_memory(
     optimizer_bytes = _optimizer_bytes(tensors, optimizer, update_bytes)
     buffer_bytes = shape.buffer_bytes()
     per_sample = _activation_bytes_per_sample(
-        shape, sequence_length, e, attention, gradient_checkpointing, frozen, lora_rank
+        shape, sequence_length, e, attention, gradient_checkpointing, frozen, lora_rank, loss_swap
     )
     notes = [
         f"{shape.name or shape.family}: {precision}, "
@@ -294,6 +338,14 @@ def estimate_memory(
         + (", gradient checkpointing" if gradient_checkpointing else "")
         + (f", LoRA rank {lora_rank} on q/k/v/o (base frozen)" if lora_rank is not None else ""),
     ]
+    if shape.family != "bert":
+        logits = sequence_length * _logits_bytes_per_token(shape, e, False)
+        left = sequence_length * _logits_bytes_per_token(shape, e, True)
+        notes.append(
+            f"logits and loss: {format_bytes(left if loss_swap else logits)} per sample"
+            + (f" with the loss swap ({format_bytes(logits)} without)" if loss_swap else "")
+            + ("" if loss_swap else f" (the loss swap leaves {format_bytes(left)})")
+        )
     return MemoryEstimate(
         parameters=parameters,
         trainable_parameters=trainable,

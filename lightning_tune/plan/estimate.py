@@ -55,6 +55,7 @@ def format_bytes(n: int) -> str:
         >>> format_bytes(13_476_831_232), format_bytes(3 * 2**20), format_bytes(512)
         ('12.55 GiB', '3.0 MiB', '512 B')
     """
+    check_int("n", n, minimum=0)
     if abs(n) >= _GIB:
         return f"{n / _GIB:.2f} GiB"
     if abs(n) >= 2**20:

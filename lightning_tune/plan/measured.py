@@ -30,6 +30,7 @@ import reprlib
 import warnings
 import weakref
 from collections.abc import Callable, Iterator, Mapping
+from contextlib import nullcontext
 from typing import Any, Literal
 
 import torch
@@ -199,10 +200,14 @@ def _check_batch(batch: Any, what: str) -> None:
 
 
 def _make_batch(batch: Any, size: int, device: torch.device) -> Any:
+    """A batch of ``size`` on ``device``: templates are made there, what a function makes is moved there."""
     if callable(batch):
+        from lightning.fabric.utilities.apply_func import move_data_to_device
+
         made = batch(size)
         _check_batch(made, f"`batch({size})`")
-        return made
+        # the Trainer's own transfer (nested dicts, lists, tuples, anything with ``.to``), as a real step gets it
+        return move_data_to_device(made, device)
     if isinstance(batch, Tensor):
         if batch.ndim == 0:
             raise ValueError("`batch`: a tensor in the example batch has no batch dimension (it is 0-dimensional)")
@@ -271,7 +276,7 @@ def _run(
         for index in range(2):
             counter.reset_peak()
             inputs = _make_batch(batch, batch_size, device)
-            with torch.autocast(device.type, dtype=autocast or torch.float32, enabled=autocast is not None):
+            with torch.autocast(device.type, dtype=autocast) if autocast is not None else nullcontext():
                 loss = torch.func.functional_call(step, state, (inputs,))
             loss.backward()
             record["forward_backward_peak"] = counter.peak
@@ -310,7 +315,8 @@ def measure_memory(
             ``configure_optimizers()`` returns; any other module is called on the batch (``*batch`` for a
             tuple/list, ``**batch`` for a mapping) and its output summed, or its ``loss`` used when it has one.
         batch: An example batch (tensors whose first dimension is the batch; their values are never read), or a
-            function ``fn(batch_size) -> batch`` (called under fake-tensor mode, so the tensors it makes are fake).
+            function ``fn(batch_size) -> batch`` (called under fake-tensor mode, so the tensors it makes are fake;
+            what it returns is moved to the step's device as the Trainer moves a batch, nested collections too).
         precision: Lightning precision to reproduce, or its alias (``"bf16"`` is ``"bf16-mixed"``): ``"32-true"``,
             ``"64-true"``, ``"16-mixed"``, ``"bf16-mixed"`` (float32 weights, autocast), ``"16-true"`` or
             ``"bf16-true"`` (16-bit weights). Not ``"auto"`` (it depends on the GPU) nor transformer-engine's.

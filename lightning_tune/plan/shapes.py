@@ -1,12 +1,22 @@
 """Transformer shapes as data: the numbers a memory plan needs, a table of common models and a Hugging Face reader.
 
-A :class:`TransformerShape` holds what decides a decoder-only transformer's parameter count and activation sizes
-(width, depth, heads, MLP kind, biases, tied head). Two families are described:
+A :class:`TransformerShape` holds what decides a transformer's parameter count and activation sizes (width, depth,
+heads, MLP kind, biases, tied head, experts). Five families are described:
 
 - ``"llama"``: rotary positions, RMSNorm, a SwiGLU MLP (gate, up, down), grouped-query attention with
-  ``num_kv_heads`` key/value heads, no biases unless stated, usually an untied head (Llama, Mistral, Qwen2);
+  ``num_kv_heads`` key/value heads, no biases unless stated, usually an untied head (Llama, Mistral, Qwen2; Gemma,
+  whose GeGLU MLP has the same three projections, with a tied head);
 - ``"gpt2"``: learned positions, LayerNorm, a GELU MLP, biases on every projection, a head tied to the token
-  embedding.
+  embedding;
+- ``"phi"``: Phi-1/1.5/2, one LayerNorm feeding attention and a GELU MLP in parallel, partial rotary positions,
+  biases everywhere, an untied head with a bias;
+- ``"bert"``: encoders (BERT, RoBERTa): learned positions and token types, post-LayerNorm blocks, a GELU MLP, biases
+  everywhere, and a pooler; no output head (the model ``AutoModel`` builds, which accelerate's estimator counts);
+- ``"t5"``: T5's encoder-decoder, relative position buckets, RMSNorm, no biases, a ReLU or gated-GELU MLP, decoder
+  blocks with cross-attention, one embedding shared by both stacks (``AutoModelForSeq2SeqLM``).
+
+A ``"llama"`` shape with ``num_experts`` is a sparse mixture of experts (Mixtral): every block's MLP is
+``num_experts`` SwiGLU experts behind a linear router, of which ``experts_per_token`` run for each token.
 
 :data:`MODEL_SHAPES` holds common models by name (their Hugging Face ``config.json`` values); :func:`get_shape`
 looks a name up and :func:`from_hf_config` reads a ``config.json``. Parameter counts are exact: the tests compare
@@ -23,51 +33,71 @@ from __future__ import annotations
 import difflib
 import json
 import os
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from types import MappingProxyType
 from typing import Any, Final, Literal, get_args
 
-from lightning_tune._validation import check_bool, check_choice, check_float, check_int
+from lightning_tune._validation import check_bool, check_choice, check_float, check_int, check_str
 
 __all__ = ["FAMILIES", "HF_MODEL_TYPES", "MODEL_SHAPES", "Family", "TransformerShape", "from_hf_config", "get_shape"]
 
 #: Architecture families a shape can describe.
-Family = Literal["llama", "gpt2"]
+Family = Literal["llama", "gpt2", "phi", "bert", "t5"]
 FAMILIES: Final[tuple[str, ...]] = get_args(Family)
 
 #: ``model_type`` values of a Hugging Face ``config.json`` that :func:`from_hf_config` reads, and their family.
 HF_MODEL_TYPES: Final[Mapping[str, Family]] = MappingProxyType(
-    {"gpt2": "gpt2", "llama": "llama", "mistral": "llama", "qwen2": "llama"}
+    {
+        "bert": "bert",
+        "gemma": "llama",
+        "gpt2": "gpt2",
+        "llama": "llama",
+        "mistral": "llama",
+        "mixtral": "llama",
+        "phi": "phi",
+        "qwen2": "llama",
+        "roberta": "bert",
+        "t5": "t5",
+    }
 )
 
 
 @dataclass(frozen=True)
 class TransformerShape:
-    """The shape of a decoder-only transformer.
+    """The shape of a transformer: decoder-only, encoder (``"bert"``) or encoder-decoder (``"t5"``).
 
     Args:
-        family: ``"llama"`` (RoPE, RMSNorm, SwiGLU) or ``"gpt2"`` (learned positions, LayerNorm, GELU).
+        family: ``"llama"`` (RoPE, RMSNorm, SwiGLU), ``"gpt2"`` (learned positions, LayerNorm, GELU), ``"phi"``,
+            ``"bert"`` or ``"t5"`` (see the module docstring).
         vocab_size: Number of token ids.
         hidden_size: Width of the residual stream.
-        num_layers: Number of transformer blocks.
+        num_layers: Number of transformer blocks (of the encoder, for ``"t5"``).
         num_heads: Number of query heads.
         intermediate_size: Width of the MLP's hidden layer.
         num_kv_heads: Key/value heads (grouped-query attention); ``None`` means ``num_heads``.
-        head_dim: Width of one head; ``None`` means ``hidden_size // num_heads``.
+        head_dim: Width of one head (T5's ``d_kv``); ``None`` means ``hidden_size // num_heads``.
         tie_word_embeddings: Whether the output head reuses the token embedding.
-        max_position_embeddings: Length of the learned position table (``"gpt2"``; ignored by ``"llama"``).
+        max_position_embeddings: Length of the learned position table (``"gpt2"``, ``"bert"``; 0 for the others).
         qkv_bias: Biases on the query/key/value projections.
         output_bias: A bias on the attention output projection.
         mlp_bias: Biases on the MLP projections.
         dropout: Whether training applies dropout (attention probabilities and residual branches).
         name: A label for messages and reports.
+        num_experts: Experts per block of a mixture-of-experts ``"llama"`` shape; 0 for a dense MLP.
+        experts_per_token: Experts each token is routed to (top-k), 1 to ``num_experts``; 0 for a dense MLP.
+        num_decoder_layers: Decoder blocks of a ``"t5"`` shape (>= 1); 0 for the other families.
+        gated_mlp: A ``"t5"`` gated-GELU MLP (``wi_0``, ``wi_1``, ``wo``) rather than ReLU (``wi``, ``wo``).
+        type_vocab_size: Token-type (segment) embeddings of a ``"bert"`` shape (2 for BERT, 1 for RoBERTa).
+        relative_attention_buckets: Relative position buckets of a ``"t5"`` shape (>= 1).
+        partial_rotary_factor: Fraction of each head that gets rotary positions (``"llama"``, ``"phi"``).
 
     Raises:
         TypeError: If a field has the wrong type.
         ValueError: If a field is out of range, ``family`` is unknown, ``num_heads`` is not a multiple of
-            ``num_kv_heads`` or ``hidden_size`` is not divisible by ``num_heads`` without an explicit ``head_dim``.
+            ``num_kv_heads``, ``hidden_size`` is not divisible by ``num_heads`` without an explicit ``head_dim``, or a
+            family-specific field is set for another family (or missing for its own).
     """
 
     family: Family
@@ -85,6 +115,13 @@ class TransformerShape:
     mlp_bias: bool = False
     dropout: bool = False
     name: str = ""
+    num_experts: int = 0
+    experts_per_token: int = 0
+    num_decoder_layers: int = 0
+    gated_mlp: bool = False
+    type_vocab_size: int = 0
+    relative_attention_buckets: int = 0
+    partial_rotary_factor: float = 1.0
 
     def __post_init__(self) -> None:
         check_choice("family", self.family, FAMILIES)
@@ -92,9 +129,18 @@ class TransformerShape:
             check_int(field, getattr(self, field), minimum=1)
         check_int("num_kv_heads", self.num_kv_heads, minimum=1, allow_none=True)
         check_int("head_dim", self.head_dim, minimum=1, allow_none=True)
-        check_int("max_position_embeddings", self.max_position_embeddings, minimum=0)
-        for field in ("tie_word_embeddings", "qkv_bias", "output_bias", "mlp_bias", "dropout"):
+        for field in (
+            "max_position_embeddings",
+            "num_experts",
+            "experts_per_token",
+            "num_decoder_layers",
+            "type_vocab_size",
+            "relative_attention_buckets",
+        ):
+            check_int(field, getattr(self, field), minimum=0)
+        for field in ("tie_word_embeddings", "qkv_bias", "output_bias", "mlp_bias", "dropout", "gated_mlp"):
             check_bool(field, getattr(self, field))
+        check_float("partial_rotary_factor", self.partial_rotary_factor, low=0.0, high=1.0, low_inclusive=False)
         if not isinstance(self.name, str):
             raise TypeError(f"`name` must be a string, got {self.name!r} ({type(self.name).__name__})")
         if self.num_heads % self.kv_heads:
@@ -107,11 +153,36 @@ class TransformerShape:
                 f"`hidden_size` must be divisible by `num_heads` when `head_dim` is not given, got "
                 f"hidden_size={self.hidden_size!r} and num_heads={self.num_heads!r}"
             )
-        if self.family == "gpt2" and self.max_position_embeddings < 1:
+        if self.family in ("gpt2", "bert") and self.max_position_embeddings < 1:
             raise ValueError(
-                "`max_position_embeddings` must be an integer >= 1 for the 'gpt2' family (learned positions), "
-                f"got {self.max_position_embeddings!r}"
+                f"`max_position_embeddings` must be an integer >= 1 for the {self.family!r} family (learned "
+                f"positions), got {self.max_position_embeddings!r}"
             )
+        if self.num_experts and self.family != "llama":
+            raise ValueError(f"`num_experts` must be 0 for the {self.family!r} family (experts: 'llama' only)")
+        if not 0 < self.experts_per_token <= self.num_experts and (self.num_experts or self.experts_per_token):
+            raise ValueError(
+                f"`experts_per_token` must be an integer from 1 to num_experts={self.num_experts} with experts, and "
+                f"0 without, got {self.experts_per_token!r}"
+            )
+        t5 = self.family == "t5"
+        for field, ok in (
+            ("num_decoder_layers", t5),
+            ("relative_attention_buckets", t5),
+            ("gated_mlp", t5),
+            ("type_vocab_size", self.family == "bert"),
+        ):
+            if getattr(self, field) and not ok:
+                raise ValueError(
+                    f"`{field}` is not a field of the {self.family!r} family, got {getattr(self, field)!r}"
+                )
+        if t5 and (self.num_decoder_layers < 1 or self.relative_attention_buckets < 1):
+            raise ValueError(
+                "`num_decoder_layers` and `relative_attention_buckets` must be integers >= 1 for the 't5' family, "
+                f"got {self.num_decoder_layers!r} and {self.relative_attention_buckets!r}"
+            )
+        if self.family == "bert" and self.tie_word_embeddings:
+            raise ValueError("`tie_word_embeddings` must be False for the 'bert' family (the encoder has no head)")
 
     # ------------------------------------------------------------------------------------------------- derived sizes
 
@@ -135,15 +206,35 @@ class TransformerShape:
         """Width of the key (and of the value) projection's output, ``kv_heads * head_size``."""
         return self.kv_heads * self.head_size
 
-    def _layer_sizes(self) -> list[int]:
-        h, q, kv, i = self.hidden_size, self.q_size, self.kv_size, self.intermediate_size
-        norm = [h] if self.family == "llama" else [h, h]  # RMSNorm weight, or LayerNorm weight and bias
-        sizes = [*norm, h * q, h * kv, h * kv, q * h, *norm]
-        sizes += [q, kv, kv] if self.qkv_bias else []
-        sizes += [h] if self.output_bias else []
-        if self.family == "llama":
-            return sizes + [h * i, h * i, i * h] + ([i, i, h] if self.mlp_bias else [])
-        return sizes + [h * i, i * h] + ([i, h] if self.mlp_bias else [])
+    @property
+    def gated(self) -> bool:
+        """Whether the MLP is gated (three projections: SwiGLU/GeGLU, T5's gated-GELU) rather than two."""
+        return self.family == "llama" or self.gated_mlp
+
+    @property
+    def attention_blocks(self) -> int:
+        """Attention blocks in the model: one a block, two (self- and cross-attention) a ``"t5"`` decoder block."""
+        return self.num_layers + 2 * self.num_decoder_layers
+
+    def _norm(self) -> list[int]:
+        return [self.hidden_size] if self.family in ("llama", "t5") else [self.hidden_size] * 2  # RMSNorm | LayerNorm
+
+    def _attention_sizes(self) -> list[int]:
+        h, q, kv = self.hidden_size, self.q_size, self.kv_size
+        sizes = [h * q, h * kv, h * kv, q * h]
+        return sizes + ([q, kv, kv] if self.qkv_bias else []) + ([h] if self.output_bias else [])
+
+    def _mlp_sizes(self) -> list[int]:
+        h, i = self.hidden_size, self.intermediate_size
+        if self.num_experts:  # router, then every expert's fused gate/up and down projections (transformers 5)
+            return [h * self.num_experts, self.num_experts * 2 * i * h, self.num_experts * i * h]
+        sizes = [h * i, h * i, i * h] if self.gated else [h * i, i * h]
+        return sizes + (([i] * (len(sizes) - 1) + [h]) if self.mlp_bias else [])
+
+    def _layer_sizes(self, cross_attention: bool = False) -> list[int]:
+        norms = 1 if self.family == "phi" else 3 if cross_attention else 2  # Phi: one norm feeds both branches
+        attention = self._attention_sizes() * (2 if cross_attention else 1)
+        return self._norm() * norms + attention + self._mlp_sizes()
 
     def tensors(self) -> Iterator[tuple[int, bool]]:
         """Every parameter tensor as ``(numel, is_embedding_table)``, a tied head once (as the embedding).
@@ -152,31 +243,56 @@ class TransformerShape:
             >>> sum(n for n, _ in get_shape("gpt2").tensors())
             124439808
         """
-        h = self.hidden_size
-        yield self.vocab_size * h, True
-        if self.family == "gpt2":
+        h, v = self.hidden_size, self.vocab_size
+        yield v * h, True
+        if self.family in ("gpt2", "bert"):
             yield self.max_position_embeddings * h, True
-        for _ in range(self.num_layers):
-            yield from ((n, False) for n in self._layer_sizes())
-        yield from ((n, False) for n in ([h] if self.family == "llama" else [h, h]))
-        if not self.tie_word_embeddings:
-            yield self.vocab_size * h, False
+        if self.family == "bert":
+            yield self.type_vocab_size * h, True
+            yield from ((n, False) for n in self._norm())  # the embeddings' LayerNorm
+        for stack, layers in ((False, self.num_layers), (True, self.num_decoder_layers)):
+            if self.family == "t5" and layers:  # relative position buckets, in each stack's first block
+                yield self.relative_attention_buckets * self.num_heads, True
+            for _ in range(layers):
+                yield from ((n, False) for n in self._layer_sizes(cross_attention=stack))
+            if self.family != "bert" and layers:  # the stack's final norm
+                yield from ((n, False) for n in self._norm())
+        if self.family == "bert":  # pooler
+            yield from ((h * h, False), (h, False))
+        elif not self.tie_word_embeddings:
+            yield v * h, False
+            if self.family == "phi":
+                yield v, False
 
     def num_parameters(self) -> int:
         """All parameters, a tied head counted once (as ``sum(p.numel() for p in model.parameters())`` does)."""
         return sum(n for n, _ in self.tensors())
 
     def largest_layer_parameters(self) -> int:
-        """Parameters of the largest module (a block, the token embedding or the head): ZeRO-3 gathers one at a time."""
-        return max(sum(self._layer_sizes()), self.vocab_size * self.hidden_size)
+        """Parameters of the largest single module, its own and not its children's: ZeRO-3 gathers them one at a time.
+
+        The token embedding or head, the largest linear layer (GPT-2's fused QKV one included) or, with experts, one
+        block's experts (``transformers`` holds them in one module), counted as DeepSpeed's estimators count the
+        largest layer (``model.modules()``, ``parameters(recurse=False)``).
+        """
+        h, i, q, kv, v = self.hidden_size, self.intermediate_size, self.q_size, self.kv_size, self.vocab_size
+        mlp = sum(self._mlp_sizes()[1:]) if self.num_experts else h * i + (i if self.mlp_bias else 0)
+        attention = h * (q + 2 * kv) + q + 2 * kv if self.family == "gpt2" else h * q + (q if self.qkv_bias else 0)
+        head = v * h + (v if self.family == "phi" and not self.tie_word_embeddings else 0)
+        return max(head, mlp, attention)
 
     def buffer_bytes(self) -> int:
-        """Bytes of the model's buffers: the rotary inverse frequencies (two float32 copies) for ``"llama"``.
+        """Bytes of the model's buffers.
+
+        Rotary inverse frequencies (two float32 copies) for ``"llama"`` and ``"phi"``; BERT's int64 position and
+        token-type id tables; none for ``"gpt2"`` and ``"t5"``.
 
         Returns:
             The number of bytes.
         """
-        return 2 * (self.head_size // 2) * 4 if self.family == "llama" else 0
+        if self.family in ("llama", "phi"):
+            return 2 * (int(self.head_size * self.partial_rotary_factor) // 2) * 4
+        return 2 * self.max_position_embeddings * 8 if self.family == "bert" else 0
 
 
 def _llama(
@@ -256,22 +372,21 @@ def get_shape(name: str) -> TransformerShape:
 
     Raises:
         TypeError: If ``name`` is not a string.
-        ValueError: If the name is unknown; the message lists the closest known names and every known name.
+        ValueError: If the name is empty or unknown; the message lists the closest known names and every known name.
 
     Example:
         >>> get_shape("meta-llama/Llama-2-7b-hf").name
         'llama-2-7b'
     """
-    if not isinstance(name, str):
-        raise TypeError(f"`name` must be a string, got {name!r} ({type(name).__name__})")
+    check_str("name", name)
     key = _normalise(name)
     if key in MODEL_SHAPES:
         return MODEL_SHAPES[key]
     close = difflib.get_close_matches(key, [*MODEL_SHAPES, *_ALIASES], n=3, cutoff=0.6)
     hint = f"; did you mean {', '.join(repr(c) for c in close)}?" if close else ""
     raise ValueError(
-        f"unknown model {name!r}{hint} Known models: {', '.join(MODEL_SHAPES)} (or give a path to a Hugging Face "
-        "config.json)"
+        f"`name`: unknown model {name!r}{hint} Known models: {', '.join(MODEL_SHAPES)} (or give a path to a Hugging "
+        "Face config.json)"
     )
 
 
@@ -280,7 +395,8 @@ def from_hf_config(config: str | os.PathLike[str] | Mapping[str, Any], *, name: 
 
     Supported ``model_type`` values are the keys of :data:`HF_MODEL_TYPES`. Fields the architecture defaults are
     filled in as ``transformers`` does (``num_key_value_heads`` defaults to the head count; Qwen2 always has
-    query/key/value biases; GPT-2's ``n_inner`` defaults to 4x the width).
+    query/key/value biases; GPT-2's ``n_inner`` defaults to 4x the width; T5's ``num_decoder_layers`` to
+    ``num_layers``; Phi's ``partial_rotary_factor`` to 0.5, top-level or in ``rope_parameters``).
 
     Args:
         config: Path to ``config.json`` or to its directory, or the parsed config.
@@ -290,16 +406,17 @@ def from_hf_config(config: str | os.PathLike[str] | Mapping[str, Any], *, name: 
         The shape.
 
     Raises:
-        TypeError: If ``config`` is neither a path nor a mapping.
+        TypeError: If ``config`` is neither a path nor a mapping, or ``name`` not a string.
         FileNotFoundError: If the path does not exist.
-        ValueError: If the file is not valid JSON, the ``model_type`` is not supported or a required field is
-            missing.
+        ValueError: If ``name`` is empty, the file is not valid JSON, the ``model_type`` is not supported or a required
+            field is missing.
 
     Example:
         >>> shape = from_hf_config({"model_type": "gpt2", "n_embd": 768, "n_layer": 12, "n_head": 12})
         >>> shape.num_parameters() == get_shape("gpt2").num_parameters()
         True
     """
+    check_str("name", name, allow_none=True)
     label = name
     if isinstance(config, (str, os.PathLike)):
         path = Path(config)
@@ -347,8 +464,11 @@ def from_hf_config(config: str | os.PathLike[str] | Mapping[str, Any], *, name: 
             dropout=any(_probability(data, k, 0.1) > 0 for k in ("attn_pdrop", "resid_pdrop", "embd_pdrop")),
             name=label,
         )
+    if HF_MODEL_TYPES[model_type] in ("bert", "t5", "phi"):
+        return _READERS[HF_MODEL_TYPES[model_type]](data, need, label)
     heads = need("num_attention_heads")
     attention_bias = bool(data.get("attention_bias", False))
+    experts = data.get("num_local_experts", 0) if model_type == "mixtral" else 0
     return TransformerShape(
         "llama",
         need("vocab_size"),
@@ -358,13 +478,83 @@ def from_hf_config(config: str | os.PathLike[str] | Mapping[str, Any], *, name: 
         need("intermediate_size"),
         num_kv_heads=data.get("num_key_value_heads") or heads,
         head_dim=data.get("head_dim"),
-        tie_word_embeddings=bool(data.get("tie_word_embeddings", False)),
+        tie_word_embeddings=bool(data.get("tie_word_embeddings", model_type == "gemma")),
         qkv_bias=model_type == "qwen2" or attention_bias,
         output_bias=model_type != "qwen2" and attention_bias,
         mlp_bias=bool(data.get("mlp_bias", False)),
         dropout=_probability(data, "attention_dropout", 0.0) > 0,
         name=label,
+        num_experts=experts,
+        experts_per_token=data.get("num_experts_per_tok", 2) if experts else 0,
     )
+
+
+def _bert(data: dict[str, Any], need: Callable[[str], Any], label: str) -> TransformerShape:
+    return TransformerShape(
+        "bert",
+        need("vocab_size"),
+        need("hidden_size"),
+        need("num_hidden_layers"),
+        need("num_attention_heads"),
+        need("intermediate_size"),
+        max_position_embeddings=data.get("max_position_embeddings", 512),
+        qkv_bias=True,
+        output_bias=True,
+        mlp_bias=True,
+        dropout=any(_probability(data, k, 0.1) > 0 for k in ("hidden_dropout_prob", "attention_probs_dropout_prob")),
+        name=label,
+        type_vocab_size=data.get("type_vocab_size", 2),
+    )
+
+
+def _t5(data: dict[str, Any], need: Callable[[str], Any], label: str) -> TransformerShape:
+    projection = data.get("feed_forward_proj", "relu")
+    if projection not in ("relu", "gated-gelu", "gated-relu", "gelu"):
+        raise ValueError(f"`config`: feed_forward_proj {projection!r} is not one of 'relu', 'gelu', 'gated-gelu'")
+    layers = need("num_layers")
+    return TransformerShape(
+        "t5",
+        need("vocab_size"),
+        need("d_model"),
+        layers,
+        need("num_heads"),
+        need("d_ff"),
+        head_dim=need("d_kv"),
+        tie_word_embeddings=bool(data.get("tie_word_embeddings", True)),
+        dropout=_probability(data, "dropout_rate", 0.1) > 0,
+        name=label,
+        num_decoder_layers=data.get("num_decoder_layers") or layers,
+        gated_mlp=projection.startswith("gated-"),
+        relative_attention_buckets=data.get("relative_attention_num_buckets", 32),
+    )
+
+
+def _phi(data: dict[str, Any], need: Callable[[str], Any], label: str) -> TransformerShape:
+    if data.get("qk_layernorm"):
+        raise ValueError("`config`: a 'phi' config with qk_layernorm=true is not supported")
+    heads = need("num_attention_heads")
+    rope = data.get("rope_parameters") or {}
+    return TransformerShape(
+        "phi",
+        need("vocab_size"),
+        need("hidden_size"),
+        need("num_hidden_layers"),
+        heads,
+        need("intermediate_size"),
+        num_kv_heads=data.get("num_key_value_heads") or heads,
+        tie_word_embeddings=bool(data.get("tie_word_embeddings", False)),
+        qkv_bias=True,
+        output_bias=True,
+        mlp_bias=True,
+        dropout=any(_probability(data, k, 0.0) > 0 for k in ("resid_pdrop", "embd_pdrop", "attention_dropout")),
+        name=label,
+        partial_rotary_factor=rope.get("partial_rotary_factor", data.get("partial_rotary_factor", 0.5)),
+    )
+
+
+_READERS: Final[Mapping[str, Callable[[dict[str, Any], Callable[[str], Any], str], TransformerShape]]] = (
+    MappingProxyType({"bert": _bert, "t5": _t5, "phi": _phi})
+)
 
 
 def _probability(data: dict[str, Any], key: str, default: float) -> float:

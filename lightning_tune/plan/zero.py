@@ -3,20 +3,26 @@
 Model state is split as in the ZeRO paper (Rajbhandari et al. 2020) and DeepSpeed's own estimators
 (``estimate_zero2_model_states_mem_needs``, ``estimate_zero3_model_states_mem_needs``), with the byte counts of a
 :class:`~lightning_tune.plan.estimate.MemoryEstimate` in place of DeepSpeed's fixed 2 + 2 + 16 bytes per parameter.
-With ``W`` weights, ``G`` gradients, ``O`` optimizer state and master weights, ``N`` GPUs, ``L`` the largest
-module's weights and gradients, and ``A`` the activations and buffers of the batch, one GPU holds:
+With ``W`` weights, ``G`` gradients, ``O`` optimizer state and master weights, ``F`` the float32 copy of the
+gradients DeepSpeed's mixed-precision optimizer steps on (the size of the master weights; none without them), ``N``
+GPUs, ``L`` the weights and gradients of the largest single module, and ``A`` the activations and buffers of the
+batch, one GPU holds:
 
-=======================================  ==========================
+=======================================  ==============================
 Configuration                            Per GPU
-=======================================  ==========================
+=======================================  ==============================
 stage 0 (plain data parallel)            ``W + G + O + A``
-stage 1 (optimizer state sharded)        ``W + G + O/N + A``
-stage 2 (and gradients)                  ``W + (G + O)/N + A``
-stage 3 (and weights)                    ``(W + G + O)/N + L + A``
+stage 1 (optimizer state sharded)        ``W + G + (F + O)/N + A``
+stage 2 (and gradients)                  ``W + (G + F + O)/N + A``
+stage 3 (and weights)                    ``(W + G32 + O)/N + L + A``
 stage 2, optimizer offloaded to CPU      ``W + A``
 stage 3, optimizer offloaded             ``W/N + L + A``
 stage 3, optimizer and weights offloaded ``L + A``
-=======================================  ==========================
+=======================================  ==============================
+
+``G32`` is ``F`` with master weights (stage 3 keeps its gradient partition in float32 only), else ``G``. For bf16-mixed
+AdamW that is DeepSpeed's ``2 + 18/N`` bytes a parameter for stage 2 (``estimate_zero2_model_states_mem_needs``) and
+``18/N`` plus 4 bytes a parameter of the largest layer for stage 3 (``estimate_zero3_model_states_mem_needs``).
 
 They are tried in that order (sharding before offloading: offloading moves every step's optimizer work over PCIe
 to the CPU, and with one GPU sharding saves nothing, so stages 1-3 are skipped there), and the first whose per-GPU
@@ -125,6 +131,7 @@ def zero_bytes(
     """
     w, g = estimate.weight_bytes, estimate.gradient_bytes
     o = estimate.optimizer_bytes + estimate.master_weight_bytes
+    f = estimate.master_weight_bytes  # the float32 gradient partition of a mixed-precision step
     per_param = (w + g) / max(estimate.parameters, 1)
     largest = int(per_param * (estimate.largest_layer_parameters or 0))
     # Whatever else the fixed part holds (buffers, temporaries of a measured step) stays on every GPU.
@@ -137,9 +144,9 @@ def zero_bytes(
     else:
         states = {
             0: w + g + o,
-            1: w + g + o // num_gpus,
-            2: w + (g + o) // num_gpus,
-            3: (w + g + o) // num_gpus + largest,
+            1: w + g + (f + o) // num_gpus,
+            2: w + (g + f + o) // num_gpus,
+            3: (w + (f or g) + o) // num_gpus + largest,
         }[stage]
     return states + activations
 

@@ -97,6 +97,8 @@ class DeepSpeedSettings:
         if self.extra:
             allowed = _strategy_parameters()
             for name in self.extra:
+                if not isinstance(name, str):
+                    raise TypeError(f"`extra` must have argument names (strings) as keys, got {name!r}")
                 if name in _OWNED:
                     raise TypeError(
                         f"`{name}` is decided by DeepSpeedSettings' own fields (stage, offload_optimizer, "
@@ -104,7 +106,8 @@ class DeepSpeedSettings:
                     )
                 if name not in allowed:
                     raise TypeError(
-                        f"`{name}` is not an argument of Lightning's DeepSpeedStrategy; allowed: {', '.join(allowed)}"
+                        f"`{name}` is not an argument of Lightning's DeepSpeedStrategy; allowed: {', '.join(allowed)} "
+                        "(an `extra` key, or a keyword argument of deepspeed_settings)"
                     )
         object.__setattr__(self, "extra", MappingProxyType(dict(self.extra)))
 

@@ -16,6 +16,7 @@ the plugin never initialises CUDA.
 
 from __future__ import annotations
 
+import contextlib
 import sys
 from collections.abc import Callable
 from contextlib import AbstractContextManager, nullcontext
@@ -44,11 +45,14 @@ from lightning_tune._validation import check_choice, check_int
 from lightning_tune.vocab import (
     PRECISIONS,
     Attention,
+    LossBackend,
     OptimizerName,
     auto_precision,
     canonical_attention,
+    canonical_loss,
     canonical_optimizer,
     canonical_precision,
+    check_precision_device,
     precision_dtype,
 )
 from lightning_tune.vocab import Precision as PrecisionName
@@ -60,6 +64,7 @@ if TYPE_CHECKING:
     from torch.distributed.fsdp import MixedPrecision as TorchMixedPrecision
 
     from lightning_tune.swaps.attention import AttentionSwapResult
+    from lightning_tune.swaps.loss import LossSwapResult
     from lightning_tune.swaps.optimizer import Keep32bit
 
 #: Precisions the plugin trains in: all but transformer-engine's, which has its own Lightning plugin.
@@ -85,11 +90,7 @@ def _inner_plugin(precision: str, device: str, strategy: str | None = None) -> P
     if strategy == "DeepSpeedStrategy":
         return DeepSpeedPrecision(precision)  # type: ignore[arg-type]
     if precision in ("16-mixed", "bf16-mixed"):
-        if precision == "16-mixed" and device == "cpu":
-            raise ValueError(
-                "`precision` '16-mixed' needs a CUDA GPU (fp16 autocast with a gradient scaler); "
-                "on CPU use 'bf16-mixed'"
-            )
+        check_precision_device(precision, device)
         return MixedPrecision(precision, device)  # type: ignore[arg-type]
     if precision in ("16-true", "bf16-true"):
         return HalfPrecision(precision)  # type: ignore[arg-type]
@@ -128,10 +129,14 @@ class TunePlugin(FSDPPrecision):
             known), ``"32-true"``, ``"16-mixed"``, ``"bf16-mixed"``, ``"16-true"``, ``"bf16-true"`` or ``"64-true"``.
         optimizer: Replace the module's optimizers with this one (see :class:`~lightning_tune.OptimizerSwap`:
             ``"adamw8bit"``, ``"adam8bit"``, ``"lion8bit"``, ``"sgd8bit"``, the paged variants, ``"adamw_fused"``, or
-            an alias such as ``"adamw_8bit"``); ``None`` keeps them.
+            an alias such as ``"adamw_8bit"``); ``None`` keeps them. It reports as ``OptimizerSwap`` does (the swap's
+            tables, then the state after the first step and ``tune/optimizer_state_bytes``); the two together are
+            refused.
         attention: Route attention through this backend (see :class:`~lightning_tune.AttentionSwap`: ``"auto"``,
             ``"flash"``, ``"sdpa"``, ``"eager"``, or an alias such as ``"flash_attention_2"``); ``None`` leaves
             attention alone.
+        loss: Compute causal language models' training loss without their logits (see
+            :class:`~lightning_tune.LossSwap`: ``"auto"``, ``"chunked"`` or ``"liger"``); ``None`` leaves it alone.
         keep_32bit: With an 8-bit optimizer, which parameters keep 32-bit state (``"embeddings"``, ``"none"`` or
             ``fn(name, param) -> bool``).
         min_8bit_size: With an 8-bit optimizer, tensors with fewer elements keep 32-bit state.
@@ -153,6 +158,7 @@ class TunePlugin(FSDPPrecision):
         *,
         optimizer: OptimizerName | None = None,
         attention: Attention | None = None,
+        loss: LossBackend | None = None,
         keep_32bit: Keep32bit = "embeddings",
         min_8bit_size: int = 4096,
         device: Literal["cuda", "cpu"] | None = None,
@@ -169,6 +175,8 @@ class TunePlugin(FSDPPrecision):
                 _imports.require("bitsandbytes", feature=f"TunePlugin(optimizer={optimizer!r})")
         if attention is not None:
             attention = canonical_attention(attention)
+        if loss is not None:
+            loss = canonical_loss(loss)
         check_int("min_8bit_size", min_8bit_size, minimum=1)
         check_keep_32bit(keep_32bit)
         self._explicit_device = device is not None
@@ -180,15 +188,21 @@ class TunePlugin(FSDPPrecision):
         self._inner_strategy: str | None = None
         self.optimizer = optimizer
         self.attention = attention
+        self.loss = loss
         self.keep_32bit = keep_32bit
         self.min_8bit_size = min_8bit_size
         self.attention_swap: AttentionSwapResult | None = None
+        self.loss_swap: LossSwapResult | None = None
         self.optimizer_swaps: list[Any] = []
+        #: Estimated state bytes of the optimizers the swap replaced (``None`` if a class is unknown).
+        self.state_bytes_before: int | None = None
+        #: Measured state bytes of the swapped optimizers after the first step (``None`` until then).
+        self.state_bytes_after: int | None = None
 
     def __repr__(self) -> str:
         return (
             f"TunePlugin(precision={self.requested_precision!r}, optimizer={self.optimizer!r}, "
-            f"attention={self.attention!r})"
+            f"attention={self.attention!r}{'' if self.loss is None else f', loss={self.loss!r}'})"
         )
 
     def __format__(self, spec: str) -> str:
@@ -286,6 +300,11 @@ class TunePlugin(FSDPPrecision):
                 notify=rank_zero_info,
             )
             rank_zero_info(self.attention_swap.describe())
+        if self.loss is not None and self.loss_swap is None:
+            from lightning_tune.swaps.loss import swap_loss
+
+            self.loss_swap = swap_loss(module, self.loss, device=torch.device(self.device), notify=rank_zero_info)
+            rank_zero_info(self.loss_swap.describe())
         return module
 
     @override
@@ -302,8 +321,18 @@ class TunePlugin(FSDPPrecision):
                     "8-bit state and the 32-bit embedding overrides would not apply. Set the optimizer in DeepSpeed's "
                     "config (or return it from configure_optimizers) and use TunePlugin for precision and attention."
                 )
-            from lightning_tune.swaps.optimizer import swap_optimizers
+            from lightning_tune.callbacks.optimizer_swap import OptimizerSwap
+            from lightning_tune.swaps.optimizer import replaced_state_bytes, swap_optimizers
 
+            callbacks: list[Any] = []
+            with contextlib.suppress(RuntimeError):  # a module not attached to a Trainer has no callbacks
+                if isinstance(model, LightningModule):
+                    callbacks = model.trainer.callbacks  # type: ignore[attr-defined]
+            if any(isinstance(cb, OptimizerSwap) for cb in callbacks):
+                raise MisconfigurationException(
+                    f"OptimizerSwap and TunePlugin(optimizer={self.optimizer!r}) both swap the optimizer; configure "
+                    "the swap once: remove the OptimizerSwap callback or TunePlugin's `optimizer`"
+                )
             optimizers, lr_schedulers, self.optimizer_swaps = swap_optimizers(
                 list(optimizers),
                 list(lr_schedulers),
@@ -312,8 +341,8 @@ class TunePlugin(FSDPPrecision):
                 keep_32bit=self.keep_32bit,
                 min_8bit_size=self.min_8bit_size,
             )
-            for result in self.optimizer_swaps:
-                rank_zero_info(result.describe())
+            self.state_bytes_before, self.state_bytes_after = replaced_state_bytes(self.optimizer_swaps), None
+            rank_zero_info("TunePlugin:\n" + "\n".join(result.describe() for result in self.optimizer_swaps))
         return model, optimizers, lr_schedulers
 
     def _follow_model_device(self, model: Module) -> None:
@@ -335,6 +364,9 @@ class TunePlugin(FSDPPrecision):
         if self.attention_swap is not None:
             self.attention_swap.restore()
             self.attention_swap = None
+        if self.loss_swap is not None:
+            self.loss_swap.restore()
+            self.loss_swap = None
 
     # ------------------------------------------------------------------ delegation to Lightning's plugin
 
@@ -382,7 +414,13 @@ class TunePlugin(FSDPPrecision):
     def optimizer_step(  # type: ignore[override]
         self, optimizer: Any, model: pl.LightningModule, closure: Callable[[], Any], **kwargs: Any
     ) -> Any:
-        return self.inner.optimizer_step(optimizer, model, closure, **kwargs)
+        output = self.inner.optimizer_step(optimizer, model, closure, **kwargs)
+        if self.optimizer_swaps and self.state_bytes_after is None and isinstance(model, LightningModule):
+            from lightning_tune.callbacks.optimizer_swap import report_state
+
+            before = self.state_bytes_before  # the first step: reported as OptimizerSwap reports it
+            self.state_bytes_after = report_state(model.trainer, "TunePlugin", self.optimizer_swaps, before)
+        return output
 
     @override
     def clip_gradients(

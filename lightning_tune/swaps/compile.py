@@ -21,7 +21,7 @@ from typing import Any, Final, Literal, get_args
 from torch import nn
 
 from lightning_tune._surgery import SurgeryResult
-from lightning_tune._validation import check_bool, check_choice, check_strings
+from lightning_tune._validation import check_bool, check_choice, check_keys, check_mapping, check_strings
 
 __all__ = ["COMPILE_MODES", "CompileMode", "CompileResult", "check_compile_options", "compile_modules", "is_compiled"]
 
@@ -94,7 +94,8 @@ def check_compile_options(
 
     Raises:
         TypeError: If an argument has the wrong type.
-        ValueError: If ``mode`` or ``backend`` is unknown, or both ``mode`` and ``options`` are given.
+        ValueError: If ``mode``, ``backend`` or an inductor option is unknown, or both ``mode`` and ``options`` are
+            given.
     """
     if mode is not None:
         check_choice("mode", mode, COMPILE_MODES)
@@ -108,10 +109,13 @@ def check_compile_options(
     elif not callable(backend):
         raise TypeError(f"`backend` must be a backend name or a callable, got {backend!r} ({type(backend).__name__})")
     if options is not None:
-        if not isinstance(options, Mapping):
-            raise TypeError(f"`options` must be a mapping or None, got {options!r} ({type(options).__name__})")
+        check_mapping("options", options, allow_none=True)
         if mode is not None:
             raise ValueError(f"give `mode` or `options`, not both (torch.compile refuses both), got mode={mode!r}")
+        if backend == "inductor":  # torch.compile checks them only when it compiles
+            import torch._inductor
+
+            check_keys("options", options, torch._inductor.list_options())
 
 
 def compile_modules(
@@ -160,7 +164,7 @@ def compile_modules(
         if not targets:
             raise ValueError(f"{type(module).__name__} has no child module with parameters to compile; name `modules`")
     else:
-        check_strings("modules", modules, what="submodule names")
+        check_strings("modules", modules, what="submodule names", allow_empty=False)
         targets = []
         for name in modules:
             try:

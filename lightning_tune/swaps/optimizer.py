@@ -47,7 +47,9 @@ __all__ = [
     "check_keep_32bit",
     "estimate_state_bytes",
     "optimizer_state_bytes",
+    "replaced_state_bytes",
     "repoint_schedulers",
+    "state_summary",
     "swap_optimizer",
     "swap_optimizers",
 ]
@@ -503,6 +505,45 @@ def estimate_state_bytes(optimizer: Optimizer) -> int | None:
     return total
 
 
+def replaced_state_bytes(results: Sequence[OptimizerSwapResult]) -> int | None:
+    """:func:`estimate_state_bytes` of the optimizers the swaps replaced, summed (``None`` if a class is unknown)."""
+    estimates = [estimate_state_bytes(result.old) for result in results]
+    return None if any(e is None for e in estimates) else sum(e or 0 for e in estimates)
+
+
+def state_summary(owner: str, results: Sequence[OptimizerSwapResult], before: int | None, after: int | None) -> str:
+    """The line a swap prints after the first step: the state measured beside the estimate for the replaced optimizers.
+
+    ``OptimizerSwap`` and ``TunePlugin(optimizer=...)`` both print it (and log ``after`` as
+    ``tune/optimizer_state_bytes``).
+
+    Args:
+        owner: Who swapped (``"OptimizerSwap"``, ``"TunePlugin"``).
+        results: The swaps.
+        before: The replaced optimizers' estimated state (:func:`replaced_state_bytes`), ``None`` if unknown.
+        after: Bytes of the new optimizers' state after the first step (:func:`optimizer_state_bytes`), ``None``
+            before it.
+
+    Returns:
+        The line, e.g. ``"OptimizerSwap: optimizer state 0.81 MiB after the first step (AdamW: 3.09 MiB, 26.2%)"``.
+    """
+    measured = "not measured yet" if after is None else _mib(after)
+    old = ", ".join(type(result.old).__name__ for result in results) or "the original optimizer"
+    if before is None:
+        text = f"{old}: unknown"
+    else:
+        text = f"{old}: {_mib(before)}"
+        if after is not None and before:
+            text += f", {after / before:.1%}"
+    if any(result.saves_nothing for result in results):
+        text += "; nothing is stored in 8 bits: every trainable tensor is under `min_8bit_size` or kept 32-bit"
+    return f"{owner}: optimizer state {measured} after the first step ({text})"
+
+
+def _mib(value: int) -> str:
+    return f"{value / 2**20:.2f} MiB"
+
+
 # --------------------------------------------------------------------------------------------------------- helpers
 
 
@@ -690,7 +731,8 @@ def _kept_params(
         rule = keep_32bit
         chosen = {id(p) for name, p in module.named_parameters(remove_duplicate=False) if rule(name, p)}
     kept = [p for p in _unique_params(optimizer) if id(p) in chosen]
-    return kept, tuple(name for p in kept for name in names.get(id(p), ()))
+    # a frozen parameter gets no state at all: it is counted in the frozen row, not named as kept 32-bit
+    return kept, tuple(name for p in kept if p.requires_grad for name in names.get(id(p), ()))
 
 
 def _repoint(scheduler: Any, old: Optimizer, new: Optimizer) -> int:

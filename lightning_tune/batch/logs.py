@@ -1,0 +1,103 @@
+"""What a ``training_step`` logs while its step runs as micro-batches: one value per key, as the uncut step's.
+
+A module that logs ``self.log("train_loss", loss)`` in ``training_step`` logs it once per micro-batch when the step is
+cut; the last micro-batch (under length grouping, the shortest samples) would stand for the step. :class:`StepLogs`
+collects the micro-batches' values with their weights and gives back one value per key for the step.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from numbers import Real
+from typing import Any
+
+import torch
+from torch import Tensor
+
+__all__ = ["StepLogs"]
+
+_REDUCTIONS: dict[Any, str] = {
+    "mean": "mean",
+    "avg": "mean",
+    "sum": "sum",
+    "max": "max",
+    "min": "min",
+    torch.mean: "mean",
+    torch.sum: "sum",
+    torch.max: "max",
+    torch.min: "min",
+}
+
+
+_COMBINE: dict[str, Callable[[Tensor], Tensor]] = {"sum": torch.sum, "max": torch.max, "min": torch.min}
+
+
+class StepLogs:
+    """Collect the values the micro-batches of a step log and combine them into the step's values.
+
+    Each micro-batch's value is weighted as its loss is (its share of the step's samples, or of its label tokens): a
+    mean over the step (a loss, an accuracy) is the weighted mean of the micro-batches' means, whatever the cut. A
+    key logged with ``reduce_fx`` ``"sum"``, ``"max"`` or ``"min"`` combines its values that way. A value that is not a
+    number or a one-element tensor (a ``torchmetrics`` metric, which accumulates on its own) is not collected.
+
+    Attributes:
+        weight: The weight of the micro-batch that runs now (set before it runs).
+
+    Example:
+        >>> logs = StepLogs()
+        >>> logs.weight = 0.75
+        >>> logs.add("train_loss", torch.tensor(2.0), {"prog_bar": True})
+        True
+        >>> logs.weight = 0.25
+        >>> logs.add("train_loss", torch.tensor(4.0), {"prog_bar": True})
+        True
+        >>> [(name, round(float(value), 4), options) for name, value, options in logs.values()]
+        [('train_loss', 2.5, {'prog_bar': True})]
+    """
+
+    def __init__(self) -> None:
+        self.weight = 1.0
+        self._keys: dict[str, tuple[list[Any], list[float], list[Any], dict[str, Any]]] = {}
+
+    def clear(self) -> None:
+        """Forget what was collected (a step starts, or starts again after an out-of-memory error)."""
+        self._keys = {}
+
+    def add(self, name: str, value: Any, options: dict[str, Any]) -> bool:
+        """Collect ``value`` for ``name`` at :attr:`weight`; ``False`` (nothing kept) for a value it cannot combine.
+
+        Args:
+            name: The key.
+            value: What the micro-batch logged.
+            options: The other arguments of ``LightningModule.log`` (``batch_size`` is summed over the micro-batches
+                when each gave one).
+        """
+        if isinstance(value, Tensor):
+            if value.numel() != 1 or value.is_complex():
+                return False
+            value = value.detach()
+        elif not isinstance(value, Real):
+            return False
+        if _REDUCTIONS.get(options.get("reduce_fx", "mean")) is None:
+            return False  # a reduction of the user's own: the micro-batches' values cannot be combined for it
+        values, weights, sizes, _ = self._keys.setdefault(name, ([], [], [], dict(options)))
+        values.append(value)
+        weights.append(self.weight)
+        sizes.append(options.get("batch_size"))
+        return True
+
+    def values(self) -> Iterator[tuple[str, Any, dict[str, Any]]]:
+        """Each key with the step's value and the options to log it with (those of its first micro-batch)."""
+        for name, (values, weights, sizes, options) in self._keys.items():
+            how = _REDUCTIONS[options.get("reduce_fx", "mean")]
+            if how == "mean":  # tensor times float: no copy to the device, no wait for it
+                total = sum(weights)
+                value: Any = sum((v * (w / total) for v, w in zip(values, weights, strict=True)), start=0.0)
+            else:
+                device = next((v.device for v in values if isinstance(v, Tensor)), torch.device("cpu"))
+                value = _COMBINE[how](torch.stack([torch.as_tensor(v, device=device).double() for v in values]))
+            value = value.float() if isinstance(value, Tensor) else float(value)
+            out = dict(options)
+            if "batch_size" in out:
+                out["batch_size"] = sum(sizes) if all(s is not None for s in sizes) else None
+            yield name, value, out

@@ -1,0 +1,437 @@
+"""The loss swap: linear_cross_entropy against F.cross_entropy, swapped Hugging Face models against unswapped ones."""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+import torch
+import torch.nn.functional as F
+import transformers
+from lightning.pytorch import Callback, LightningModule
+from torch import Tensor, nn
+from torch.utils.data import DataLoader
+
+import lightning_tune as lt
+from lightning_tune.callbacks import LossSwap
+from lightning_tune.plan import measure_memory
+from lightning_tune.swaps import linear_cross_entropy, swap_loss
+from tests.helpers import make_trainer, run_ddp_script
+from tests.hf_data import TokenDataset, lm_collator
+
+VOCAB = 1000
+TINY = {"vocab_size": VOCAB, "hidden_size": 32, "num_hidden_layers": 2, "num_attention_heads": 4}
+
+
+def llama() -> nn.Module:
+    return transformers.LlamaForCausalLM(transformers.LlamaConfig(**TINY, intermediate_size=64, num_key_value_heads=2))
+
+
+def llama_with_bias() -> nn.Module:
+    model = llama()
+    model.lm_head = nn.Linear(32, VOCAB, bias=True)
+    return model
+
+
+def mistral() -> nn.Module:
+    config = transformers.MistralConfig(**TINY, intermediate_size=64, num_key_value_heads=2)
+    return transformers.MistralForCausalLM(config)
+
+
+def qwen2() -> nn.Module:
+    return transformers.Qwen2ForCausalLM(transformers.Qwen2Config(**TINY, intermediate_size=64, num_key_value_heads=2))
+
+
+def gemma() -> nn.Module:  # tied embeddings, scaled input embeddings
+    config = transformers.GemmaConfig(**TINY, intermediate_size=64, num_key_value_heads=2, head_dim=8)
+    return transformers.GemmaForCausalLM(config)
+
+
+def gemma2() -> nn.Module:  # final_logit_softcapping
+    config = transformers.Gemma2Config(
+        **TINY, intermediate_size=64, num_key_value_heads=2, head_dim=8, final_logit_softcapping=2.0
+    )
+    return transformers.Gemma2ForCausalLM(config)
+
+
+def gpt2() -> nn.Module:  # tied embeddings, Conv1D layers
+    config = transformers.GPT2Config(
+        vocab_size=VOCAB, n_embd=32, n_layer=2, n_head=4, resid_pdrop=0, embd_pdrop=0, attn_pdrop=0, bos_token_id=0
+    )
+    config.eos_token_id = 0
+    return transformers.GPT2LMHeadModel(config)
+
+
+FAMILIES = [
+    pytest.param(llama, id="llama"),
+    pytest.param(llama_with_bias, id="llama-head-bias"),
+    pytest.param(mistral, id="mistral"),
+    pytest.param(qwen2, id="qwen2"),
+    pytest.param(gemma, id="gemma"),
+    pytest.param(gemma2, id="gemma2-softcap"),
+    pytest.param(gpt2, id="gpt2"),
+]
+
+
+def build(factory: Callable[[], nn.Module]) -> nn.Module:
+    torch.manual_seed(0)
+    return factory().train()
+
+
+@functools.cache
+def _collated(lengths: tuple[int, ...]) -> dict[str, Tensor]:
+    return dict(lm_collator()([TokenDataset(list(lengths))[i] for i in range(len(lengths))]))
+
+
+def collated(lengths: list[int]) -> dict[str, Tensor]:
+    """A Hugging Face collator's batch: right padding, labels -100 at padding."""
+    return {key: value.clone() for key, value in _collated(tuple(lengths)).items()}
+
+
+def padded_batch() -> dict[str, Tensor]:
+    batch = collated([12, 5, 9])
+    batch["labels"][2] = -100  # a row whose labels are all ignored (a prompt-only sample)
+    return batch
+
+
+BATCHES = [
+    pytest.param(lambda: collated([10, 10]), id="no-padding"),
+    pytest.param(padded_batch, id="padding-and-an-ignored-row"),
+]
+
+
+def loss_and_grads(model: nn.Module, batch: dict[str, Tensor], **kwargs: Any) -> tuple[Tensor, dict[str, Tensor]]:
+    model.zero_grad(set_to_none=True)
+    loss = model(**batch, **kwargs).loss
+    loss.backward()
+    return loss.detach(), {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
+
+
+def assert_same(got: tuple[Tensor, dict[str, Tensor]], want: tuple[Tensor, dict[str, Tensor]], atol: float) -> None:
+    torch.testing.assert_close(got[0], want[0], atol=atol, rtol=0)
+    assert got[1].keys() == want[1].keys()
+    for name, grad in want[1].items():
+        torch.testing.assert_close(got[1][name], grad, atol=atol, rtol=0, msg=lambda m, n=name: f"{n}: {m}")
+
+
+# ------------------------------------------------------------------------------------------------ the function
+
+
+@pytest.mark.parametrize("reduction", ["mean", "sum", "none"])
+@pytest.mark.parametrize(("bias", "softcap"), [(False, None), (True, 3.0)], ids=["plain", "bias-softcap"])
+def test_linear_cross_entropy_matches_cross_entropy(reduction: str, bias: bool, softcap: float | None) -> None:
+    torch.manual_seed(0)
+    hidden = torch.randn(3, 7, 16, requires_grad=True)
+    weight = torch.randn(50, 16, requires_grad=True)
+    head_bias = torch.randn(50, requires_grad=True) if bias else None
+    labels = torch.randint(0, 50, (3, 7))
+    labels[0] = -100
+    labels[1, 3] = -100
+    got = linear_cross_entropy(
+        hidden,
+        weight,
+        labels,
+        bias=head_bias,
+        reduction=reduction,
+        shift=True,
+        chunk_size=4,
+        softcap=softcap,  # type: ignore[arg-type]
+    )
+    logits = F.linear(hidden, weight, head_bias)
+    if softcap is not None:
+        logits = softcap * torch.tanh(logits / softcap)
+    shifted = F.pad(labels, (0, 1), value=-100)[..., 1:]
+    want = F.cross_entropy(logits.flatten(0, 1), shifted.flatten(), reduction=reduction).view_as(got)
+    torch.testing.assert_close(got, want, atol=1e-5, rtol=0)
+    upstream = torch.randn_like(got)
+    inputs = [t for t in (hidden, weight, head_bias) if t is not None]
+    for g, w in zip(
+        torch.autograd.grad(got, inputs, upstream), torch.autograd.grad(want, inputs, upstream), strict=True
+    ):
+        torch.testing.assert_close(g, w, atol=1e-5, rtol=0)
+
+
+def test_all_ignored_labels_give_nan_as_cross_entropy_does_and_no_gradient() -> None:
+    hidden, weight = torch.randn(2, 4, 8, requires_grad=True), torch.randn(11, 8)
+    labels = torch.full((2, 4), -100)
+    assert torch.isnan(linear_cross_entropy(hidden, weight, labels))
+    assert torch.isnan(F.cross_entropy((hidden @ weight.T).flatten(0, 1), labels.flatten()))
+    loss = linear_cross_entropy(hidden, weight, labels, reduction="sum")
+    loss.backward()
+    assert loss.item() == 0.0 and hidden.grad is not None and not hidden.grad.any()
+
+
+def test_frozen_weight_gets_no_gradient_and_grads_keep_the_input_dtype() -> None:
+    hidden = torch.randn(2, 6, 8, dtype=torch.bfloat16, requires_grad=True)
+    weight = torch.randn(30, 8)  # float32, frozen: autocast runs the product in bfloat16
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        loss = linear_cross_entropy(hidden, weight, torch.randint(0, 30, (2, 6)))
+    assert loss.dtype == torch.float32
+    loss.backward()
+    assert weight.grad is None and hidden.grad is not None and hidden.grad.dtype == torch.bfloat16
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "error", "message"),
+    [
+        pytest.param({"reduction": "avg"}, ValueError, "`reduction` must be one of", id="reduction"),
+        pytest.param({"chunk_size": 0}, ValueError, "`chunk_size` must be an integer >= 1, got 0", id="chunk"),
+        pytest.param({"softcap": -1.0}, ValueError, r"`softcap` must be in \(0, inf\], got -1.0", id="softcap"),
+        pytest.param({"ignore_index": None}, TypeError, "`ignore_index` must be an integer, got None", id="ignore"),
+        pytest.param(
+            {"labels": torch.zeros(2, 4)}, TypeError, "`labels` must hold integer class ids", id="float-labels"
+        ),
+        pytest.param(
+            {"labels": torch.zeros(2, 5, dtype=torch.long)}, ValueError, r"`labels` must have shape", id="shape"
+        ),
+        pytest.param({"weight": torch.zeros(9, 7)}, ValueError, r"`weight` must have shape \[vocab, 8\]", id="weight"),
+    ],
+)
+def test_linear_cross_entropy_bad_inputs(kwargs: dict[str, Any], error: type, message: str) -> None:
+    args: dict[str, Any] = {"hidden": torch.zeros(2, 4, 8), "weight": torch.zeros(9, 8), "labels": torch.zeros(2, 4)}
+    args["labels"] = args["labels"].long()
+    args.update(kwargs)
+    with pytest.raises(error, match=message):
+        linear_cross_entropy(**args)
+
+
+# ------------------------------------------------------------------------------------------- Hugging Face models
+
+
+@pytest.mark.parametrize("make_batch", BATCHES)
+@pytest.mark.parametrize("factory", FAMILIES)
+def test_swapped_model_matches_hugging_face_loss_and_gradients(
+    factory: Callable[[], nn.Module], make_batch: Callable[[], dict[str, Tensor]]
+) -> None:
+    model, batch = build(factory), make_batch()
+    want = loss_and_grads(model, batch)
+    with swap_loss(model, "chunked", chunk_size=7):
+        got = loss_and_grads(model, batch)
+    assert_same(got, want, atol=1e-5)
+
+
+def test_num_items_in_batch_and_shift_labels_are_honoured() -> None:
+    model, batch = build(llama), padded_batch()
+    shifted = F.pad(batch["labels"], (0, 1), value=-100)[..., 1:].contiguous()
+    for kwargs in ({"num_items_in_batch": torch.tensor(40)}, {"shift_labels": shifted}):
+        want = loss_and_grads(model, batch, **kwargs)
+        with swap_loss(model, "chunked"):
+            got = loss_and_grads(model, batch, **kwargs)
+        assert_same(got, want, atol=1e-5)
+
+
+def test_with_hugging_face_gradient_checkpointing() -> None:
+    model, batch = build(qwen2), padded_batch()
+    model.gradient_checkpointing_enable()
+    want = loss_and_grads(model, batch)
+    with swap_loss(model, "chunked"):
+        got = loss_and_grads(model, batch)
+    assert_same(got, want, atol=1e-5)
+
+
+def test_bf16_autocast_stays_within_the_unswapped_bf16_error() -> None:
+    model, batch = build(llama), padded_batch()
+    exact = loss_and_grads(model, batch)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        plain = loss_and_grads(model, batch)
+        with swap_loss(model, "chunked"):
+            swapped = loss_and_grads(model, batch)
+    plain_error = (plain[0] - exact[0]).abs().item()
+    assert (swapped[0] - exact[0]).abs().item() <= 2 * plain_error + 1e-3
+    for name, grad in exact[1].items():
+        assert swapped[1][name].dtype == grad.dtype == torch.float32
+        bound = 2 * (plain[1][name] - grad).abs().max().item() + 1e-3
+        assert (swapped[1][name] - grad).abs().max().item() <= bound, name
+
+
+def test_swap_is_per_instance_and_restored() -> None:
+    model, other, batch = build(llama), build(llama), padded_batch()
+    result = swap_loss(model, "chunked")
+    assert other(**batch).logits.shape == (3, 12, VOCAB)  # a second model of the class is untouched
+    assert "forward" not in vars(other) and "forward" not in vars(model.lm_head)
+    with pytest.raises(AttributeError, match=r"has no `logits`.*LossSwap / TunePlugin\(loss=\.\.\.\)"):
+        _ = model(**batch).logits
+    assert model(input_ids=batch["input_ids"]).logits.shape == (3, 12, VOCAB)  # no labels: the model as it was
+    model.eval()
+    assert model(**batch).logits.shape == (3, 12, VOCAB)  # eval (validation, predict): the model as it was
+    model.train()
+    result.restore()
+    assert "forward" not in vars(model) and model(**batch).logits.shape == (3, 12, VOCAB)
+
+
+def test_peft_lora_with_a_frozen_head() -> None:
+    peft = pytest.importorskip("peft")
+    config = peft.LoraConfig(r=4, target_modules=["q_proj", "v_proj"])
+    model = peft.get_peft_model(build(llama), config).train()
+    batch = padded_batch()
+    want = loss_and_grads(model, batch)
+    with swap_loss(model, "chunked"):
+        got = loss_and_grads(model, batch)
+    assert_same(got, want, atol=1e-5)
+    assert got[1] and all("lora_" in name for name in got[1])  # the frozen head has no gradient
+
+
+def test_refusals_name_what_is_wrong() -> None:
+    scaled = build(llama)
+    scaled.config.logit_scale = 0.5
+    with pytest.raises(ValueError, match=r"scales its logits \(config.logit_scale=0.5\)"):
+        swap_loss(scaled, "chunked")
+    assert "forward" not in vars(scaled)
+    with pytest.raises(ValueError, match=r"`backend='liger'` needs a CUDA device.*got device 'cpu'"):
+        swap_loss(build(llama), "liger", device="cpu")
+    with pytest.raises(ValueError, match=r"`backend` must be one of 'auto', 'chunked', 'liger', got 'fast'"):
+        LossSwap("fast")  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match=r"`loss` must be one of 'auto', 'chunked', 'liger', got 'fused'"):
+        lt.TunePlugin(loss="fused")  # type: ignore[arg-type]
+
+
+def test_auto_is_chunked_off_cuda_and_says_so() -> None:
+    said: list[str] = []
+    result = swap_loss(build(gpt2), "auto", device="cpu", notify=said.append)
+    assert result.backend == "chunked" and said == [
+        "Loss swap: backend 'auto' chose 'chunked' (the device is cpu, not CUDA)"
+    ]
+
+
+# ------------------------------------------------------------------------------------------------- in a Trainer
+
+
+class CausalLM(LightningModule):
+    """A user's module: training reads only the loss, validation reads the logits (accuracy)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.model = build(llama)
+        self.val_accuracy: list[float] = []
+        self.kept_logits: list[bool] = []
+
+    def training_step(self, batch: dict[str, Tensor], batch_idx: int) -> Tensor:
+        out = self.model(**batch)
+        self.kept_logits.append("logits" in out)
+        return out.loss
+
+    def validation_step(self, batch: dict[str, Tensor], batch_idx: int) -> None:
+        logits = self.model(**batch).logits
+        self.val_accuracy.append((logits.argmax(-1) == batch["input_ids"]).float().mean().item())
+
+    def configure_optimizers(self) -> torch.optim.Optimizer:
+        return torch.optim.SGD(self.parameters(), lr=0.5)
+
+
+@pytest.mark.parametrize("how", ["callback", "plugin"])
+def test_trainer_run_matches_the_unswapped_run(tmp_path: Any, how: str) -> None:
+    batches = [padded_batch(), collated([10, 10])]
+
+    def fit(swap: bool) -> CausalLM:
+        module = CausalLM()
+        extra: dict[str, Any] = {"max_steps": 2, "limit_val_batches": 1, "val_check_interval": 2}
+        if swap and how == "plugin":
+            extra["plugins"] = [lt.TunePlugin("32-true", loss="chunked")]
+        callbacks = [LossSwap("chunked")] if swap and how == "callback" else []
+        loaders = DataLoader(batches, batch_size=None), DataLoader(batches[:1], batch_size=None)
+        make_trainer(tmp_path, callbacks, **extra).fit(module, *loaders)
+        return module
+
+    plain, swapped = fit(False), fit(True)
+    assert plain.kept_logits == [True, True] and swapped.kept_logits == [False, False]
+    assert "forward" not in vars(swapped.model)  # teardown restored it
+    assert swapped.val_accuracy == plain.val_accuracy and len(plain.val_accuracy) == 1  # validation had its logits
+    for (name, want), got in zip(plain.named_parameters(), swapped.parameters(), strict=True):
+        torch.testing.assert_close(got, want, atol=1e-5, rtol=0, msg=lambda m, n=name: f"{n}: {m}")
+
+
+# ------------------------------------------------------------------------------------------------------ memory
+
+
+def test_measured_bytes_per_sample_fall_by_the_logits_and_become_batch(tmp_path: Any) -> None:
+    """A large-vocabulary, narrow model on fake tensors: the logits are most of what a sample costs. DynamicBatchSize
+    on a device priced from the two measurements settles at a micro-batch as much larger as a sample is cheaper."""
+    config = transformers.LlamaConfig(
+        vocab_size=32_000, hidden_size=128, intermediate_size=256, num_hidden_layers=2, num_attention_heads=4
+    )
+    with torch.device("meta"):
+        model = transformers.LlamaForCausalLM(config).train()
+
+    def batch(size: int) -> dict[str, Tensor]:
+        ids = torch.randint(0, 32_000, (size, 128))
+        return {"input_ids": ids, "labels": ids}
+
+    plain = measure_memory(model, batch, precision="bf16-mixed")
+    with swap_loss(model, "chunked", chunk_size=32):
+        swapped = measure_memory(model, batch, precision="bf16-mixed")
+    before, after = plain.bytes_per_sample, swapped.bytes_per_sample
+    logits = 128 * 32_000 * 4  # one sample's logits in float32
+    assert before - after >= 2 * logits  # at least the float32 logits and their gradient are gone
+    assert after < 0.1 * before
+
+    from tests.test_dynamic_batch import Net, fit
+
+    settled = []
+    for estimate in (plain, swapped):  # a device on which 8 unswapped samples fit under the 0.9 target
+        budget = estimate.fixed_bytes + 8 * before
+        memory = lt.SimulatedMemory(
+            total_bytes=int(budget / 0.9) + 1,
+            fixed_bytes=estimate.fixed_bytes,
+            bytes_per_sample=estimate.bytes_per_sample,
+        )
+        dyn = lt.DynamicBatchSize(0.9, adjust_every=1, keep="none", max_batch_size=1024, probe=memory)
+        fit(Net(batch_size=2, n=20_000), [dyn], tmp_path, max_steps=6)
+        settled.append(dyn.batch_size)
+    assert settled[0] == 8
+    fit_swapped = (budget - swapped.fixed_bytes) // after  # as many samples as fit at the swapped cost: 221
+    assert settled[1] == fit_swapped // 8 * 8  # on DynamicBatchSize's grid (multiple_of=8): 27x the unswapped batch
+
+
+def test_demo_gpt_loss_and_gradients_match_and_it_trains_with_the_callback(tmp_path: Any) -> None:
+    from lightning_tune.demos import GPT, DemoGPT, GPTConfig, SyntheticTokenDataModule
+
+    config = GPTConfig(vocab_size=500, seq_len=16, d_model=32, n_layers=2, n_heads=4, dropout=0.0)
+    torch.manual_seed(0)
+    model = GPT(config).train()
+    ids, targets = torch.randint(0, 500, (2, 16)), torch.randint(0, 500, (2, 16))
+    targets[1, 5:] = -100
+    want = loss_and_grads_of(lambda: model(ids, targets), model)
+    with swap_loss(model, "chunked", chunk_size=5) as result:
+        assert [entry.module_type for entry in result.entries] == ["GPT"]
+        got = loss_and_grads_of(lambda: model(ids, targets), model)
+        assert model(ids).shape == (2, 16, 500)  # no targets: the logits
+    assert_same(got, want, atol=1e-5)
+
+    module = DemoGPT(config)
+    data = SyntheticTokenDataModule(4, seq_len=16, vocab_size=500, train_sequences=8, val_sequences=4)
+    swapped: list[bool] = []
+
+    class Seen(Callback):
+        def on_train_batch_end(self, trainer: Any, pl_module: Any, *args: Any) -> None:
+            swapped.append("forward" in vars(pl_module.model))
+
+    make_trainer(tmp_path, [LossSwap("chunked"), Seen()], max_steps=2).fit(module, datamodule=data)
+    assert swapped == [True, True] and "forward" not in vars(module.model)
+
+
+def loss_and_grads_of(run: Callable[[], Tensor], model: nn.Module) -> tuple[Tensor, dict[str, Tensor]]:
+    model.zero_grad(set_to_none=True)
+    loss = run()
+    loss.backward()
+    return loss.detach(), {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
+
+
+def test_estimate_memory_shows_the_logits_term_and_what_the_swap_leaves() -> None:
+    plain = lt.estimate_memory("llama-3.2-1b", sequence_length=2048, precision="bf16-mixed")
+    swapped = lt.estimate_memory("llama-3.2-1b", sequence_length=2048, precision="bf16-mixed", loss_swap=True)
+    vocab, hidden = 128_256, 2048
+    assert plain.bytes_per_sample - swapped.bytes_per_sample == 2048 * (vocab * (2 + 8) - 2 * hidden * 4)
+    assert plain.fixed_bytes == swapped.fixed_bytes
+    assert "logits and loss: 2.45 GiB per sample (the loss swap leaves 32.0 MiB)" in plain.notes
+    assert "logits and loss: 32.0 MiB per sample with the loss swap (2.45 GiB without)" in swapped.notes
+
+
+@pytest.mark.slow
+def test_ddp_replicas_match_the_unswapped_ddp_run(tmp_path: Any) -> None:
+    ranks = run_ddp_script("ddp_loss_swap_script.py", tmp_path)
+    for rank in ranks:
+        assert rank["kept_logits"] == [[True, True], [False, False]] and rank["restored"]
+        assert rank["difference"] <= 1e-5  # the swapped run's weights are the unswapped run's
+    assert ranks[0]["checksum"] == ranks[1]["checksum"]  # gradients were all-reduced: identical replicas
