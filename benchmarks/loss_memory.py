@@ -7,18 +7,30 @@ vocabulary of 128,256 (Llama 3) and of 32,000 (Llama 2, Mistral). The swap's cla
 fall by at least 40 %.
 
     python benchmarks/loss_memory.py
+
+:func:`part` is the suite's ``loss`` part: real training steps of a Llama-shaped model built from its config at a
+32k vocabulary, without the swap, with ``swap_loss(model, "chunked")`` and with ``"liger"`` (CUDA with liger-kernel
+installed; elsewhere the row says why it was not measured): peak reserved memory, tokens/s and each step's loss
+against the unswapped run's, on the same batches from the same initial weights.
 """
 
 from __future__ import annotations
 
 import argparse
+import sys
 import time
+from pathlib import Path
+from typing import Any
 
 import torch
 import transformers
 
-from lightning_tune.plan import measure_memory
-from lightning_tune.swaps import swap_loss
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _results import Rows, calibrate, plan  # noqa: E402
+
+from lightning_tune import _imports  # noqa: E402
+from lightning_tune.plan import measure_memory  # noqa: E402
+from lightning_tune.swaps import swap_loss  # noqa: E402
 
 GIB = float(1 << 30)
 
@@ -44,6 +56,99 @@ def per_sample(model: torch.nn.Module, vocab: int, seq: int, precision: str) -> 
         return {"input_ids": ids, "labels": ids}
 
     return measure_memory(model, batch, precision=precision, for_device="cuda").bytes_per_sample  # type: ignore[arg-type]
+
+
+#: the suite part's settings: name -> label
+LOSS_ROWS = {"none": "no swap (the model's logits)", "chunked": 'swap_loss("chunked")', "liger": 'swap_loss("liger")'}
+
+
+def train(setting: str, sizes: dict[str, int], device: torch.device, steps: int) -> dict[str, Any]:
+    """``steps`` AdamW steps of a fresh Llama (seed 0) on seeded random batches, with the loss swapped or not."""
+    torch.manual_seed(0)
+    heads = max(sizes["hidden"] // 64, 2)
+    config = transformers.LlamaConfig(
+        vocab_size=sizes["vocab"],
+        hidden_size=sizes["hidden"],
+        intermediate_size=4 * sizes["hidden"],
+        num_hidden_layers=sizes["layers"],
+        num_attention_heads=heads,
+        num_key_value_heads=heads // 2,
+    )
+    model = transformers.LlamaForCausalLM(config).to(device).train()
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4)
+    generator = torch.Generator().manual_seed(1)
+    shape = (sizes["batch"], sizes["seq"])
+    batches = [torch.randint(0, sizes["vocab"], shape, generator=generator).to(device) for _ in range(steps)]
+    swap = None if setting == "none" else swap_loss(model, setting, device=device)
+    cuda = device.type == "cuda"
+    if cuda:
+        torch.cuda.empty_cache()
+        torch.cuda.reset_peak_memory_stats(device)
+        torch.cuda.synchronize(device)
+    losses, start = [], time.perf_counter()
+    for ids in batches:
+        with torch.autocast(device.type, dtype=torch.bfloat16, enabled=cuda):
+            loss = model(input_ids=ids, labels=ids).loss
+        loss.backward()
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+        losses.append(loss.detach())
+    if cuda:
+        torch.cuda.synchronize(device)
+    seconds = time.perf_counter() - start
+    if swap is not None:
+        swap.restore()
+    peak = torch.cuda.max_memory_reserved(device) / GIB if cuda else None
+    return {"losses": [float(x) for x in losses], "seconds": seconds, "peak_reserved_gib": peak,
+            "tokens_per_s": steps * sizes["batch"] * sizes["seq"] / seconds}  # fmt: skip
+
+
+def part(rows: Rows, *, smoke: bool) -> str:
+    """The suite's part: each setting calibrated, then one run of the steps the share allows, each run a row."""
+    if smoke:
+        sizes, device = {"vocab": 512, "hidden": 32, "layers": 1, "seq": 32, "batch": 2}, torch.device("cpu")
+    else:
+        sizes, device = {"vocab": 32_768, "hidden": 1024, "layers": 8, "seq": 2048, "batch": 8}, torch.device("cuda")
+    settings = ["none", "chunked", "liger"]
+    if not (device.type == "cuda" and _imports.is_available("liger_kernel")):
+        settings.remove("liger")
+        reason = f"needs CUDA and liger-kernel; device {device.type}, liger-kernel " + (
+            "installed" if _imports.is_available("liger_kernel") else "not installed"
+        )
+        rows.add("skipped", {"setting": "liger", "reason": reason})
+        rows.text(f"{LOSS_ROWS['liger']}: not measured ({reason}).")
+    rows.text(f"Llama from its config, {sizes}, AdamW, {'bf16 autocast' if device.type == 'cuda' else 'fp32'}.")
+    costs = {s: calibrate(rows, s, lambda n, s=s: train(s, sizes, device, n), steps=2, setting=s)[0] for s in settings}
+    steps, _ = plan(rows.left(), list(costs.values()), lo=2, hi=4 if smoke else 30)
+    rows.choose(steps=steps, **sizes)
+    rows.table("Loss", "peak reserved GiB", "tokens/s", "vs no swap", "largest loss gap to no swap")
+    measured: dict[str, dict[str, Any]] = {}
+    for setting in settings:
+        if not rows.fits(costs[setting](steps), f"{setting}, {steps} steps"):
+            continue
+        got = measured[setting] = train(setting, sizes, device, steps)
+        base = measured.get("none")
+        gap = max(abs(a - b) for a, b in zip(got["losses"], base["losses"], strict=True)) if base else None
+        ratio = got["tokens_per_s"] / base["tokens_per_s"] if base else None
+        got["loss_gap"] = gap
+        rows.add("run", {"setting": setting, "steps": steps, **sizes, **got}, [
+            LOSS_ROWS[setting], "-" if got["peak_reserved_gib"] is None else f"{got['peak_reserved_gib']:.2f}",
+            f"{got['tokens_per_s']:.0f}", "-" if ratio is None else f"{ratio:.2f}x",
+            "-" if gap is None else f"{gap:.2e}"])  # fmt: skip
+    base = measured.get("none")
+    return (
+        "; ".join(
+            f"{s}: {r['tokens_per_s'] / base['tokens_per_s']:.2f}x tokens/s, loss gap {r['loss_gap']:.1e}"
+            + (
+                ""
+                if r["peak_reserved_gib"] is None
+                else f", {r['peak_reserved_gib']:.1f} vs {base['peak_reserved_gib']:.1f} GiB"
+            )
+            for s, r in measured.items()
+            if s != "none" and base
+        )
+        or "no swapped run measured"
+    )
 
 
 def main() -> None:

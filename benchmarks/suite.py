@@ -13,6 +13,9 @@ Part               What it measures (script that holds its code)
                    mid-run (``dynamic_batch.py``)
 ``varlen``         padded dict batches of long-tailed lengths: the user's fixed batch / a length-grouped sampler /
                    DynamicBatchSize with a token budget (``varlen.py``)
+``loss``           a Llama from its config at a 32k vocabulary without the loss swap / ``"chunked"`` / ``"liger"``
+                   (CUDA with liger-kernel): peak reserved, tokens/s, loss against the unswapped run's
+                   (``loss_memory.py``)
 ``monitor``        no monitor / Lightning ThroughputMonitor / ThroughputLatencyMonitor (``monitor_overhead.py``)
 ``optimizers``     AdamW / fused AdamW / AdamW8bit / PagedAdamW8bit (``swaps.py``)
 ``attention``      eager / the model's own SDPA / ``AttentionSwap("sdpa")`` / flash-attn, bf16 (``swaps.py``)
@@ -53,6 +56,7 @@ PARTS: dict[str, float] = {
     "pack": 0.18,
     "dynamic-batch": 0.20,
     "varlen": 0.12,
+    "loss": 0.05,
     "monitor": 0.07,
     "optimizers": 0.08,
     "attention": 0.09,
@@ -63,6 +67,7 @@ TITLES = {
     "pack": "The pack on the demo GPT",
     "dynamic-batch": "DynamicBatchSize where memory binds",
     "varlen": "Variable-length fine-tune batches",
+    "loss": "The loss swap on a Llama, 32k vocabulary",
     "monitor": "Monitor overhead",
     "optimizers": "Optimizers on the demo GPT",
     "attention": "Attention on the demo GPT",
@@ -107,6 +112,7 @@ def _runner(part: str) -> Callable[..., str]:
         "pack": "pack",
         "dynamic-batch": "dynamic_batch",
         "varlen": "varlen",
+        "loss": "loss_memory",
         "monitor": "monitor_overhead",
         "optimizers": "swaps",
         "attention": "swaps",

@@ -66,7 +66,17 @@ def test_smoke_suite_calibrates_and_writes_every_part_row_by_row(tmp_path: Path)
     )
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     parts = list(_suite().PARTS)
-    assert parts == ["gpu-tests", "pack", "dynamic-batch", "varlen", "monitor", "optimizers", "attention", "planner"]
+    assert parts == [
+        "gpu-tests",
+        "pack",
+        "dynamic-batch",
+        "varlen",
+        "loss",
+        "monitor",
+        "optimizers",
+        "attention",
+        "planner",
+    ]
     status = json.loads((out / "suite.json").read_text())
     assert {name: entry["status"] for name, entry in status["parts"].items()} == dict.fromkeys(parts, "ok")
     rows: dict[str, list[dict[str, Any]]] = {}
@@ -121,6 +131,10 @@ def test_smoke_suite_calibrates_and_writes_every_part_row_by_row(tmp_path: Path)
     assert len({r["real_tokens"] for r in varlen.values()}) == 1  # the same samples in every run
     # grouping by length pads less than the user's batches, and the token budget's trimmed micro-batches less still
     assert varlen["dynamic"]["padding_frac"] < varlen["grouped"]["padding_frac"] < varlen["fixed"]["padding_frac"]
+    # loss: the swap ran on the same batches from the same weights and gave the unswapped losses; liger said why not
+    loss = {r["setting"]: r for r in kind("loss", "run")}
+    assert set(loss) == {"none", "chunked"} and loss["chunked"]["loss_gap"] < 1e-4
+    assert "needs CUDA and liger-kernel" in kind("loss", "skipped")[0]["reason"]
     # pack: its prior was measured with the batch made on `meta`, another device than the planner's (guards the
     # callable-batch device defect of measure_memory), and all three configurations ran
     assert {r["kind"] for r in kind("pack", "median")} == {"plain", "hand_tuned", "lightning_tune"}
@@ -218,7 +232,7 @@ def test_shares_and_plan() -> None:
         pytest.param("pack,monitor", ["pack", "monitor"], id="parts-in-priority-order"),
         pytest.param(
             None,
-            ["gpu-tests", "pack", "dynamic-batch", "varlen", "monitor", "optimizers", "attention", "planner"],
+            ["gpu-tests", "pack", "dynamic-batch", "varlen", "loss", "monitor", "optimizers", "attention", "planner"],
             id="all",
         ),  # fmt: skip
     ],

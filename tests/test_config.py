@@ -214,6 +214,7 @@ GUIDE_BLOCKS = [
     ),
     pytest.param({"optimizer": "adamw_8bit"}, None, id="8bit"),
     pytest.param({"attention": {"implementation": "flash_attention_2"}}, None, id="attention"),
+    pytest.param({"loss": "chunked"}, None, id="loss"),
     pytest.param(
         {"model_parallel": {"enabled": True, "tensor_parallel_size": 4, "pipeline_parallel_size": 1}},
         "`training.model_parallel.enabled` cannot be honoured",
@@ -351,6 +352,13 @@ def deepspeed_stub(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setitem(sys.modules, "deepspeed", stub)
     monkeypatch.setattr(lightning_deepspeed, "_DEEPSPEED_AVAILABLE", True)
     monkeypatch.setattr(lightning_deepspeed, "_DEEPSPEED_GREATER_EQUAL_0_16", True)
+
+
+def test_loss_key_goes_to_the_plugin_and_liger_says_what_this_machine_lacks() -> None:
+    (plugin,) = from_config({"loss": "Chunked"}).trainer_kwargs()["plugins"]
+    assert isinstance(plugin, lt.TunePlugin) and (plugin.precision, plugin.loss) == ("32-true", "chunked")
+    with pytest.warns(UserWarning, match=r"`training\.loss` 'liger' needs a CUDA GPU"):
+        assert from_config({"loss": "liger"}).loss == "liger"
 
 
 def test_cpu_offload_builds_lightnings_deepspeed_config(deepspeed_stub: None) -> None:
@@ -637,6 +645,12 @@ BAD = [
         id="attention-key",
     ),
     pytest.param(
+        {"loss": "fused"},
+        ValueError,
+        "`training.loss` must be one of 'auto', 'chunked', 'liger', got 'fused'",
+        id="loss-unknown",
+    ),
+    pytest.param(
         {"gradient_checkpointing": {"enabled": True, "checkpoint_segments": 4}},
         ValueError,
         "`training.gradient_checkpointing.checkpoint_segments` cannot be honoured: lightning_tune checkpoints each "
@@ -811,7 +825,7 @@ def test_every_mistake_in_a_file_is_reported_at_once() -> None:
         "3 problems in the configuration:",
         "- unknown key `training.micro_bach_size` (did you mean `micro_batch_size`?); allowed keys here: `amp`, "
         "`attention`, `batch_size`, `checkpoint`, `compilation`, `cpu_offload`, `dataloader`, `dynamic_batch_size`, "
-        "`gradient_accumulation_steps`, `gradient_checkpointing`, `learning_rate`, `micro_batch_size`, "
+        "`gradient_accumulation_steps`, `gradient_checkpointing`, `learning_rate`, `loss`, `micro_batch_size`, "
         "`mixed_precision`, `model_parallel`, `multi_gpu`, `optimizer`, `precision`, `sequence_length`",
         "- `training.precision` must be one of 'auto', '32-true', '16-mixed', 'bf16-mixed', '16-true', 'bf16-true', "
         "'64-true', 'transformer-engine', 'transformer-engine-float16' (or an alias: '16', '32', '64', 'bf16', "

@@ -207,8 +207,9 @@ def test_swapped_model_matches_hugging_face_loss_and_gradients(
 ) -> None:
     model, batch = build(factory), make_batch()
     want = loss_and_grads(model, batch)
-    with swap_loss(model, "chunked", chunk_size=7):
+    with swap_loss(model, "chunked", chunk_size=7) as result:
         got = loss_and_grads(model, batch)
+    assert [entry.module_type for entry in result.entries] == [type(model).__name__]  # it was swapped
     assert_same(got, want, atol=1e-5)
 
 
@@ -435,3 +436,36 @@ def test_ddp_replicas_match_the_unswapped_ddp_run(tmp_path: Any) -> None:
         assert rank["kept_logits"] == [[True, True], [False, False]] and rank["restored"]
         assert rank["difference"] <= 1e-5  # the swapped run's weights are the unswapped run's
     assert ranks[0]["checksum"] == ranks[1]["checksum"]  # gradients were all-reduced: identical replicas
+
+
+def test_token_weighted_dynamic_batches_give_the_unswapped_weights(tmp_path: Any) -> None:
+    """DynamicBatchSize cuts each step of padded long-tailed batches into micro-batches and weights their losses by
+    tokens; the swapped loss (no logits) must give that run's weights."""
+    from tests.hf_data import long_tailed_lengths
+    from tests.test_dynamic_batch_varlen import LM, tiny_gpt2
+
+    class Recording(LM):
+        kept_logits: list[bool]
+
+        def training_step(self, batch: Any, batch_idx: int) -> Tensor:
+            out = self.model(**batch)
+            self.kept_logits.append("logits" in out)
+            return out.loss
+
+    data, collate = TokenDataset(long_tailed_lengths(32, median=16, max_len=64, seed=2)), lm_collator()
+
+    def run(swap: bool) -> Recording:
+        memory = lt.SimulatedMemory(total_bytes=1 << 40, fixed_bytes=1 << 20, bytes_per_sample=1)
+        dyn = lt.DynamicBatchSize(probe=memory, adjust_every=1000, loss_weight="tokens")
+        module = Recording(tiny_gpt2(64), data, collate)
+        module.kept_logits = []
+        callbacks: list[Callback] = [dyn, LossSwap("chunked", chunk_size=7, verbose=False)] if swap else [dyn]
+        make_trainer(tmp_path, callbacks, accumulate_grad_batches=4, max_steps=1).fit(module)
+        assert dyn._micro_batches > 1  # the step really ran in micro-batches of unequal token counts
+        return module
+
+    plain, swapped = run(False), run(True)
+    assert set(plain.kept_logits) == {True} and set(swapped.kept_logits) == {False}
+    assert len(swapped.kept_logits) == len(plain.kept_logits) > 1
+    for (name, want), got in zip(plain.named_parameters(), swapped.parameters(), strict=True):
+        torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5, msg=lambda m, n=name: f"{n}: {m}")

@@ -30,7 +30,7 @@ from lightning_tune.config.precision import lightning_precision
 from lightning_tune.config.training import SCHEDULE_CALLBACKS, SCHEDULES, Schedule, TrainingConfig
 from lightning_tune.plugins.deepspeed import DeepSpeedSettings
 from lightning_tune.swaps.optimizer import TARGETS
-from lightning_tune.vocab import canonical_attention, canonical_optimizer
+from lightning_tune.vocab import canonical_attention, canonical_loss, canonical_optimizer
 
 __all__ = ["KEYS", "from_config", "load_config"]
 
@@ -110,6 +110,7 @@ KEYS: Final[dict[str, tuple[str, str, Convert | None]]] = {
     ),
     "attention": ("plugin", "attention", lambda p, v: canonical_attention(v, arg=p)),
     "attention.implementation": ("plugin", "attention", lambda p, v: canonical_attention(v, arg=p)),
+    "loss": ("plugin", "loss", lambda p, v: canonical_loss(v, arg=p)),
     "batch_size": ("batch", "batch_size", _int(1)),
     "micro_batch_size": ("batch", "micro_batch_size", _int(1)),
     "gradient_accumulation_steps": ("batch", "accumulate_grad_batches", _int(1)),
@@ -366,6 +367,7 @@ def _assemble(rules: _Rules, source: Any) -> TrainingConfig | None:
         dynamic_batch_kwargs=given["dynamic_batch"] if on["dynamic_batch"] else None,
         optimizer=optimizer,
         attention=given["plugin"].get("attention"),
+        loss=given["plugin"].get("loss"),
         checkpointing_blocks=blocks if on["checkpointing"] else None,
         compile_kwargs=given["compile"] if on["compile"] else None,
         deepspeed=deepspeed,
@@ -563,6 +565,11 @@ def _lacking(config: TrainingConfig, paths: dict[str, dict[str, str]]) -> list[s
         needs.append(
             f"`{paths['plugin']['attention']}` 'flash' needs {cuda} of compute capability 8.0 or newer{missing}"
         )
+    if config.loss == "liger" and not (gpus and _imports.is_available("liger_kernel")):
+        missing = (
+            "" if _imports.is_available("liger_kernel") else ", and liger-kernel (pip install 'lightning-tune[liger]')"
+        )
+        needs.append(f"`{paths['plugin']['loss']}` 'liger' needs {cuda}{missing}")
     if config.optimizer not in (None, "adamw_fused") and not _imports.is_available("bitsandbytes"):
         needs.append(
             f"`{paths['plugin']['optimizer']}` {config.optimizer!r} needs bitsandbytes "

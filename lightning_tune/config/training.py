@@ -19,7 +19,7 @@ from lightning_tune.callbacks.lr_schedule import LinearWarmup, OneCycle, WarmupC
 from lightning_tune.plugins.deepspeed import DeepSpeedSettings
 from lightning_tune.swaps.checkpointing import BlockTypes
 from lightning_tune.swaps.optimizer import TARGETS
-from lightning_tune.vocab import canonical_attention, canonical_optimizer, canonical_precision
+from lightning_tune.vocab import canonical_attention, canonical_loss, canonical_optimizer, canonical_precision
 
 if TYPE_CHECKING:
     from lightning.pytorch.strategies import Strategy
@@ -84,6 +84,7 @@ class TrainingConfig:
         dynamic_batch_kwargs: Arguments of ``DynamicBatchSize``, or ``None`` when off.
         optimizer: :class:`~lightning_tune.OptimizerSwap` name, or ``None`` to keep the module's optimizer.
         attention: :class:`~lightning_tune.AttentionSwap` backend, or ``None`` to leave attention alone.
+        loss: :class:`~lightning_tune.callbacks.LossSwap` backend, or ``None`` to leave the loss alone.
         checkpointing_blocks: ``None`` when activation checkpointing is off; ``"auto"`` to find the blocks, or the
             block classes/names.
         compile_kwargs: Arguments of :class:`~lightning_tune.callbacks.surgery.TorchCompile`, or ``None`` when off.
@@ -108,6 +109,7 @@ class TrainingConfig:
     dynamic_batch_kwargs: Mapping[str, Any] | None = None
     optimizer: str | None = None
     attention: str | None = None
+    loss: str | None = None
     checkpointing_blocks: BlockTypes | Literal["auto"] | None = None
     compile_kwargs: Mapping[str, Any] | None = None
     deepspeed: DeepSpeedSettings | None = None
@@ -125,6 +127,8 @@ class TrainingConfig:
             object.__setattr__(self, "optimizer", canonical_optimizer(self.optimizer, allowed=TARGETS))
         if self.attention is not None:
             object.__setattr__(self, "attention", canonical_attention(self.attention))
+        if self.loss is not None:
+            object.__setattr__(self, "loss", canonical_loss(self.loss))
         for name in ("micro_batch_size", "sequence_length", "accumulate_grad_batches", "checkpoint_every_n_steps"):
             check_int(name, getattr(self, name), minimum=1, allow_none=True)
         check_float("initial_lr", self.initial_lr, low=0.0, low_inclusive=False, allow_none=True)
@@ -182,7 +186,7 @@ class TrainingConfig:
     @property
     def uses_plugin(self) -> bool:
         """Whether a :class:`~lightning_tune.TunePlugin` carries the precision and the swaps."""
-        return self.precision is not None or self.optimizer is not None or self.attention is not None
+        return any(value is not None for value in (self.precision, self.optimizer, self.attention, self.loss))
 
     def callbacks(self) -> list[Callback]:
         """Fresh callbacks, in the order they must run.
@@ -236,6 +240,7 @@ class TrainingConfig:
                     self.precision or "32-true",  # type: ignore[arg-type]
                     optimizer=self.optimizer,  # type: ignore[arg-type]
                     attention=self.attention,  # type: ignore[arg-type]
+                    loss=self.loss,  # type: ignore[arg-type]
                 )
             )
         if self.async_checkpoint:

@@ -1,11 +1,11 @@
 """Compute a causal language model's training loss without its logits: :func:`swap_loss`.
 
-Each Hugging Face ``*ForCausalLM`` instance found in the model gets an instance-level ``forward`` (never a class
-patch), as does a module whose ``forward`` takes ``targets`` and whose output layer is ``head`` (the demo GPT; see
-:func:`find_causal_lms`). While the model is training and labels are given, that forward runs the model's own
-forward with its head replaced, for that call only, by a function that turns the hidden states straight into the
-loss, so the ``tokens x vocabulary`` logits are never made; the output's ``loss`` is the model's loss and it has no
-``logits``. Without labels, or in eval mode (validation, predict, generation), the model runs unchanged.
+Each Hugging Face ``*ForCausalLM`` (or ``GPT2LMHeadModel``) instance found in the model gets an instance-level
+``forward`` (never a class patch), as does a module whose ``forward`` takes ``targets`` and whose output layer is
+``head`` (the demo GPT; see :func:`find_causal_lms`). While the model is training and labels are given, that forward
+runs the model's own forward with its head replaced, for that call only, by a function that turns the hidden states
+straight into the loss, so the ``tokens x vocabulary`` logits are never made; the output's ``loss`` is the model's loss
+and it has no ``logits``. Without labels, or in eval mode (validation, predict, generation), the model runs unchanged.
 
 The loss is Hugging Face's ``ForCausalLMLoss``: labels shifted left by one (or the ``shift_labels`` given),
 ``ignore_index`` (-100 by default), a mean over the real tokens, or the sum divided by ``num_items_in_batch`` when it
@@ -223,7 +223,8 @@ def _head(model: nn.Module, kind: str) -> Any:
 
 def _kind(module: nn.Module, pretrained: type | None) -> str | None:
     if pretrained is not None and isinstance(module, pretrained):
-        return "transformers" if type(module).__name__.endswith("ForCausalLM") else None
+        name = type(module).__name__
+        return "transformers" if name.endswith("ForCausalLM") or name == "GPT2LMHeadModel" else None
     if isinstance(getattr(module, "head", None), nn.Linear):
         return "targets" if "targets" in inspect.signature(module.forward).parameters else None
     return None
@@ -232,9 +233,9 @@ def _kind(module: nn.Module, pretrained: type | None) -> str | None:
 def find_causal_lms(module: nn.Module) -> list[tuple[str, nn.Module, str]]:
     """The outermost causal LMs in ``module`` the loss swap knows, with their qualified names and kinds.
 
-    Kinds: ``"transformers"``, a Hugging Face ``*ForCausalLM``; ``"targets"``, a module whose ``forward`` takes
-    ``targets`` (aligned with the positions, ``-100`` ignored) and then returns the mean cross-entropy of its output
-    layer ``head``, an ``nn.Linear`` (the demo GPT).
+    Kinds: ``"transformers"``, a Hugging Face ``*ForCausalLM`` or ``GPT2LMHeadModel``; ``"targets"``, a module whose
+    ``forward`` takes ``targets`` (aligned with the positions, ``-100`` ignored) and then returns the mean cross-entropy
+    of its output layer ``head``, an ``nn.Linear`` (the demo GPT).
 
     Example:
         >>> find_causal_lms(nn.Linear(2, 2))
