@@ -73,7 +73,7 @@ class _Step:
     mask_tokens: Tensor | None = None  # tokens counted from masks, on the device
     mask_real: Tensor | None = None  # real tokens of attention masks (padding), on the device
     padding: list[int] = field(default_factory=lambda: [0, 0])  # real and padded tokens known on the host
-    on_host: Tensor | None = None  # the two device counts, copied without blocking before the step's end mark
+    counts: Tensor | None = None  # the two device counts: on the host (CUDA, copied without blocking) or as counted
     warmup: bool = False
     batches: int = 0
     global_step: int = 0
@@ -360,9 +360,8 @@ class ThroughputLatencyMonitor(Callback):
         global_step = trainer.global_step
         stepped = global_step != step.global_step  # else accumulating: the optimizer step is still to come
         if stepped and (step.mask_tokens is not None or step.mask_real is not None):
-            # in before the end mark completes; asynchronous only where that mark is a CUDA event that orders the read
-            asynchronous = isinstance(self._timer.timer, CudaTimer)
-            step.on_host = _to_host(step.mask_tokens, step.mask_real, asynchronous=asynchronous)
+            # in before the end mark completes; copied only where that mark is a CUDA event that orders the read
+            step.counts = _counts(step.mask_tokens, step.mask_real, to_host=isinstance(self._timer.timer, CudaTimer))
         mark = self._prev_end = self._timer.mark()
         self._count_batch_flops(step)
         if self._dynamic is not None and self._dynamic.runner is not None:  # the batch was a step cut in micro-batches
@@ -442,8 +441,9 @@ class ThroughputLatencyMonitor(Callback):
     def _fold(self, step: _Step, timeline: Timeline) -> None:
         """Add one resolved step to the figures."""
         real, padded = step.padding
-        if step.on_host is not None:  # copied before the step's end mark, which has completed: reading it waits not
-            mask_tokens, mask_real = (int(v) for v in step.on_host.numpy())
+        if step.counts is not None:  # on CUDA copied before the step's end mark, which has completed: no wait
+            counts = step.counts if step.counts.device.type == "cpu" else step.counts.cpu()  # MPS, XPU: read now
+            mask_tokens, mask_real = (int(v) for v in counts.numpy())
             real += mask_real
             if not step.excluded and not step.warmup:
                 self.stats.interval.tokens += mask_tokens
@@ -708,15 +708,16 @@ class ThroughputLatencyMonitor(Callback):
             rank_zero_info(format_summary(summary, self.percentiles, num_workers=_num_workers(trainer)))
 
 
-def _to_host(*counts: Tensor | None, asynchronous: bool) -> Tensor:
-    """Device counts (0-dim tensors, ``None`` for 0) copied to the host; ``asynchronous``: into pinned memory, no wait.
+def _counts(*counts: Tensor | None, to_host: bool) -> Tensor:
+    """Device counts (0-dim tensors, ``None`` for 0) stacked; ``to_host``: copied into pinned memory, no wait.
 
-    An asynchronous copy may be read only once a CUDA event recorded after this call has completed. Host-clock marks
-    (MPS, XPU, the CPU) are done at once and order nothing, so there the copy is synchronous.
+    The copy may be read only once a CUDA event recorded after this call has completed. Host-clock marks (MPS, XPU, the
+    CPU) order nothing, so there the counts stay where they were counted and are read when the step is folded in, at a
+    logging step, rather than synchronising every step.
     """
     device = next(t for t in counts if t is not None).device
     stacked = torch.stack([torch.zeros((), dtype=torch.long, device=device) if t is None else t.long() for t in counts])
-    return stacked.to("cpu", non_blocking=asynchronous)
+    return stacked.to("cpu", non_blocking=True) if to_host else stacked
 
 
 def _num_workers(trainer: pl.Trainer) -> int | None:
