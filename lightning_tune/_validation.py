@@ -137,10 +137,14 @@ def check_float(
         raise TypeError(f"`{name}` must be a number, got {value!r} ({type(value).__name__})")
     if not math.isfinite(value):
         raise ValueError(f"`{name}` must be a finite number, got {value!r}")
-    below = low is not None and (value < low if low_inclusive else value <= low)
-    above = high is not None and (value > high if high_inclusive else value >= high)
-    if below or above:
+    if _outside(value, low, high, low_inclusive, high_inclusive):
         raise ValueError(f"`{name}` must be in {_interval(low, high, low_inclusive, high_inclusive)}, got {value!r}")
+
+
+def _outside(x: float, low: float | None, high: float | None, low_inclusive: bool, high_inclusive: bool) -> bool:
+    """Whether ``x`` lies outside the interval from ``low`` to ``high`` (``None``: unbounded on that side)."""
+    below = low is not None and (x < low if low_inclusive else x <= low)
+    return below or (high is not None and (x > high if high_inclusive else x >= high))
 
 
 def check_choice(name: str, value: Any, choices: Collection[str]) -> None:
@@ -205,10 +209,7 @@ def check_numbers(
     for item in value:
         if isinstance(item, bool) or not isinstance(item, (int, float)):
             raise TypeError(f"`{name}` must be a sequence of numbers, got {value!r} (an item is {item!r})")
-        if not math.isfinite(item) or (
-            (low is not None and (item < low if low_inclusive else item <= low))
-            or (high is not None and (item > high if high_inclusive else item >= high))
-        ):
+        if not math.isfinite(item) or _outside(item, low, high, low_inclusive, high_inclusive):
             interval = _interval(low, high, low_inclusive, high_inclusive)
             raise ValueError(f"`{name}` must hold finite numbers in {interval}, got {value!r}")
 
