@@ -57,6 +57,7 @@ from lightning_tune.callbacks._resizable_loader import (
 )
 from lightning_tune.lr.scaling import SCALE_RULES, ScaleRule, scale_lr
 from lightning_tune.perf.batch import count_samples
+from lightning_tune.perf.ran import StepRun
 from lightning_tune.plan.estimate import MemoryEstimate
 
 if TYPE_CHECKING:
@@ -273,6 +274,13 @@ class DynamicBatchSize(Callback):
     def micro_batches(self) -> int:
         """Micro-batches the last optimizer step ran (0 before the first)."""
         return self._micro_batches
+
+    def last_step_run(self) -> StepRun | None:
+        """The micro-batches of the last training step (:class:`~lightning_tune.perf.ran.StepRunSource`)."""
+        if self.runner is None:
+            return None
+        shapes = None if self.step_shapes is None else tuple(self.step_shapes)
+        return StepRun(self._micro_batches, shapes, self.step_tokens)
 
     @property
     def _active(self) -> bool:

@@ -41,6 +41,7 @@ from lightning_tune.perf.devices import (
     reset_run_peak,
 )
 from lightning_tune.perf.flops import mfu, peak_flops
+from lightning_tune.perf.ran import StepRun, StepRunSource
 from lightning_tune.perf.stats import StepStats
 from lightning_tune.perf.timing import CudaTimer, Timeline, compiled_graphs, timer_for
 from lightning_tune.perf.window import MAX_WINDOW, LatencyWindow, check_percentiles, percentile_suffix
@@ -183,7 +184,7 @@ class ThroughputLatencyMonitor(Callback):
         self._pending: list[_Step] = []
         self._current: _Step | None = None
         self._padding = [0, 0]  # real and padded tokens of the steps resolved since the last log
-        self._dynamic: Any = None  # a DynamicBatchSize in the same Trainer
+        self._source: StepRunSource | None = None  # a callback cutting steps into micro-batches (DynamicBatchSize)
         self._prev_end: int | None = None
         self._peak: float | None = None
         self._vram_peak = 0.0  # the fit's peak allocated GiB, as read so far
@@ -258,11 +259,9 @@ class ThroughputLatencyMonitor(Callback):
         self.flop_model = self.hardware_flop_model = None  # the model may have changed since the last fit
         self._flops_counted = False
         self.summary = {}
-        from lightning_tune.callbacks.dynamic_batch import DynamicBatchSize
-
         # the micro-batches DynamicBatchSize runs are trimmed: its figures, not the step batch's, give the padding
         callbacks = trainer.callbacks  # type: ignore[attr-defined]
-        self._dynamic = next((cb for cb in callbacks if isinstance(cb, DynamicBatchSize)), None)
+        self._source = next((cb for cb in callbacks if isinstance(cb, StepRunSource)), None)
 
     @override
     def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
@@ -356,16 +355,17 @@ class ThroughputLatencyMonitor(Callback):
         step = self._current
         if self._timer is None or step is None:
             return
-        self._count_padding(step, batch)
+        ran = self._source.last_step_run() if self._source is not None else None
+        self._count_padding(step, batch, ran)
         global_step = trainer.global_step
         stepped = global_step != step.global_step  # else accumulating: the optimizer step is still to come
         if stepped and (step.mask_tokens is not None or step.mask_real is not None):
             # in before the end mark completes; copied only where that mark is a CUDA event that orders the read
             step.counts = _counts(step.mask_tokens, step.mask_real, to_host=isinstance(self._timer.timer, CudaTimer))
         mark = self._prev_end = self._timer.mark()
-        self._count_batch_flops(step)
-        if self._dynamic is not None and self._dynamic.runner is not None:  # the batch was a step cut in micro-batches
-            step.batches += self._dynamic.micro_batches - 1
+        self._count_batch_flops(step, ran)
+        if ran is not None:  # the batch was a step cut in micro-batches
+            step.batches += ran.micro_batches - 1
         if not stepped:
             return
         step.end = mark
@@ -380,24 +380,22 @@ class ThroughputLatencyMonitor(Callback):
                 pending.warmup = True
             self.stats = StepStats(window=self.window, percentiles=self.percentiles)
 
-    def _count_batch_flops(self, step: _Step) -> None:
+    def _count_batch_flops(self, step: _Step, ran: StepRun | None) -> None:
         """Add the batch's FLOPs: of the micro-batches DynamicBatchSize ran (trimmed), else of the batch's shape."""
-        dynamic, shape = self._dynamic, step.shape
+        shape = step.shape
         if self.flop_model is None or shape is None:
             return
         step.shape = None
-        ran = dynamic.step_shapes if dynamic is not None and dynamic.runner is not None else None
         hardware = self.hardware_flop_model or self.flop_model
-        for samples, length in ran or [shape]:
+        for samples, length in (ran.shapes if ran is not None else None) or [shape]:
             step.flops += self.flop_model.flops(samples, length)
             step.hardware_flops += hardware.flops(samples, length)
 
-    def _count_padding(self, step: _Step, batch: Any) -> None:
+    def _count_padding(self, step: _Step, batch: Any, ran: StepRun | None) -> None:
         """Add the batch's real and padded tokens: as DynamicBatchSize ran them (trimmed), else from the mask."""
-        dynamic = self._dynamic
-        if dynamic is not None and dynamic.runner is not None and dynamic.step_tokens:
-            step.padding[0] += dynamic.step_tokens[0]
-            step.padding[1] += dynamic.step_tokens[1]
+        if ran is not None and ran.tokens:
+            step.padding[0] += ran.tokens[0]
+            step.padding[1] += ran.tokens[1]
             return
         mask = batch.get("attention_mask") if isinstance(batch, Mapping) else None
         if isinstance(mask, Tensor) and mask.dim() == 2:
