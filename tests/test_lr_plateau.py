@@ -5,9 +5,11 @@ from __future__ import annotations
 import random
 import warnings
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
+from lightning.pytorch.loggers import Logger
 
 import lightning_tune as lt
 from lightning_tune.lr import PlateauDetector, warmup_cosine_lr
@@ -139,3 +141,51 @@ def test_decisions_are_logged_to_the_loggers(tmp_path: Path) -> None:
     assert lrs == pytest.approx(
         [0.05, 0.05, 0.05, 0.05, 0.025, 0.025, 0.0125]
     )  # logged by the plateau callback when no schedule is on
+
+
+class Recorded(Logger):
+    """Keeps every ``log_metrics`` call, with its step."""
+
+    name, version = "memory", 0  # type: ignore[assignment]
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.calls: list[tuple[int | None, dict[str, float]]] = []
+
+    def log_metrics(self, metrics: dict[str, float], step: int | None = None) -> None:
+        self.calls.append((step, dict(metrics)))
+
+    def log_hyperparams(self, params: Any, *args: Any, **kwargs: Any) -> None:
+        pass
+
+
+@pytest.mark.parametrize(
+    ("schedule_logs", "plateau_first"),
+    [
+        pytest.param(True, False, id="schedule-logs"),
+        pytest.param(True, True, id="schedule-logs-plateau-first"),
+        pytest.param(False, False, id="plateau-logs"),
+    ],
+)
+def test_a_schedule_and_the_plateau_callback_log_each_lr_once_per_step(
+    tmp_path: Path, schedule_logs: bool, plateau_first: bool
+) -> None:
+    logger, rec = Recorded(), LRRecorder()
+    plateau = lt.AdaptiveLROnPlateau(patience=0, factor=0.5, min_lr=0.0)
+    callbacks = [lt.WarmupCosine(2, log_lr=schedule_logs), plateau]
+    trainer = make_trainer(
+        tmp_path,
+        [*(callbacks[::-1] if plateau_first else callbacks), rec],
+        max_epochs=3,
+        limit_train_batches=3,
+        limit_val_batches=1,
+        logger=logger,
+        log_every_n_steps=1,
+    )
+    trainer.fit(Regressor(group_lrs=[0.04, 0.02], val_losses=[1.0] * 3))
+    assert plateau.reductions > 0  # the logged LRs are the reduced schedule's
+    for key, group in (("tune/lr", 0), ("tune/lr/pg1", 1)):
+        logged = [(step, metrics[key]) for step, metrics in logger.calls if key in metrics]
+        assert [step for step, _ in logged] == list(range(10)), key  # 9 steps, then where the run ended
+        expected = [lrs[group] for lrs in rec.lrs] + [trainer.optimizers[0].param_groups[group]["lr"]]
+        assert [value for _, value in logged] == pytest.approx(expected, rel=1e-12), key

@@ -13,6 +13,7 @@ from lightning_tune.lr import (
     OneCycleSchedule,
     ScheduleLR,
     WarmupCosineSchedule,
+    WarmupPolynomialSchedule,
     linear_warmup_lr,
     one_cycle_lr,
     warmup_cosine_lr,
@@ -138,3 +139,104 @@ def test_schedule_lr_checkpoint_loads_with_weights_only(tmp_path: object) -> Non
     fresh.load_state_dict(torch.load(path, weights_only=True))
     assert fresh.schedule == sched.schedule and fresh.last_epoch == 4
     assert math.isclose(fresh.get_lr()[0], sched.get_lr()[0])
+
+
+def _run(optimizer: torch.optim.Optimizer, scheduler: object, steps: int, at: int = -1, total: int = 0) -> list:
+    """Each step's LR and ``beta1``; a :class:`ScheduleLR` is re-aimed at ``total`` steps once at step ``at``."""
+    seen = []
+    for step in range(steps):
+        seen.append((float(optimizer.param_groups[0]["lr"]), optimizer.param_groups[0]["betas"][0]))
+        optimizer.step()
+        scheduler.step()  # type: ignore[attr-defined]
+        if step + 1 == at:  # its LR for step `at` is set: the new length counts from the next step on
+            scheduler.retarget(total)  # type: ignore[attr-defined]
+    return seen
+
+
+RETARGETS = [  # ours and torch's for a length; re-aimed at step `at` from `old` to `new` steps
+    pytest.param(
+        lambda total: WarmupCosineSchedule(base_lrs=(0.1,), min_lrs=(1e-3,), warmup_steps=0, total_steps=total),
+        lambda opt, total: torch.optim.lr_scheduler.CosineAnnealingLR(opt, T_max=total, eta_min=1e-3),
+        (4, 10, 25),
+        id="cosine-longer",
+    ),
+    pytest.param(
+        lambda total: WarmupCosineSchedule(base_lrs=(0.1,), min_lrs=(0.0,), warmup_steps=0, total_steps=total),
+        lambda opt, total: torch.optim.lr_scheduler.CosineAnnealingLR(opt, T_max=total),
+        (6, 30, 12),
+        id="cosine-shorter",
+    ),
+    pytest.param(
+        lambda total: WarmupPolynomialSchedule(
+            base_lrs=(0.1,), min_lrs=(0.0,), warmup_steps=0, total_steps=total, power=2.0
+        ),
+        lambda opt, total: torch.optim.lr_scheduler.PolynomialLR(opt, total_iters=total, power=2.0),
+        (5, 12, 20),
+        id="polynomial",
+    ),
+    pytest.param(
+        lambda total: OneCycleSchedule(
+            max_lrs=(0.3,), total_steps=total, three_phase=True, base_momentums=(0.85,), max_momentums=(0.95,)
+        ),
+        lambda opt, total: torch.optim.lr_scheduler.OneCycleLR(opt, max_lr=0.3, total_steps=total, three_phase=True),
+        (7, 40, 60),
+        id="one-cycle-with-momentum",
+    ),
+]
+
+
+@pytest.mark.parametrize(("ours", "theirs", "lengths"), RETARGETS)
+def test_retargeted_schedule_lr_follows_torchs_scheduler_for_the_new_length(ours, theirs, lengths) -> None:  # noqa: ANN001
+    """Re-aimed at step ``at``, the LR and ``beta1`` of every later step are torch's for the new length."""
+    at, old, new = lengths
+    opt = torch.optim.AdamW([torch.zeros(1, requires_grad=True)], lr=0.1)
+    got = _run(opt, ScheduleLR(opt, ours(old)), new, at, new)
+    ref = torch.optim.AdamW([torch.zeros(1, requires_grad=True)], lr=0.1)
+    expected = _run(ref, theirs(ref, new), new)
+    assert [lr for lr, _ in got[: at + 1]] == [ours(old).lr_at(s, 0) for s in range(at + 1)]  # the old one until then
+    np.testing.assert_allclose(got[at + 1 :], expected[at + 1 :], rtol=1e-9, atol=1e-15)
+
+
+def test_retarget_keeps_the_warm_up_and_never_ends_before_the_next_step() -> None:
+    def cosine(total: int) -> WarmupCosineSchedule:
+        return WarmupCosineSchedule(base_lrs=(0.2, 0.02), min_lrs=(0.02, 0.002), warmup_steps=5, total_steps=total)
+
+    opt = torch.optim.SGD([{"params": [torch.zeros(1, requires_grad=True)], "lr": lr} for lr in (0.2, 0.02)])
+    sched = ScheduleLR(opt, cosine(20))
+    for _ in range(3):
+        opt.step()
+        sched.step()
+    sched.retarget(40)  # in the warm-up: the warm-up keeps its 5 steps
+    assert sched.schedule == cosine(40)
+    for _ in range(6):
+        opt.step()
+        sched.step()
+    sched.retarget(4)  # at step 9, shorter than where the run already is: it ends at the next step
+    assert sched.schedule == cosine(10)
+    sched.scale_group(1, 0.5)
+    opt.step()
+    sched.step()
+    assert [g["lr"] for g in opt.param_groups] == pytest.approx([0.02, 0.001], rel=1e-12)  # the floor, scale kept
+    warmup = ScheduleLR(opt, LinearWarmupSchedule(base_lrs=(0.2, 0.02), warmup_steps=3))
+    warmup.retarget(100)  # no length to change
+    assert warmup.schedule == LinearWarmupSchedule(base_lrs=(0.2, 0.02), warmup_steps=3)
+    with pytest.raises(ValueError, match=r"`total_steps` must be an integer >= 0, got -1"):
+        sched.retarget(-1)
+
+
+def test_schedule_lr_flags_are_configuration_not_checkpoint_state() -> None:
+    """``follows_run`` and ``log_lr`` leave the saved state as it was; a retargeted length is saved and restored."""
+
+    def make(**flags: bool) -> ScheduleLR:
+        opt = torch.optim.AdamW([torch.zeros(1, requires_grad=True)], lr=1.0)
+        return ScheduleLR(opt, OneCycleSchedule(max_lrs=(0.1,), total_steps=10), **flags)
+
+    flagged, plain = make(follows_run=True, log_lr=True), make()
+    assert flagged.follows_run and flagged.log_lr and not plain.follows_run and not plain.log_lr
+    flagged.retarget(16)
+    assert flagged.state_dict() == {
+        **plain.state_dict(),
+        "schedule": {**plain.state_dict()["schedule"], "total_steps": 16},
+    }
+    plain.load_state_dict(flagged.state_dict())
+    assert plain.schedule == flagged.schedule and not plain.follows_run

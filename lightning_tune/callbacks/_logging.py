@@ -10,6 +10,10 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING
 
+from lightning.pytorch.callbacks import Callback
+from torch.optim import Optimizer
+from typing_extensions import override
+
 from lightning_tune import keys
 
 if TYPE_CHECKING:
@@ -60,3 +64,23 @@ def learning_rates(trainer: pl.Trainer) -> dict[str, float]:
         for j, optimizer in enumerate(trainer.optimizers)
         for i, group in enumerate(optimizer.param_groups)
     }
+
+
+class LRLogger(Callback):
+    """Base of the callbacks that log every group's LR (on Lightning's logging steps, then where the run ended)."""
+
+    def logs_lr(self, trainer: pl.Trainer) -> bool:
+        """Whether this callback logs the learning rates of ``trainer`` (no other callback logs them already)."""
+        return True
+
+    @override
+    def on_before_optimizer_step(
+        self, trainer: pl.Trainer, pl_module: pl.LightningModule, optimizer: Optimizer
+    ) -> None:
+        if optimizer is trainer.optimizers[0] and self.logs_lr(trainer):
+            log_every_n_steps(trainer, lambda: learning_rates(trainer))
+
+    @override
+    def on_train_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        if self.logs_lr(trainer):
+            log(trainer, learning_rates(trainer))  # where the run ended: its last step is rarely a logging step

@@ -18,6 +18,7 @@ from torch import Tensor
 from torch.utils.data import BatchSampler, DataLoader, IterableDataset
 
 from lightning_tune.batch.sampler import ResizableBatchSampler
+from lightning_tune.callbacks.lr_schedule import schedule_lrs
 
 if TYPE_CHECKING:
     import lightning.pytorch as pl
@@ -158,19 +159,16 @@ def scale_learning_rates(trainer: pl.Trainer, ratio: float) -> None:
                 elif isinstance(value, (int, float)) and not isinstance(value, bool):
                     group[key] = value * ratio
     for config in trainer.lr_scheduler_configs:
-        scheduler = config.scheduler
-        base = getattr(scheduler, "base_lrs", None)
+        base = getattr(config.scheduler, "base_lrs", None)
         if isinstance(base, list):
-            scheduler.base_lrs = [b * ratio for b in base]
-        if hasattr(scheduler, "scale_group"):  # lightning_tune's ScheduleLR keeps per-group scales
-            for i in range(len(scheduler.optimizer.param_groups)):
-                scheduler.scale_group(i, ratio)
+            config.scheduler.base_lrs = [b * ratio for b in base]
+    for scheduler in schedule_lrs(trainer):  # they keep per-group scales
+        for i in range(len(scheduler.optimizer.param_groups)):
+            scheduler.scale_group(i, ratio)
 
 
 def retarget_schedules(trainer: pl.Trainer, epoch_samples: int, window: int, batches_done: int) -> None:
-    """Tell lightning_tune's schedules how many optimizer steps the run now has (``keep="lr"``/``"none"``)."""
-    from lightning_tune.callbacks.lr_schedule import ScheduleCallback
-
+    """Tell the schedules that follow the run's length how many optimizer steps it has (``keep="lr"``/``"none"``)."""
     per_epoch = math.ceil(epoch_samples / window)
     remaining = max(0, int(trainer.fit_loop.max_batches) - batches_done)
     max_epochs = trainer.max_epochs
@@ -180,6 +178,6 @@ def retarget_schedules(trainer: pl.Trainer, epoch_samples: int, window: int, bat
         return  # an unbounded run: nothing to aim at
     if trainer.max_steps >= 0:
         remaining = min(remaining, trainer.max_steps - trainer.global_step)
-    for callback in trainer.callbacks:  # type: ignore[attr-defined]
-        if isinstance(callback, ScheduleCallback):
-            callback.retarget(trainer.global_step + remaining)
+    for scheduler in schedule_lrs(trainer):
+        if scheduler.follows_run:
+            scheduler.retarget(trainer.global_step + remaining)

@@ -9,7 +9,6 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
-from lightning.pytorch.callbacks import Callback
 from lightning.pytorch.utilities import rank_zero_warn
 from lightning.pytorch.utilities.exceptions import MisconfigurationException
 from torch import Tensor
@@ -18,16 +17,15 @@ from typing_extensions import override
 
 from lightning_tune import keys
 from lightning_tune._validation import check_bool, check_float
-from lightning_tune.callbacks._logging import learning_rates, log, log_every_n_steps
-from lightning_tune.callbacks.lr_schedule import ScheduleCallback, base_lrs
+from lightning_tune.callbacks._logging import LRLogger, log
+from lightning_tune.callbacks.lr_schedule import base_lrs, schedule_lrs
 from lightning_tune.lr.plateau import PlateauDetector, PlateauMode, ThresholdMode
-from lightning_tune.lr.scheduler import ScheduleLR
 
 if TYPE_CHECKING:
     import lightning.pytorch as pl
 
 
-class AdaptiveLROnPlateau(Callback):
+class AdaptiveLROnPlateau(LRLogger):
     """Multiply the learning rate by ``factor`` when ``monitor`` has not improved for ``patience`` evaluations.
 
     Takes the same decisions as ``torch.optim.lr_scheduler.ReduceLROnPlateau`` fed the same metric values: the new
@@ -101,7 +99,6 @@ class AdaptiveLROnPlateau(Callback):
         self.check_on_train_epoch_end = check_on_train_epoch_end
         self.reductions = 0
         self._warned_missing = False
-        self._log_lr = True
 
     @property
     @override
@@ -134,7 +131,6 @@ class AdaptiveLROnPlateau(Callback):
     def setup(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
         if self.check_on_train_epoch_end is None:
             self.check_on_train_epoch_end = trainer.val_check_interval == 1.0 and trainer.check_val_every_n_epoch == 1
-        self._log_lr = not any(isinstance(cb, ScheduleCallback) and cb.log_lr for cb in trainer.callbacks)  # type: ignore[attr-defined]
 
     @override
     def on_fit_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
@@ -148,16 +144,8 @@ class AdaptiveLROnPlateau(Callback):
                     )
 
     @override
-    def on_before_optimizer_step(
-        self, trainer: pl.Trainer, pl_module: pl.LightningModule, optimizer: Optimizer
-    ) -> None:
-        if self._log_lr and optimizer is trainer.optimizers[0]:
-            log_every_n_steps(trainer, lambda: learning_rates(trainer))
-
-    @override
-    def on_train_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
-        if self._log_lr:
-            log(trainer, learning_rates(trainer))  # where the run ended: its last step is rarely a logging step
+    def logs_lr(self, trainer: pl.Trainer) -> bool:
+        return not any(scheduler.log_lr for scheduler in schedule_lrs(trainer))  # a schedule callback logs them
 
     @override
     def on_train_epoch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
@@ -189,11 +177,7 @@ class AdaptiveLROnPlateau(Callback):
         log(trainer, {keys.PLATEAU_REDUCTIONS: self.reductions, keys.PLATEAU_BAD_EVALS: self.detector.num_bad_evals})
 
     def _reduce(self, trainer: pl.Trainer) -> None:
-        schedulers = {
-            id(config.scheduler.optimizer): config.scheduler
-            for config in trainer.lr_scheduler_configs
-            if isinstance(config.scheduler, ScheduleLR)
-        }
+        schedulers = {id(scheduler.optimizer): scheduler for scheduler in schedule_lrs(trainer)}
         reduced = False
         for optimizer in trainer.optimizers:
             scheduler = schedulers.get(id(optimizer))

@@ -18,7 +18,6 @@ from abc import ABC, abstractmethod
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
-from lightning.pytorch.callbacks import Callback
 from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
 from lightning.pytorch.utilities.exceptions import MisconfigurationException
 from lightning.pytorch.utilities.types import LRSchedulerConfig
@@ -27,8 +26,8 @@ from torch.optim import Optimizer
 from typing_extensions import override
 
 from lightning_tune._validation import check_bool, check_choice, check_float, check_int
-from lightning_tune.callbacks._logging import learning_rates, log, log_every_n_steps
-from lightning_tune.lr.scheduler import ScheduleLR
+from lightning_tune.callbacks._logging import LRLogger
+from lightning_tune.lr.scheduler import ScheduleLR, with_length
 from lightning_tune.lr.schedules import (
     ANNEAL_STRATEGIES,
     RAMP_SHAPES,
@@ -61,7 +60,12 @@ def base_lrs(optimizer: Optimizer) -> list[float]:
     return [float(group.get("initial_lr", group["lr"])) for group in optimizer.param_groups]
 
 
-class ScheduleCallback(Callback, ABC):
+def schedule_lrs(trainer: pl.Trainer) -> list[ScheduleLR]:
+    """The Trainer's :class:`ScheduleLR` schedulers (a schedule callback's, or the module's own)."""
+    return [config.scheduler for config in trainer.lr_scheduler_configs if isinstance(config.scheduler, ScheduleLR)]
+
+
+class ScheduleCallback(LRLogger, ABC):
     """Base of the schedule callbacks: installs one :class:`ScheduleLR` per optimizer at fit start.
 
     A run resumed from a checkpoint follows the arguments it is resumed with: the same arguments continue the saved
@@ -155,7 +159,13 @@ class ScheduleCallback(Callback, ABC):
         self._planned = total_steps if self.total_steps is None else None
         self._warned_restore = False
         self.schedulers = [
-            ScheduleLR(optimizer, self.build_schedule(optimizer, total_steps), on_restore=self._on_restore)
+            ScheduleLR(
+                optimizer,
+                self.build_schedule(optimizer, total_steps),
+                on_restore=self._on_restore,
+                follows_run=self.total_steps is None,
+                log_lr=self.log_lr,
+            )
             for optimizer in optimizers
         ]
         if self.total_steps is not None:
@@ -193,7 +203,7 @@ class ScheduleCallback(Callback, ABC):
             if _fields(saved, ignored) == _fields(configured, ignored):  # the same arguments: only the length differs
                 if self._saved_planned == self._planned:
                     return saved  # the Trainer's length is unchanged; the saved one may have been retargeted since
-                resized = _with_length(saved, self._planned, step)
+                resized = with_length(saved, self._planned, step)
                 rank_zero_info(
                     f"{name}: the run now takes {self._planned} optimizer steps, and the checkpoint's schedule "
                     f"ended at step {saved.total_steps}; it follows the new length from step {step} on (warm-up "  # type: ignore[attr-defined]
@@ -225,40 +235,23 @@ class ScheduleCallback(Callback, ABC):
         """Make the installed schedules end at ``total_steps`` (the run's length changed under them).
 
         Only a schedule whose length was left to the Trainer (``total_steps=None``) is changed; the warm-up keeps the
-        length it was given. :class:`~lightning_tune.DynamicBatchSize` calls this when the number of optimizer
-        steps per epoch changes (``keep="lr"`` or ``"none"``).
+        length it was given (:meth:`ScheduleLR.retarget`, which :class:`~lightning_tune.DynamicBatchSize` calls when
+        the number of optimizer steps per epoch changes, under ``keep="lr"`` or ``"none"``).
 
         Args:
             total_steps: The run's new length in optimizer steps.
         """
-        if self.total_steps is not None:
-            return
-        for scheduler in self.schedulers:
-            current = getattr(scheduler.schedule, "total_steps", None)
-            if current is not None and current != total_steps:
-                scheduler.schedule = _with_length(scheduler.schedule, total_steps, scheduler.last_epoch)
+        if self.total_steps is None:
+            for scheduler in self.schedulers:
+                scheduler.retarget(total_steps)
 
     @override
-    def on_before_optimizer_step(
-        self, trainer: pl.Trainer, pl_module: pl.LightningModule, optimizer: Optimizer
-    ) -> None:
-        if self.log_lr and optimizer is trainer.optimizers[0]:
-            log_every_n_steps(trainer, lambda: learning_rates(trainer))
-
-    @override
-    def on_train_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
-        if self.log_lr:
-            log(trainer, learning_rates(trainer))  # where the run ended: its last step is rarely a logging step
+    def logs_lr(self, trainer: pl.Trainer) -> bool:
+        return self.log_lr
 
     @override
     def on_fit_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         self.schedulers = []
-
-
-def _with_length(schedule: Schedule, total_steps: int, step: int) -> Schedule:
-    """``schedule`` ending at ``total_steps``, but never before its warm-up (and decay) fit or before ``step``."""
-    floor = max(getattr(schedule, "warmup_steps", 0) + max(getattr(schedule, "decay_steps", 0), 1), step + 1)
-    return dataclasses.replace(schedule, total_steps=max(total_steps, floor))  # type: ignore[type-var]
 
 
 def _fields(schedule: Schedule, ignored: set[str]) -> dict[str, Any]:

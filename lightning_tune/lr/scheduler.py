@@ -11,6 +11,7 @@ reductions, multiply the scheduled value instead of being overwritten by it.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable
 from typing import Any
 
@@ -18,7 +19,7 @@ from torch import Tensor
 from torch.optim import Optimizer
 from torch.optim.lr_scheduler import LRScheduler
 
-from lightning_tune._validation import check_callable, check_instance, check_int
+from lightning_tune._validation import check_bool, check_callable, check_instance, check_int
 from lightning_tune.lr.schedules import Schedule, schedule_from_dict, schedule_to_dict
 
 
@@ -34,10 +35,15 @@ class ScheduleLR(LRScheduler):
             the one this scheduler was built with, ``step`` the restored :attr:`last_epoch`) and returns the schedule
             to follow. ``None`` follows the saved one, as torch's schedulers restore their own arguments. The
             schedule callbacks use it to honour the arguments a run is resumed with.
+        follows_run: The schedule's length is the run's: whoever changes the run's length calls :meth:`retarget`
+            (``DynamicBatchSize`` does, under ``keep="lr"`` and ``"none"``). The schedule callbacks set it when
+            ``total_steps`` is left to the Trainer.
+        log_lr: A callback logs this scheduler's learning rates (``tune/lr...``), so no other one logs them again; the
+            scheduler itself logs nothing.
 
     Raises:
-        TypeError: If ``optimizer`` is not an optimizer, ``schedule`` not a schedule, ``last_epoch`` not an integer or
-            ``on_restore`` not callable.
+        TypeError: If ``optimizer`` is not an optimizer, ``schedule`` not a schedule, ``last_epoch`` not an integer,
+            ``on_restore`` not callable or a flag not a bool.
         ValueError: If ``last_epoch < -1``, the schedule was resolved for a different number of parameter groups, or
             it cycles momentum and the optimizer has neither ``momentum`` nor ``betas``.
 
@@ -57,6 +63,8 @@ class ScheduleLR(LRScheduler):
         last_epoch: int = -1,
         *,
         on_restore: Callable[[Schedule, Schedule, int], Schedule] | None = None,
+        follows_run: bool = False,
+        log_lr: bool = False,
     ) -> None:
         check_instance("optimizer", optimizer, Optimizer, "a torch.optim.Optimizer")
         check_instance("schedule", schedule, Schedule, "a schedule (such as WarmupCosineSchedule)")
@@ -74,11 +82,13 @@ class ScheduleLR(LRScheduler):
             )
         check_int("last_epoch", last_epoch, minimum=-1)
         check_callable("on_restore", on_restore, allow_none=True)
+        check_bool("follows_run", follows_run)
+        check_bool("log_lr", log_lr)
         for group in optimizer.param_groups:  # torch resumes from `initial_lr`; the schedule recomputes it anyway
             group.setdefault("initial_lr", group["lr"].clone() if isinstance(group["lr"], Tensor) else group["lr"])
         self.schedule = schedule
         self.scales = [1.0] * len(optimizer.param_groups)
-        self.on_restore = on_restore
+        self.on_restore, self.follows_run, self.log_lr = on_restore, follows_run, log_lr
         super().__init__(optimizer, last_epoch)
 
     def get_lr(self) -> list[float | Tensor]:
@@ -105,15 +115,29 @@ class ScheduleLR(LRScheduler):
             factor: Multiplier (e.g. a plateau reduction).
         """
         self.scales[group] *= factor
-        param_group = self.optimizer.param_groups[group]
-        value = self.schedule.lr_at(self.last_epoch, group) * self.scales[group]
-        if isinstance(param_group["lr"], Tensor):
-            param_group["lr"].fill_(value)
+        self._set_lr(group, self.schedule.lr_at(self.last_epoch, group) * self.scales[group])
+
+    def retarget(self, total_steps: int) -> None:
+        """Make the schedule end at ``total_steps`` from the next step on, as if built for that length.
+
+        The warm-up (and a decay of fixed length) keep their lengths; the schedule never ends before they fit or before
+        the next step. A schedule without a length (:class:`~lightning_tune.lr.LinearWarmupSchedule`) stays as it is.
+
+        Args:
+            total_steps: The run's new length in optimizer steps, >= 0.
+        """
+        check_int("total_steps", total_steps, minimum=0)
+        if getattr(self.schedule, "total_steps", total_steps) != total_steps:
+            self.schedule = with_length(self.schedule, total_steps, self.last_epoch)
+
+    def _set_lr(self, group: int, value: float | Tensor) -> None:
+        """Set a group's learning rate (in place where it is a tensor) and the last learning rates torch reports."""
+        groups = self.optimizer.param_groups
+        if isinstance(groups[group]["lr"], Tensor):
+            groups[group]["lr"].fill_(value)
         else:
-            param_group["lr"] = value
-        self._last_lr = [
-            g["lr"].clone() if isinstance(g["lr"], Tensor) else g["lr"] for g in self.optimizer.param_groups
-        ]
+            groups[group]["lr"] = value
+        self._last_lr = [g["lr"].clone() if isinstance(g["lr"], Tensor) else g["lr"] for g in groups]
 
     def state_dict(self) -> dict[str, Any]:
         """State as plain data (the schedule is saved as a dictionary, so checkpoints load with ``weights_only``).
@@ -122,7 +146,8 @@ class ScheduleLR(LRScheduler):
             The scheduler's state.
         """
         state = super().state_dict()
-        state.pop("on_restore", None)
+        for key in ("on_restore", "follows_run", "log_lr"):  # configuration, not state
+            state.pop(key, None)
         state["schedule"] = schedule_to_dict(self.schedule)
         return state
 
@@ -141,11 +166,11 @@ class ScheduleLR(LRScheduler):
         super().load_state_dict(state)
         self.schedule = saved if self.on_restore is None else self.on_restore(saved, configured, self.last_epoch)
         if self.schedule != saved:  # the optimizer's restored LRs are the saved schedule's: set this one's
-            for group, value in zip(self.optimizer.param_groups, self.get_lr(), strict=True):
-                if isinstance(group["lr"], Tensor):
-                    group["lr"].fill_(value)
-                else:
-                    group["lr"] = value
-            self._last_lr = [
-                g["lr"].clone() if isinstance(g["lr"], Tensor) else g["lr"] for g in self.optimizer.param_groups
-            ]
+            for group, value in enumerate(self.get_lr()):
+                self._set_lr(group, value)
+
+
+def with_length(schedule: Schedule, total_steps: int, step: int) -> Schedule:
+    """``schedule`` ending at ``total_steps``, but never before its warm-up (and decay) fit or before ``step + 1``."""
+    floor = max(getattr(schedule, "warmup_steps", 0) + max(getattr(schedule, "decay_steps", 0), 1), step + 1)
+    return dataclasses.replace(schedule, total_steps=max(total_steps, floor))  # type: ignore[type-var]

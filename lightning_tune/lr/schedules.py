@@ -366,8 +366,23 @@ class Schedule(Protocol):
         """Number of parameter groups the schedule was resolved for."""
 
 
+class _LROnly:
+    """What the schedules that leave momentum alone share: one parameter group per entry of ``base_lrs``."""
+
+    base_lrs: tuple[float, ...]
+
+    @property
+    def num_groups(self) -> int:
+        """Number of parameter groups."""
+        return len(self.base_lrs)
+
+    def momentum_at(self, step: int, group: int) -> float | None:
+        """Not scheduled: always ``None``."""
+        return None
+
+
 @dataclass(frozen=True)
-class WarmupCosineSchedule:
+class WarmupCosineSchedule(_LROnly):
     """:func:`warmup_cosine_lr` resolved for every parameter group of one optimizer.
 
     Args:
@@ -388,24 +403,9 @@ class WarmupCosineSchedule:
     hard_restarts: bool = False
 
     def __post_init__(self) -> None:
-        _own_floats(self)
-        check_numbers("base_lrs", self.base_lrs, low=0.0)
-        check_numbers("min_lrs", self.min_lrs, low=0.0)
-        check_int("warmup_steps", self.warmup_steps, minimum=0)
-        check_int("total_steps", self.total_steps, minimum=1)
-        if self.warmup_steps >= self.total_steps:
-            raise ValueError(
-                f"`warmup_steps` must be smaller than `total_steps` ({self.total_steps}), got {self.warmup_steps}"
-            )
-        if len(self.min_lrs) != len(self.base_lrs):
-            raise ValueError(f"`min_lrs` needs one value per group ({len(self.base_lrs)}), got {len(self.min_lrs)}")
+        _check_decay(self)
         check_float("num_cycles", self.num_cycles, low=0.0, low_inclusive=False)
         check_bool("hard_restarts", self.hard_restarts)
-
-    @property
-    def num_groups(self) -> int:
-        """Number of parameter groups."""
-        return len(self.base_lrs)
 
     def lr_at(self, step: int, group: int) -> float:
         """Learning rate of ``group`` at ``step``."""
@@ -419,13 +419,9 @@ class WarmupCosineSchedule:
             hard_restarts=self.hard_restarts,
         )
 
-    def momentum_at(self, step: int, group: int) -> float | None:
-        """Not scheduled: always ``None``."""
-        return None
-
 
 @dataclass(frozen=True)
-class LinearWarmupSchedule:
+class LinearWarmupSchedule(_LROnly):
     """:func:`linear_warmup_lr` resolved for every parameter group of one optimizer.
 
     Args:
@@ -442,21 +438,12 @@ class LinearWarmupSchedule:
         check_numbers("base_lrs", self.base_lrs, low=0.0)
         check_int("warmup_steps", self.warmup_steps, minimum=0)
 
-    @property
-    def num_groups(self) -> int:
-        """Number of parameter groups."""
-        return len(self.base_lrs)
-
     def lr_at(self, step: int, group: int) -> float:
         """Learning rate of ``group`` at ``step``."""
         return linear_warmup_lr(step, base_lr=self.base_lrs[group], warmup_steps=self.warmup_steps)
 
-    def momentum_at(self, step: int, group: int) -> float | None:
-        """Not scheduled: always ``None``."""
-        return None
 
-
-def _check_decay(schedule: WarmupPolynomialSchedule | WarmupStableDecaySchedule) -> None:
+def _check_decay(schedule: WarmupCosineSchedule | WarmupPolynomialSchedule | WarmupStableDecaySchedule) -> None:
     """Checks of a schedule that warms up, then decays from ``base_lrs`` to ``min_lrs`` by ``total_steps``."""
     _own_floats(schedule)
     check_numbers("base_lrs", schedule.base_lrs, low=0.0)
@@ -472,7 +459,7 @@ def _check_decay(schedule: WarmupPolynomialSchedule | WarmupStableDecaySchedule)
 
 
 @dataclass(frozen=True)
-class WarmupPolynomialSchedule:
+class WarmupPolynomialSchedule(_LROnly):
     """:func:`warmup_polynomial_lr` resolved for every parameter group of one optimizer.
 
     Args:
@@ -494,11 +481,6 @@ class WarmupPolynomialSchedule:
         _check_decay(self)
         check_float("power", self.power, low=0.0, low_inclusive=False)
 
-    @property
-    def num_groups(self) -> int:
-        """Number of parameter groups."""
-        return len(self.base_lrs)
-
     def lr_at(self, step: int, group: int) -> float:
         """Learning rate of ``group`` at ``step``."""
         return warmup_polynomial_lr(
@@ -510,13 +492,9 @@ class WarmupPolynomialSchedule:
             power=self.power,
         )
 
-    def momentum_at(self, step: int, group: int) -> float | None:
-        """Not scheduled: always ``None``."""
-        return None
-
 
 @dataclass(frozen=True)
-class WarmupStableDecaySchedule:
+class WarmupStableDecaySchedule(_LROnly):
     """:func:`warmup_stable_decay_lr` resolved for every parameter group of one optimizer.
 
     Args:
@@ -549,11 +527,6 @@ class WarmupStableDecaySchedule:
         check_choice("warmup_shape", self.warmup_shape, RAMP_SHAPES)
         check_choice("decay_shape", self.decay_shape, RAMP_SHAPES)
 
-    @property
-    def num_groups(self) -> int:
-        """Number of parameter groups."""
-        return len(self.base_lrs)
-
     def lr_at(self, step: int, group: int) -> float:
         """Learning rate of ``group`` at ``step``."""
         return warmup_stable_decay_lr(
@@ -566,10 +539,6 @@ class WarmupStableDecaySchedule:
             warmup_shape=self.warmup_shape,  # type: ignore[arg-type]
             decay_shape=self.decay_shape,  # type: ignore[arg-type]
         )
-
-    def momentum_at(self, step: int, group: int) -> float | None:
-        """Not scheduled: always ``None``."""
-        return None
 
 
 @dataclass(frozen=True)
