@@ -623,13 +623,13 @@ def test_nvml_failing_in_sample_is_disabled_after_one_message(tmp_path: Path) ->
     class InstallSampler(lt.ThroughputLatencyMonitor):
         def on_fit_start(self, trainer: Any, pl_module: Any) -> None:
             super().on_fit_start(trainer, pl_module)
-            self._nvml = sampler
+            self._devices.nvml = sampler
 
     monitor = InstallSampler(log_every_n_steps=2)
     with pytest.warns(RuntimeWarning, match="NVML could not read GPU utilisation") as caught:
         make_trainer(tmp_path, [monitor], max_steps=6).fit(Regressor())
     assert len([w for w in caught if "NVML" in str(w.message)]) == 1
-    assert nvml.queries == 1 and monitor._nvml is None and monitor.summary["steps"] == 6
+    assert nvml.queries == 1 and monitor._devices.nvml is None and monitor.summary["steps"] == 6
 
 
 def test_window_too_large_is_a_value_error() -> None:

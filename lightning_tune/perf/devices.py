@@ -8,12 +8,15 @@ nothing, quietly.
 from __future__ import annotations
 
 import contextlib
+import math
 import platform
+import time
+from collections.abc import Callable
 from typing import Any
 
 import torch
 
-from lightning_tune import _imports
+from lightning_tune import _imports, keys
 from lightning_tune._validation import check_instance
 
 GIB = float(1 << 30)
@@ -27,7 +30,7 @@ _EARLIER_PEAK: dict[int, int] = {}  # device index -> highest allocated peak bef
 def reset_interval_peak(device: torch.device) -> None:
     """Reset ``torch.cuda``'s peak counters for an interval measurement, keeping the run's peak.
 
-    :func:`run_peak_allocated` (and so the monitor's ``perf/vram_peak_gib``) still reads the peak of the whole run.
+    :func:`allocator_metrics` (and so the monitor's ``perf/vram_peak_gib``) still reads the peak of the whole run.
     """
     index = torch.device(device).index or 0
     _EARLIER_PEAK[index] = max(_EARLIER_PEAK.get(index, 0), int(torch.cuda.max_memory_allocated(device)))
@@ -38,12 +41,6 @@ def reset_run_peak(device: torch.device) -> None:
     """Start a new run's peak: ``torch.cuda.reset_peak_memory_stats`` and the peak kept across interval resets."""
     _EARLIER_PEAK.pop(torch.device(device).index or 0, None)
     torch.cuda.reset_peak_memory_stats(device)
-
-
-def run_peak_allocated(device: torch.device) -> int:
-    """Peak allocated bytes of the process, across interval resets made by :func:`reset_interval_peak`."""
-    index = torch.device(device).index or 0
-    return max(int(torch.cuda.max_memory_allocated(device)), _EARLIER_PEAK.get(index, 0))
 
 
 def cuda_memory_metrics(device: torch.device) -> dict[str, float]:
@@ -94,6 +91,55 @@ def driver_metrics(device: torch.device) -> dict[str, float]:
         return {}
     free, total = torch.cuda.mem_get_info(device)
     return {"vram_used_frac": (total - free) / total}
+
+
+class DeviceReader:
+    """The monitor's device figures at its logging steps, read as the module says; ``warn`` hears of an NVML failure.
+
+    ``vram_peak_gib`` is the highest read since :meth:`start`, so it survives resets of torch's peak counters.
+    """
+
+    def __init__(self, warn: Callable[[str], object]) -> None:
+        self.warn = warn
+        self.nvml: NvmlSampler | None = None  #: Set by the owner, for GPU utilisation.
+        self.nvml_off = False  #: NVML failed: not to be set up again.
+        self.device, self.peak_gib, self._due = torch.device("cpu"), 0.0, -math.inf
+
+    def start(self, device: torch.device) -> None:
+        """A new run on ``device`` (nothing is read off CUDA): its peak from now, the driver read at its first log."""
+        self.device, self.peak_gib, self._due = device, 0.0, -math.inf
+        if device.type == "cuda" and torch.cuda.is_available():
+            reset_run_peak(device)
+
+    def read(self) -> dict[str, float]:
+        """The allocator's figures, and the driver's and NVML's when they are due, keyed as in ``perf/...``."""
+        out = allocator_metrics(self.device)
+        if "vram_peak_gib" in out:
+            out["vram_peak_gib"] = self.peak_gib = max(self.peak_gib, out["vram_peak_gib"])
+        now = time.monotonic()
+        if now >= self._due:
+            self._due = now + DRIVER_READ_EVERY_S
+            out.update(driver_metrics(self.device))
+            out.update(self._sample_nvml())
+        return out
+
+    def peak(self) -> float | None:
+        """The run's peak allocated GiB, read now (``None`` off CUDA)."""
+        peak = allocator_metrics(self.device).get("vram_peak_gib")
+        return None if peak is None else max(self.peak_gib, peak)
+
+    def _sample_nvml(self) -> dict[str, float]:
+        if self.nvml is None:
+            return {}
+        try:
+            return self.nvml.sample()
+        except Exception as err:  # noqa: BLE001 - e.g. NVMLError_NotSupported on a MIG device: stop asking
+            self.nvml, self.nvml_off = None, True
+            self.warn(
+                f"NVML could not read GPU utilisation ({type(err).__name__}: {err}); `{keys.GPU_UTIL_PCT}` and "
+                f"`{keys.GPU_MEM_BW_PCT}` are not logged from now on."
+            )
+            return {}
 
 
 def describe_device(device: torch.device) -> str:

@@ -46,11 +46,7 @@ class Totals:
         return self.step_ms + self.between_ms
 
     def add(self, other: Totals) -> None:
-        """Add another stretch to this one.
-
-        Args:
-            other: The totals to add.
-        """
+        """Add the ``other`` stretch to this one."""
         for field in fields(self):
             setattr(self, field.name, getattr(self, field.name) + getattr(other, field.name))
 

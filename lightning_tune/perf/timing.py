@@ -40,7 +40,7 @@ class Timer(Protocol):
 
 
 class HostTimer:
-    """Host wall-clock marks from ``time.perf_counter``.
+    """Host wall-clock marks from ``time.perf_counter`` (a :class:`Timer`): a mark is a time already taken.
 
     Example:
         >>> timer = HostTimer()
@@ -50,53 +50,26 @@ class HostTimer:
     """
 
     def mark(self) -> float:
-        """Return the current ``perf_counter`` value.
-
-        Returns:
-            Seconds, as a float.
-        """
+        """The current ``perf_counter`` value, in seconds."""
         return perf_counter()
 
     def elapsed_ms(self, start: float, end: float) -> float:
-        """Milliseconds from ``start`` to ``end``.
-
-        Args:
-            start: Earlier mark.
-            end: Later mark.
-
-        Returns:
-            The duration in milliseconds.
-        """
+        """Milliseconds from ``start`` to ``end``."""
         return (end - start) * 1000.0
 
     def done(self, mark: float) -> bool:
-        """A host mark is a time already taken.
-
-        Args:
-            mark: Ignored.
-
-        Returns:
-            ``True``.
-        """
+        """Always: a host mark is a time already taken."""
         return True
 
     def wait(self, mark: float) -> None:
-        """Nothing to wait for on the host.
-
-        Args:
-            mark: Ignored.
-        """
+        """Nothing to wait for on the host."""
 
     def release(self, mark: float) -> None:
-        """Nothing to give back.
-
-        Args:
-            mark: Ignored.
-        """
+        """Nothing to give back."""
 
 
 class CudaTimer:
-    """CUDA-event marks on the current stream of ``device``, from a pool of events given back by :meth:`release`.
+    """CUDA-event marks on the current stream of ``device`` (a :class:`Timer`), from a pool refilled by :meth:`release`.
 
     Args:
         device: The CUDA device whose stream is timed.
@@ -107,52 +80,25 @@ class CudaTimer:
         self._pool: list[torch.cuda.Event] = []
 
     def mark(self) -> torch.cuda.Event:
-        """Record a timing event on the current stream (asynchronous); a released event is reused.
-
-        Returns:
-            The recorded event.
-        """
+        """Record a timing event on the current stream (asynchronous); a released event is reused."""
         event = self._pool.pop() if self._pool else torch.cuda.Event(enable_timing=True)
         event.record(torch.cuda.current_stream(self.device))
         return event
 
     def elapsed_ms(self, start: torch.cuda.Event, end: torch.cuda.Event) -> float:
-        """Milliseconds between two recorded events.
-
-        Args:
-            start: Earlier event.
-            end: Later event (already completed).
-
-        Returns:
-            The duration in milliseconds, as measured on the device.
-        """
+        """Milliseconds between two completed events, as measured on the device."""
         return float(start.elapsed_time(end))
 
     def done(self, mark: torch.cuda.Event) -> bool:
-        """Whether the event has completed (``Event.query()``: asks, never waits).
-
-        Args:
-            mark: The event.
-
-        Returns:
-            ``True`` once all work recorded before it has run.
-        """
+        """Whether all work recorded before the event has run (``Event.query()``: asks, never waits)."""
         return bool(mark.query())
 
     def wait(self, mark: torch.cuda.Event) -> None:
-        """Wait for the event (and so for all work recorded before it).
-
-        Args:
-            mark: The event.
-        """
+        """Wait for the event, and so for all work recorded before it."""
         mark.synchronize()
 
     def release(self, mark: torch.cuda.Event) -> None:
-        """Put a completed event that will not be read again back into the pool.
-
-        Args:
-            mark: The event.
-        """
+        """Put a completed event that will not be read again back into the pool."""
         self._pool.append(mark)
 
 

@@ -84,19 +84,11 @@ class LatencyWindow:
         return len(self._values)
 
     def add(self, value: float) -> None:
-        """Add one duration, dropping the oldest when full.
-
-        Args:
-            value: Duration in milliseconds.
-        """
+        """Add one duration (ms), dropping the oldest when full."""
         self._values.append(value)
 
     def extend(self, values: Iterable[float]) -> None:
-        """Add several durations in order.
-
-        Args:
-            values: Durations in milliseconds.
-        """
+        """Add several durations (ms) in order."""
         self._values.extend(values)
 
     def clear(self) -> None:
@@ -118,9 +110,5 @@ class LatencyWindow:
         return {p: float(v) for p, v in zip(percentiles, values, strict=True)}
 
     def max(self) -> float | None:
-        """Largest duration in the window, or ``None`` when empty.
-
-        Returns:
-            The maximum.
-        """
+        """Largest duration in the window, or ``None`` when empty."""
         return max(self._values) if self._values else None
