@@ -18,15 +18,18 @@ import lightning_tune as lt
 from lightning_tune.callbacks import LossSwap
 from lightning_tune.plan import measure_memory
 from lightning_tune.swaps import linear_cross_entropy, swap_loss
-from tests.helpers import make_trainer, run_ddp_script
+from tests.helpers import Regressor, make_trainer, run_ddp_script
 from tests.hf_data import TokenDataset, lm_collator
 
 VOCAB = 1000
 TINY = {"vocab_size": VOCAB, "hidden_size": 32, "num_hidden_layers": 2, "num_attention_heads": 4}
 
 
-def llama() -> nn.Module:
-    return transformers.LlamaForCausalLM(transformers.LlamaConfig(**TINY, intermediate_size=64, num_key_value_heads=2))
+def llama(layers: int = 2) -> nn.Module:
+    config = transformers.LlamaConfig(
+        **{**TINY, "num_hidden_layers": layers}, intermediate_size=64, num_key_value_heads=2
+    )
+    return transformers.LlamaForCausalLM(config)
 
 
 def llama_with_bias() -> nn.Module:
@@ -232,10 +235,11 @@ def test_with_hugging_face_gradient_checkpointing() -> None:
     assert_same(got, want, atol=1e-5)
 
 
-def test_bf16_autocast_stays_within_the_unswapped_bf16_error() -> None:
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=["bf16-mixed", "16-mixed"])
+def test_autocast_stays_within_the_unswapped_autocast_error(dtype: torch.dtype) -> None:
     model, batch = build(llama), padded_batch()
     exact = loss_and_grads(model, batch)
-    with torch.autocast("cpu", dtype=torch.bfloat16):
+    with torch.autocast("cpu", dtype=dtype):
         plain = loss_and_grads(model, batch)
         with swap_loss(model, "chunked"):
             swapped = loss_and_grads(model, batch)
@@ -251,7 +255,7 @@ def test_swap_is_per_instance_and_restored() -> None:
     model, other, batch = build(llama), build(llama), padded_batch()
     result = swap_loss(model, "chunked")
     assert other(**batch).logits.shape == (3, 12, VOCAB)  # a second model of the class is untouched
-    assert "forward" not in vars(other) and "forward" not in vars(model.lm_head)
+    assert "forward" not in vars(other) and "forward" not in vars(other.lm_head)
     with pytest.raises(AttributeError, match=r"has no `logits`.*LossSwap / TunePlugin\(loss=\.\.\.\)"):
         _ = model(**batch).logits
     assert model(input_ids=batch["input_ids"]).logits.shape == (3, 12, VOCAB)  # no labels: the model as it was
@@ -259,19 +263,26 @@ def test_swap_is_per_instance_and_restored() -> None:
     assert model(**batch).logits.shape == (3, 12, VOCAB)  # eval (validation, predict): the model as it was
     model.train()
     result.restore()
-    assert "forward" not in vars(model) and model(**batch).logits.shape == (3, 12, VOCAB)
+    assert "forward" not in vars(model) and "forward" not in vars(model.lm_head)
+    assert model(**batch).logits.shape == (3, 12, VOCAB)
 
 
-def test_peft_lora_with_a_frozen_head() -> None:
+@pytest.mark.parametrize("train_head", [False, True], ids=["frozen-head", "trained-head"])
+def test_peft_lora(train_head: bool) -> None:
     peft = pytest.importorskip("peft")
     config = peft.LoraConfig(r=4, target_modules=["q_proj", "v_proj"])
     model = peft.get_peft_model(build(llama), config).train()
+    model.get_output_embeddings().weight.requires_grad_(train_head)
     batch = padded_batch()
     want = loss_and_grads(model, batch)
     with swap_loss(model, "chunked"):
         got = loss_and_grads(model, batch)
     assert_same(got, want, atol=1e-5)
-    assert got[1] and all("lora_" in name for name in got[1])  # the frozen head has no gradient
+    trained = {name for name in got[1] if "lora_" not in name}
+    assert got[1] and trained == ({"base_model.model.lm_head.weight"} if train_head else set())
+    with_head = peft.LoraConfig(r=4, target_modules=["q_proj"], modules_to_save=["lm_head"])
+    with pytest.raises(TypeError, match=r"its LM head is ModulesToSaveWrapper.*requires_grad_\(True\)"):
+        swap_loss(peft.get_peft_model(build(llama), with_head), "chunked")
 
 
 def test_refusals_name_what_is_wrong() -> None:
@@ -296,15 +307,36 @@ def test_auto_is_chunked_off_cuda_and_says_so() -> None:
     ]
 
 
+def test_torch_compile_of_a_swapped_model_gives_its_loss_and_gradients_in_one_graph() -> None:
+    """Dynamo and AOTAutograd (backend "aot_eager": inductor's code generation aside) capture the swapped forward, the
+    chunked loss's autograd function included, in one graph, compiled once; only the output without logits is built
+    outside it. Loss and gradients are the unswapped Hugging Face model's."""
+    from torch._dynamo.utils import counters
+
+    torch._dynamo.reset()
+    counters.clear()
+    model, batch = build(functools.partial(llama, layers=1)), padded_batch()  # one layer: less to trace
+    want = loss_and_grads(model, batch)
+    with swap_loss(model, "chunked", chunk_size=7):
+        compiled = torch.compile(model, backend="aot_eager")
+        for _ in range(2):
+            assert_same(loss_and_grads_of(lambda: compiled(**batch).loss, model), want, atol=1e-5)
+        with pytest.raises(AttributeError, match=r"has no `logits`"):
+            _ = compiled(**batch).logits
+    assert counters["stats"]["unique_graphs"] == 1
+    (reason,) = counters["graph_break"]  # one break: where the output without logits is built
+    assert "_without_logits" in reason
+
+
 # ------------------------------------------------------------------------------------------------- in a Trainer
 
 
 class CausalLM(LightningModule):
     """A user's module: training reads only the loss, validation reads the logits (accuracy)."""
 
-    def __init__(self) -> None:
+    def __init__(self, layers: int = 2) -> None:
         super().__init__()
-        self.model = build(llama)
+        self.model = build(functools.partial(llama, layers=layers))
         self.val_accuracy: list[float] = []
         self.kept_logits: list[bool] = []
 
@@ -341,6 +373,73 @@ def test_trainer_run_matches_the_unswapped_run(tmp_path: Any, how: str) -> None:
     assert swapped.val_accuracy == plain.val_accuracy and len(plain.val_accuracy) == 1  # validation had its logits
     for (name, want), got in zip(plain.named_parameters(), swapped.parameters(), strict=True):
         torch.testing.assert_close(got, want, atol=1e-5, rtol=0, msg=lambda m, n=name: f"{n}: {m}")
+
+
+def test_torch_compile_callback_and_the_loss_swap_compose_in_either_order(tmp_path: Any) -> None:
+    """TorchCompile compiles whatever forward the model has at its setup: the swapped one (LossSwap first), or the
+    model's own, which then calls the swapped head (TorchCompile first, as under TunePlugin(loss=...)). Either way the
+    run trains the unswapped weights, compiles once (not at every step) and leaves the model as it was."""
+    from torch._dynamo.utils import counters
+
+    batches = [padded_batch(), padded_batch()]
+
+    def fit(callbacks: list[Callback]) -> CausalLM:
+        module = CausalLM(layers=1)
+        make_trainer(tmp_path, callbacks, max_steps=2).fit(module, DataLoader(batches, batch_size=None))
+        return module
+
+    plain = fit([])
+    for order in ("swap-then-compile", "compile-then-swap"):
+        torch._dynamo.reset()
+        counters.clear()
+        swap, compile_ = LossSwap("chunked", verbose=False), lt.TorchCompile(backend="eager", verbose=False)
+        swapped = fit([swap, compile_] if order == "swap-then-compile" else [compile_, swap])
+        assert swapped.kept_logits == [False, False], order
+        assert counters["stats"]["unique_graphs"] == 1, order
+        assert "forward" not in vars(swapped.model) and "forward" not in vars(swapped.model.lm_head), order
+        for (name, want), got in zip(plain.named_parameters(), swapped.parameters(), strict=True):
+            torch.testing.assert_close(got, want, atol=1e-5, rtol=0, msg=lambda m, n=name, o=order: f"{o} {n}: {m}")
+
+
+class LateCausalLM(CausalLM):
+    """Builds its model in ``configure_model``, as large models are built under FSDP2."""
+
+    def __init__(self) -> None:
+        LightningModule.__init__(self)
+        self.kept_logits = []
+
+    def configure_model(self) -> None:
+        if not hasattr(self, "model"):
+            self.model = build(llama)
+
+
+@pytest.mark.parametrize(
+    ("how", "module", "message"),
+    [
+        pytest.param("callback", Regressor, r"found no causal language model in Regressor", id="callback"),
+        pytest.param("plugin", Regressor, r"found no causal language model in Regressor", id="plugin"),
+        pytest.param(
+            "callback", LateCausalLM, r"built in `configure_model` .* TunePlugin\(loss='chunked'\)", id="late"
+        ),
+    ],
+)
+def test_a_swap_that_finds_no_causal_lm_is_an_error(tmp_path: Any, how: str, module: type, message: str) -> None:
+    kwargs: dict[str, Any] = {"max_steps": 1}
+    if how == "plugin":
+        kwargs["plugins"] = [lt.TunePlugin("32-true", loss="chunked")]
+    trainer = make_trainer(tmp_path, [LossSwap("chunked")] if how == "callback" else [], **kwargs)
+    loaders = [] if module is Regressor else [DataLoader([padded_batch()], batch_size=None)]
+    with pytest.raises(ValueError, match=message) as raised:
+        trainer.fit(module(), *loaders)
+    # it says what it looks for and what to do instead
+    assert "`*ForCausalLM`" in str(raised.value) and "lightning_tune.linear_cross_entropy(" in str(raised.value)
+
+
+def test_the_plugin_swaps_a_model_built_in_configure_model(tmp_path: Any) -> None:
+    module = LateCausalLM()
+    trainer = make_trainer(tmp_path, [], max_steps=1, plugins=[lt.TunePlugin("32-true", loss="chunked")])
+    trainer.fit(module, DataLoader([padded_batch()], batch_size=None))
+    assert module.kept_logits == [False] and "forward" not in vars(module.model)
 
 
 # ------------------------------------------------------------------------------------------------------ memory
@@ -429,13 +528,47 @@ def test_estimate_memory_shows_the_logits_term_and_what_the_swap_leaves() -> Non
     assert "logits and loss: 32.0 MiB per sample with the loss swap (2.45 GiB without)" in swapped.notes
 
 
+@pytest.fixture(scope="module")
+def ranks(tmp_path_factory: pytest.TempPathFactory) -> list[dict[str, Any]]:
+    """Both ranks' runs of tests/ddp_loss_swap_script.py: DDP and FSDP2 on CPU, in one 2-process launch."""
+    return run_ddp_script("ddp_loss_swap_script.py", tmp_path_factory.mktemp("loss_swap_ranks"))
+
+
+def assert_same_run(run: dict[str, Any]) -> None:
+    """A swapped run against the unswapped one, on one rank (its shard under FSDP2)."""
+    assert "error" not in run, run.get("error")
+    assert run["kept_logits"] == [[True, True], [False, False]] and run["restored"]
+    assert run["steps"] == [2, 2]
+    for plain, swapped in zip(*run["losses"], strict=True):
+        assert swapped == pytest.approx(plain, abs=1e-5)
+    assert run["grads"] <= 1e-5  # every step's gradient
+    assert run["weights"] <= 1e-5  # and the weights they trained
+
+
 @pytest.mark.slow
-def test_ddp_replicas_match_the_unswapped_ddp_run(tmp_path: Any) -> None:
-    ranks = run_ddp_script("ddp_loss_swap_script.py", tmp_path)
+def test_ddp_replicas_match_the_unswapped_ddp_run(ranks: list[dict[str, Any]]) -> None:
     for rank in ranks:
-        assert rank["kept_logits"] == [[True, True], [False, False]] and rank["restored"]
-        assert rank["difference"] <= 1e-5  # the swapped run's weights are the unswapped run's
-    assert ranks[0]["checksum"] == ranks[1]["checksum"]  # gradients were all-reduced: identical replicas
+        assert_same_run(rank["ddp/llama-callback"])
+    # gradients were all-reduced: identical replicas
+    assert ranks[0]["ddp/llama-callback"]["checksum"] == ranks[1]["ddp/llama-callback"]["checksum"]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    ("run", "head_own_unit"),
+    [
+        pytest.param("fsdp2/llama-callback", True, id="head-sharded-alone-callback"),
+        pytest.param("fsdp2/llama-plugin", True, id="head-sharded-alone-plugin"),
+        pytest.param("fsdp2/gemma-tied-callback", False, id="tied-head-in-the-root"),
+    ],
+)
+def test_fsdp2_shards_match_the_unswapped_fsdp2_run(ranks: list[dict[str, Any]], run: str, head_own_unit: bool) -> None:
+    """Under FSDP2 the head's weight is a sharded DTensor gathered by its unit's forward hooks (the head's own when it
+    is sharded alone, freed after its forward and gathered again for its backward; the root's when tied): the swapped
+    loss must see the gathered weight in forward and backward, and give each rank's shard the unswapped gradients."""
+    for rank in ranks:
+        assert_same_run(rank[run])
+        assert rank[run]["head_own_unit"] is head_own_unit
 
 
 def test_token_weighted_dynamic_batches_give_the_unswapped_weights(tmp_path: Any) -> None:
@@ -461,7 +594,7 @@ def test_token_weighted_dynamic_batches_give_the_unswapped_weights(tmp_path: Any
         module.kept_logits = []
         callbacks: list[Callback] = [dyn, LossSwap("chunked", chunk_size=7, verbose=False)] if swap else [dyn]
         make_trainer(tmp_path, callbacks, accumulate_grad_batches=4, max_steps=1).fit(module)
-        assert dyn._micro_batches > 1  # the step really ran in micro-batches of unequal token counts
+        assert dyn.micro_batches > 1  # the step really ran in micro-batches of unequal token counts
         return module
 
     plain, swapped = run(False), run(True)

@@ -32,6 +32,7 @@ class SurgeryCallback(Callback):
 
     ``setup`` runs before the strategy moves the model and wraps it in DDP/FSDP, so the surgery sees the bare model.
     A ``setup`` without its ``teardown`` (an interrupted run) first undoes the earlier change, so changes never stack.
+    The surgeries of a Trainer's surgery callbacks are undone at ``teardown`` last-made first.
 
     Args:
         verbose: Print what was changed, on rank zero.
@@ -62,13 +63,21 @@ class SurgeryCallback(Callback):
 
     @override
     def setup(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
-        self.teardown(trainer, pl_module, stage)
+        self._restore()
         self.result = self.apply(trainer, pl_module)
         if self.verbose:
             rank_zero_info(self.result.describe())
 
     @override
     def teardown(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
+        # Lightning tears callbacks down in the order it set them up, but a later surgery may wrap an earlier one's
+        # (TorchCompile compiles the forward LossSwap installed): the first teardown undoes them all, last made first
+        for callback in reversed(getattr(trainer, "callbacks", [])):
+            if isinstance(callback, SurgeryCallback):
+                callback._restore()
+        self._restore()
+
+    def _restore(self) -> None:
         if self.result is not None:
             self.result.restore()
             self.result = None
@@ -222,7 +231,8 @@ class LossSwap(SurgeryCallback):
     Raises:
         TypeError: If ``backend`` is not a string, ``chunk_size`` not an int or ``verbose`` not a bool.
         ValueError: If ``backend`` is unknown or ``chunk_size`` < 1. A backend that cannot run on the Trainer's
-            device, or a model the swap would get wrong, raises at ``setup``.
+            device, a module with no causal LM to swap (one built in ``configure_model`` is not there yet: use
+            ``TunePlugin(loss=...)``), or a model the swap would get wrong, raises at ``setup``.
 
     Example:
         >>> from lightning.pytorch import Trainer

@@ -2,10 +2,11 @@
 
 Each Hugging Face ``*ForCausalLM`` (or ``GPT2LMHeadModel``) instance found in the model gets an instance-level
 ``forward`` (never a class patch), as does a module whose ``forward`` takes ``targets`` and whose output layer is
-``head`` (the demo GPT; see :func:`find_causal_lms`). While the model is training and labels are given, that forward
-runs the model's own forward with its head replaced, for that call only, by a function that turns the hidden states
+``head`` (the demo GPT; see :func:`find_causal_lms`), and so does its head. While the model is training and labels are
+given, that forward runs the model's own forward with the head armed, for that call only, to turn the hidden states
 straight into the loss, so the ``tokens x vocabulary`` logits are never made; the output's ``loss`` is the model's loss
 and it has no ``logits``. Without labels, or in eval mode (validation, predict, generation), the model runs unchanged.
+A module holding no such model is an error: the swap was asked for and would change nothing.
 
 The loss is Hugging Face's ``ForCausalLMLoss``: labels shifted left by one (or the ``shift_labels`` given),
 ``ignore_index`` (-100 by default), a mean over the real tokens, or the sum divided by ``num_items_in_batch`` when it
@@ -120,7 +121,11 @@ _NO_LOGITS = (
 
 @functools.cache
 def _without_logits_type(cls: Any) -> type:
-    """``cls`` (a ``ModelOutput`` class) whose ``logits`` raises an error that names the swap."""
+    """``cls`` (a ``ModelOutput`` class) whose ``logits`` raises an error that names the swap.
+
+    ``logits`` is no dataclass field of it either: code that walks an output's fields (FSDP2's hooks on a root
+    module's output, ``dataclasses.replace``) sees the fields that hold something and never reads ``logits``.
+    """
 
     def __getattribute__(self: Any, name: str) -> Any:  # noqa: N807
         if name == "logits":
@@ -133,9 +138,12 @@ def _without_logits_type(cls: Any) -> type:
         return cls.__getitem__(self, key)
 
     namespace = {"__getattribute__": __getattribute__, "__getitem__": __getitem__, "__module__": cls.__module__}
+    if hasattr(cls, "__dataclass_fields__"):
+        namespace["__dataclass_fields__"] = {k: f for k, f in cls.__dataclass_fields__.items() if k != "logits"}
     return type(cls.__name__, (cls,), namespace)
 
 
+@torch.compiler.disable  # a class made at run time and assigned to `__class__`: built outside a compiled graph
 def _without_logits(output: Any, loss: Tensor) -> Any:
     fields = {key: value for key, value in output.items() if key not in ("loss", "logits")}
     result = type(output)(loss=loss, **fields)
@@ -146,16 +154,44 @@ def _without_logits(output: Any, loss: Tensor) -> Any:
 
 
 class _HeadLoss(InstanceForward):
-    """The LM head's ``forward`` for one call: the loss from the hidden states, and an empty ``[..., 0]`` tensor."""
+    """The LM head's ``forward`` while its model is swapped: the loss, in the calls its model's forward arms.
 
-    def __init__(self, module: nn.Linear, original: Any, compute: Callable[[Tensor], Tensor]) -> None:
+    Unarmed it is the head's own product. Armed with labels by :class:`_LossForward`, it computes the loss from the
+    hidden states (kept in :attr:`loss`) and returns an empty ``[..., 0]`` tensor in place of the logits. It is
+    installed once, with the swap, and armed through plain attributes, so a compiled forward that calls the head
+    (``TorchCompile`` before ``LossSwap``, or ``TunePlugin(loss=...)``) meets the same object at every call and is
+    not compiled again. The empty tensor is computed from the loss, and the loss is taken through it, so the backward
+    pass reaches the head's output before the loss: hooks on that output run first, as before the head's matrix
+    product. FSDP2 relies on that when the head is sharded on its own: it gathers the head's weight again there,
+    after having freed it at the end of the head's forward.
+    """
+
+    def __init__(self, module: nn.Linear, original: Any, loss_fn: _LossFn, softcap: float | None) -> None:
         super().__init__(module, original)
-        self.compute = compute
+        self.loss_fn, self.softcap = loss_fn, softcap
+        self.labels: Tensor | None = None  # armed while not None
+        self.shift, self.items, self.ignore_index = False, None, -100
         self.loss: Tensor | None = None
 
-    def __call__(self, hidden: Tensor) -> Tensor:
-        self.loss = self.compute(hidden)
-        return hidden.new_empty(*hidden.shape[:-1], 0)
+    def __call__(self, hidden: Tensor, *args: Any, **kwargs: Any) -> Tensor:
+        if self.labels is None:
+            return cast(Tensor, self.call_original(hidden, *args, **kwargs))
+        head, items = self.module, self.items
+        loss = self.loss_fn(
+            hidden,
+            head.weight,
+            self.labels,
+            bias=head.bias,
+            ignore_index=self.ignore_index,
+            reduction="mean" if items is None else "sum",
+            shift=self.shift,
+            softcap=self.softcap,
+        )
+        if items is not None:
+            loss = loss / torch.as_tensor(items, device=loss.device)
+        output = hidden.new_zeros(*hidden.shape[:-1], 0) + loss  # empty, not a view (FSDP2 warns about views)
+        self.loss = loss + output.sum()  # adds 0; its gradient goes through `output` (and its hooks) too
+        return output
 
 
 class _LossForward(InstanceForward):
@@ -165,9 +201,9 @@ class _LossForward(InstanceForward):
     ``targets`` model (the demo GPT): its ``targets`` are already aligned with the positions, and it returns the loss.
     """
 
-    def __init__(self, module: nn.Module, original: Any, loss_fn: _LossFn, softcap: float | None, kind: str) -> None:
+    def __init__(self, module: nn.Module, original: Any, head: _HeadLoss, kind: str) -> None:
         super().__init__(module, original)
-        self.loss_fn, self.softcap, self.kind = loss_fn, softcap, kind
+        self.head, self.kind = head, kind
         self.signature = inspect.signature(self.__wrapped__)
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
@@ -187,34 +223,21 @@ class _LossForward(InstanceForward):
                 f"{type(self.module).__name__} was called with return_dict=False under the loss swap; it returns a "
                 "ModelOutput (with `loss` and no `logits`): call it without return_dict=False"
             )
-        head = _head(self.module, self.kind)
-        shift_labels = arguments.get("shift_labels")
-        items = arguments.get("num_items_in_batch")
-
-        def compute(hidden: Tensor) -> Tensor:
-            loss = self.loss_fn(
-                hidden,
-                head.weight,
-                labels if shift_labels is None else shift_labels,
-                bias=head.bias,
-                ignore_index=arguments.get("ignore_index", -100),
-                reduction="mean" if items is None else "sum",
-                shift=hf and shift_labels is None,
-                softcap=self.softcap,
-            )
-            return loss if items is None else loss / torch.as_tensor(items, device=loss.device)
-
-        capture = _HeadLoss(head, head.__dict__.get("forward"), compute)
-        setattr(head, "forward", capture)  # noqa: B010
+        head, shift_labels = self.head, arguments.get("shift_labels")
+        head.labels = labels if shift_labels is None else shift_labels
+        head.shift = hf and shift_labels is None
+        head.items, head.ignore_index = arguments.get("num_items_in_batch"), arguments.get("ignore_index", -100)
         try:
             output = self.call_original(**arguments)
         finally:
-            remove_forward(head, _HeadLoss)
-        if capture.loss is None:
+            head.labels = None
+        loss, head.loss = head.loss, None
+        if loss is None:
             raise RuntimeError(
-                f"{type(self.module).__name__}.forward never called its LM head, so no loss was computed"
+                f"{type(self.module).__name__}.forward never called the LM head it had when the loss was swapped, so "
+                "no loss was computed (a head replaced since: swap again)"
             )
-        return _without_logits(output, capture.loss) if hf else capture.loss
+        return _without_logits(output, loss) if hf else loss
 
 
 def _head(model: nn.Module, kind: str) -> Any:
@@ -273,8 +296,9 @@ def _check_model(path: str, model: nn.Module, kind: str) -> float | None:
     head = _head(model, kind)
     if not isinstance(head, nn.Linear):
         raise TypeError(
-            f"The loss swap cannot swap {name}: its LM head is {type(head).__name__}, not a torch.nn.Linear (a LoRA "
-            "adapter on the head, for one: leave `lm_head` out of the adapter's target modules)"
+            f"The loss swap cannot swap {name}: its LM head is {type(head).__name__}, not a torch.nn.Linear (peft's "
+            "LoRA adapter or `modules_to_save` on the head, for one: leave `lm_head` out of both, and train the head "
+            "itself, if it is to be trained, with `model.get_output_embeddings().weight.requires_grad_(True)`)"
         )
     softcap = getattr(config, "final_logit_softcapping", None)
     return None if softcap is None else float(softcap)
@@ -313,8 +337,6 @@ class LossSwapResult(SurgeryResult):
 
     def describe(self) -> str:
         """A title line, then one row per swapped model, for printing."""
-        if not self.entries:
-            return f"Loss swap (backend={self.requested!r}): no causal language model found"
         rows = [[e.path or "(root)", e.module_type, str(e.vocab), str(e.softcap)] for e in self.entries]
         title = f"Loss swap: backend {self.backend!r} (requested {self.requested!r}), {len(rows)} model(s)"
         return f"{title}\n{table([['Module', 'Class', 'Vocabulary', 'Softcap'], *rows])}"
@@ -343,13 +365,17 @@ def swap_loss(
 
     Raises:
         TypeError: If ``module`` is not an ``nn.Module``, or a causal LM's head is not an ``nn.Linear``.
-        ValueError: If ``backend`` is unknown or cannot run here, or a model scales its logits or defines another
-            loss.
+        ValueError: If ``backend`` is unknown or cannot run here, ``module`` holds no causal LM the swap knows (see
+            :func:`find_causal_lms`), or a model scales its logits or defines another loss.
 
     Example:
-        >>> result = swap_loss(nn.Linear(2, 2), "chunked")
+        >>> from lightning_tune.demos import GPT, GPTConfig
+        >>> result = swap_loss(GPT(GPTConfig(vocab_size=500)), "chunked")
         >>> print(result.describe())
-        Loss swap (backend='chunked'): no causal language model found
+        Loss swap: backend 'chunked' (requested 'chunked'), 1 model(s)
+        Module  Class  Vocabulary  Softcap
+        (root)  GPT    500         None
+        >>> result.restore()
     """
     if not isinstance(module, nn.Module):
         raise TypeError(f"`module` must be a torch.nn.Module, got {module!r} ({type(module).__name__})")
@@ -365,12 +391,29 @@ def swap_loss(
     )
     result = LossSwapResult(requested=requested, backend=resolved)
     models = find_causal_lms(module)
+    if not models:
+        raise ValueError(
+            f"The loss swap (LossSwap / TunePlugin(loss={requested!r})) found no causal language model in "
+            f"{type(module).__name__}. It swaps Hugging Face `*ForCausalLM` and `GPT2LMHeadModel` instances, and "
+            "modules whose `forward` takes `targets` and whose output layer `head` is a torch.nn.Linear (the demo "
+            "GPT). For another model, remove the swap and compute the loss in `training_step` from the hidden states "
+            "before the head: `lightning_tune.linear_cross_entropy(hidden, head.weight, labels, shift=True)`. A model "
+            "built in `configure_model` does not exist yet when the LossSwap callback swaps (at `setup`): use "
+            f"TunePlugin(loss={requested!r}), which swaps after `configure_model`."
+        )
     softcaps = [_check_model(path, model, kind) for path, model, kind in models]  # refuse before changing anything
     for (path, model, kind), softcap in zip(models, softcaps, strict=True):
-        current = model.__dict__.get("forward")
-        original = current.original if isinstance(current, _LossForward) else current
-        setattr(model, "forward", _LossForward(model, original, loss_fn, softcap, kind))  # noqa: B010
+        head = _head(model, kind)
+        head_loss = _HeadLoss(head, _original(head, _HeadLoss), loss_fn, softcap)
+        setattr(head, "forward", head_loss)  # noqa: B010
+        result._undo.append(functools.partial(remove_forward, head, _HeadLoss))
+        setattr(model, "forward", _LossForward(model, _original(model, _LossForward), head_loss, kind))  # noqa: B010
         result._undo.append(functools.partial(remove_forward, model, _LossForward))
-        vocab = _head(model, kind).weight.shape[0]
-        result.entries.append(LossSwapEntry(path, type(model).__name__, vocab, softcap))
+        result.entries.append(LossSwapEntry(path, type(model).__name__, head.weight.shape[0], softcap))
     return result
+
+
+def _original(module: nn.Module, kind: type[InstanceForward]) -> Any:
+    """The instance ``forward`` a new wrap of type ``kind`` calls: the one under an earlier such wrap, never it."""
+    current = module.__dict__.get("forward")
+    return current.original if isinstance(current, kind) else current
