@@ -117,7 +117,7 @@ def test_tokens_weighting_equals_one_token_mean_over_the_step(tmp_path: Path) ->
         dyn = lt.DynamicBatchSize(probe=roomy(), adjust_every=1000, loss_weight=loss_weight)
         module = LM(tiny_gpt2(64), data, collate)
         fit(module, [dyn], tmp_path, accumulate_grad_batches=4, max_steps=1)
-        assert dyn._micro_batches > 1  # the step did run in several micro-batches of unequal token counts
+        assert dyn.micro_batches > 1  # the step did run in several micro-batches of unequal token counts
         return weights(module.model)
 
     for got, want in zip(run("tokens"), weights(reference), strict=True):
@@ -339,7 +339,8 @@ def test_the_monitor_reports_the_padding_and_flops_of_the_micro_batches_run(tmp_
 
 
 def test_label_shift_and_compiled_modules_are_found_as_hugging_face_and_torch_see_them() -> None:
-    from lightning_tune.callbacks.dynamic_batch import _causal_lm_shift, _has_compiled
+    from lightning_tune.batch.step import has_compiled as _has_compiled
+    from lightning_tune.batch.trim import causal_lm_shift as _causal_lm_shift
     from lightning_tune.swaps.compile import compile_modules
 
     bert = transformers.BertForSequenceClassification(

@@ -115,6 +115,7 @@ BASES: dict[str, Callable[[], dict[str, Any]]] = {
     },
     "ResizableBatchSampler": lambda: {"sampler": torch.utils.data.SequentialSampler(range(10)), "batch_size": 2},
     "TokenBudget": lambda: {"samples": _controller(), "pad_to_multiple_of": 8},
+    "DynamicStep": dict,
     "cut_step": lambda: {"batch": torch.randn(4, 2), "micro_batch_size": 2, "sample_weight": 0.25},
     "find_batch_size": lambda: {"try_batch": lambda size: size <= 8},
     "linear_cross_entropy": lambda: {
@@ -205,6 +206,8 @@ NOT_FUZZED = {
     "StepOutcome": "record an engine returns",
     "BatchSizeSearch": "record an engine returns",
     "MicroBatch": "record an engine passes to the user's forward",
+    "IntervalFigures": "record an engine returns",
+    "SizePolicy": "protocol",
     "FlopModel": "record an engine returns",
     "Totals": "record an engine returns",
     # They need what a CPU-only run lacks: CUDA, NVML, an initialised process group, the deepspeed package.
@@ -344,6 +347,7 @@ _ZERO_IS_VALID = [
     ("PlateauDetector", "threshold"),
     ("BatchSizeController", "min_change"),
     ("DynamicBatchSize", "min_change"),
+    ("DynamicStep", "min_change"),
     ("DeepSpeedSettings", "stage"),
     ("deepspeed_settings", "stage"),
     ("ZeroPlan", "stage"),
@@ -525,6 +529,7 @@ EXTRA: dict[str, list[tuple[str, Bad]]] = {
         ("schedule_kwargs", Bad("misspelt key", {"warmup_step": 10}, also={"schedule": "linear_warmup"})),
     ],
     "DynamicBatchSize": [("label_shift", Bad("shift for samples", 3))],
+    "DynamicStep": [("label_shift", Bad("shift for samples", 3))],
     "TorchCompile": [("options", Bad("misspelt inductor option", {"max_autotun": True}))],
     "scale_lr": [
         ("lr", Bad("overflowing", 1e300, also={"old_batch_size": 1, "new_batch_size": BIG, "rule": "linear"}))

@@ -1,7 +1,7 @@
 """The engine behind :class:`~lightning_tune.DynamicBatchSize`.
 
-Memory probes, the memory model, the control law, the resizable batch sampler, batch splitting and the micro-batch
-runner; none of it knows about the Trainer.
+Memory probes, the memory model, the control law, the resizable batch sampler, batch splitting, the micro-batch
+runner and the step policy (:class:`DynamicStep`); none of it knows about the Trainer.
 """
 
 from lightning_tune.batch.control import BatchSizeController, Decision
@@ -21,6 +21,7 @@ from lightning_tune.batch.runner import (
 from lightning_tune.batch.sampler import ResizableBatchSampler
 from lightning_tune.batch.search import SEARCH_MODES, BatchSizeSearch, find_batch_size
 from lightning_tune.batch.split import split_batch, split_sizes
+from lightning_tune.batch.step import DynamicStep, IntervalFigures, SizePolicy
 from lightning_tune.batch.tokens import TokenBudget
 
 __all__ = [
@@ -29,7 +30,9 @@ __all__ = [
     "BatchSizeSearch",
     "CudaMemory",
     "Decision",
+    "DynamicStep",
     "FAILURE_KINDS",
+    "IntervalFigures",
     "MemoryModel",
     "MemoryProbe",
     "MicroBatch",
@@ -37,6 +40,7 @@ __all__ = [
     "ResizableBatchSampler",
     "SEARCH_MODES",
     "SimulatedMemory",
+    "SizePolicy",
     "StepLogs",
     "StepOutcome",
     "TokenBudget",

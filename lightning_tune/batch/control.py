@@ -118,6 +118,21 @@ class BatchSizeController:
         self._ceiling: int | None = None  # smallest size that ran out of memory (or came under pressure) lately
         self._ceiling_age = 0
 
+    #: The unit of its sizes, as a :class:`~lightning_tune.batch.step.SizePolicy`.
+    unit = "samples"
+
+    def next_size(self, size: int, *, effective: int, cap: int | None, ran: int, **memory: Any) -> Decision:
+        """:meth:`decide` as a size policy: ``ran`` (0: ``size``) is the size observed."""
+        return self.decide(size, cap=cap, observed_size=ran or size, **memory)
+
+    def smaller(self, failed: int, *, effective: int, cap: int | None, **memory: Any) -> int:
+        """:meth:`on_oom` as a size policy."""
+        return self.on_oom(failed, cap=cap, **memory)
+
+    def samples_at(self, size: int, length: int, n: int) -> int:
+        """Samples in a micro-batch of ``size`` of any ``length``, as a size policy: ``size``."""
+        return size
+
     # -- the grid ---------------------------------------------------------------------------------------------------
     def _upper(self, cap: int | None) -> float:
         limits = [x for x in (self.max_batch_size, cap) if x is not None]

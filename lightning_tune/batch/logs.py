@@ -7,6 +7,8 @@ collects the micro-batches' values with their weights and gives back one value p
 
 from __future__ import annotations
 
+import contextlib
+import inspect
 from collections.abc import Callable, Iterator
 from numbers import Real
 from typing import Any
@@ -101,3 +103,32 @@ class StepLogs:
             if "batch_size" in out:
                 out["batch_size"] = sum(sizes) if all(s is not None for s in sizes) else None
             yield name, value, out
+
+    @contextlib.contextmanager
+    def collecting(self, module: Any) -> Iterator[None]:
+        """While a step's micro-batches run, collect what ``module.log`` logs; then log each key's step value once.
+
+        The instance's ``log`` is replaced, never its class's: the logged value is the step's, as without the cut,
+        and Lightning's epoch aggregate counts the step once, at the step's batch size.
+        """
+        original = module.log
+        signature = inspect.signature(original)
+
+        def collect(*args: Any, **kwargs: Any) -> None:
+            options = dict(signature.bind(*args, **kwargs).arguments)
+            name, value = options.pop("name"), options.pop("value")
+            if not self.add(name, value, options):
+                original(name, value, **options)  # a torchmetrics metric accumulates by itself
+
+        own = vars(module).get("log")
+        module.log = collect
+        try:
+            yield
+        finally:
+            if own is None:
+                del module.log
+            else:
+                module.log = own
+        for name, value, options in self.values():
+            original(name, value, **options)
+        self.clear()

@@ -31,6 +31,8 @@ The ``agree`` contract (DDP today; FSDP/FSDP2 builds on it):
 from __future__ import annotations
 
 import contextlib
+import functools
+import inspect
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import timedelta
@@ -51,7 +53,9 @@ __all__ = [
     "all_reduce_max",
     "cut_step",
     "is_allocation_failure",
+    "retry_steps",
     "step_with_retry",
+    "undo_retry_steps",
 ]
 
 #: Allocation-failure messages of the devices Lightning trains on, for errors that are not ``torch.OutOfMemoryError``:
@@ -444,3 +448,23 @@ def step_with_retry(
         "`lightning-tune calc` (lightning_tune.plan.estimate_memory) shows what fits and advises an 8-bit optimizer "
         "(OptimizerSwap), sharding (FSDP) or a smaller model"
     )
+
+
+def retry_steps(optimizers: Sequence[Any], *, free: Callable[[], None], warn: Callable[[str], Any]) -> None:
+    """Make each optimizer's ``step`` a :func:`step_with_retry` (not LBFGS's, which runs its closure many times)."""
+    for optimizer in optimizers:
+        if not isinstance(optimizer, torch.optim.LBFGS):
+            # update_wrapper keeps an LR scheduler's mark on the step, or torch warns it was overridden
+            retry = functools.partial(step_with_retry, optimizer, optimizer.step, free=free, warn=warn)
+            optimizer.step = functools.update_wrapper(retry, optimizer.step)
+
+
+def undo_retry_steps(optimizers: Sequence[Any]) -> None:
+    """Give each optimizer back the ``step`` :func:`retry_steps` wrapped."""
+    for optimizer in optimizers:
+        step = vars(optimizer).get("step")
+        if isinstance(step, functools.partial) and step.func is step_with_retry:
+            if inspect.ismethod(step.args[1]):  # the class's own step
+                del vars(optimizer)["step"]
+            else:  # an LR scheduler's wrapper
+                optimizer.step = step.args[1]

@@ -10,7 +10,8 @@ skipped or repeated either way.
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sized
+from collections.abc import Iterator, Mapping, Sized
+from typing import Any
 
 import torch
 from torch.utils.data import Sampler
@@ -148,6 +149,29 @@ class ResizableBatchSampler(Sampler[list[int]]):
         check_int("consumed", consumed, minimum=0)
         check_int("batches_done", batches_done, minimum=0)
         self._resume = (order, consumed, batches_done)
+
+    def restore(self, state: Mapping[str, Any], epoch: int, mid_epoch: bool) -> tuple[bool, bool]:
+        """Take a checkpoint's ``seed`` and position (``order``, ``consumed``, ``batches_done``, the ``epoch`` of them).
+
+        Args:
+            state: The checkpoint's state (``DynamicBatchSize``'s).
+            epoch: The epoch the resumed run starts in.
+            mid_epoch: Whether the run resumes within an epoch.
+
+        Returns:
+            Whether the epoch resumes after its ``consumed`` samples, and whether the run goes on with the epoch after
+            the checkpoint's (saved at its last batch).
+        """
+        if state.get("seed") is not None:
+            self.seed = state["seed"]
+        if state.get("epoch") is None:  # saved before the epoch was: an epoch whose samples were all trained has ended
+            same = state["consumed"] < (self.epoch_samples() if state["order"] is None else len(state["order"]))
+        else:
+            same = state["epoch"] == epoch
+        if mid_epoch and same and state["consumed"]:  # skip what was trained
+            order = None if state["order"] is None else [int(i) for i in state["order"].tolist()]
+            self.resume(state["consumed"], state["batches_done"], order)
+        return mid_epoch and same and bool(state["consumed"]), mid_epoch and not same
 
     def __iter__(self) -> Iterator[list[int]]:
         if self._resume is not None:

@@ -50,6 +50,17 @@ class TokenBudget:
             probe_growth=1.0,  # as a probe from 8 samples to 16: a grid step of tokens changes too little
         )
 
+    #: The unit of its sizes, as a :class:`~lightning_tune.batch.step.SizePolicy`.
+    unit = "padded tokens"
+
+    def next_size(self, size: int, *, effective: int, cap: int | None, ran: int, **memory: Any) -> Decision:
+        """:meth:`decide` as a size policy (its size is :attr:`budget`, what ran :attr:`largest`)."""
+        return self.decide(effective, **memory)
+
+    def smaller(self, failed: int, *, effective: int, cap: int | None, **memory: Any) -> int:
+        """:meth:`on_oom` as a size policy."""
+        return self.on_oom(failed, effective, **memory)
+
     def start(self, padded: int, size: int, *, agree: Callable[[list[float]], Sequence[float]] | None = None) -> int:
         """The budget; the first step converts ``size`` samples at ``padded`` (``agree``: the ranks' longest)."""
         self.longest = max(self.longest, padded)

@@ -23,6 +23,7 @@ from lightning_tune.batch.runner import MicroBatch
 __all__ = [
     "TRIM_KEYS",
     "PaddingLayout",
+    "causal_lm_shift",
     "cut_sequences",
     "label_tokens",
     "length_order",
@@ -255,6 +256,20 @@ def cut_sequences(
                 weight = len(chosen) * (sample_weight if chosen[0] < n - tail else tail_weight)
             pieces.append(MicroBatch(part, len(chosen), weight, length))
     return pieces
+
+
+def causal_lm_shift(module: torch.nn.Module) -> int:
+    """1 when ``module`` holds a Hugging Face causal LM (its loss shifts labels, as the HF Trainer decides), else 0."""
+    try:
+        from transformers import PreTrainedModel
+        from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
+    except ImportError:
+        return 0
+    causal = set(MODEL_FOR_CAUSAL_LM_MAPPING_NAMES.values())
+    for sub in module.modules():
+        if isinstance(sub, PreTrainedModel):  # the outermost: a causal LM's inner decoder is no LM of its own
+            return int(type(sub).__name__ in causal)
+    return 0
 
 
 def label_tokens(batch: Any, shift: int = 0, *, per_sample: bool = False) -> int | Tensor:
