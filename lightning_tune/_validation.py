@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import difflib
 import math
+import os
+import tempfile
 from collections.abc import Collection, Mapping, Sequence
 from typing import Any
 
@@ -54,12 +56,8 @@ def check_str(name: str, value: Any, *, allow_none: bool = False) -> None:
         TypeError: If ``value`` is not a string.
         ValueError: If it is empty.
     """
-    if value is None and allow_none:
-        return
-    if not isinstance(value, str):
-        kind = "a string or None" if allow_none else "a string"
-        raise TypeError(f"`{name}` must be {kind}, got {value!r} ({type(value).__name__})")
-    if not value.strip():
+    check_instance(name, value, str, "a string", allow_none=allow_none)
+    if value is not None and not value.strip():
         raise ValueError(f"`{name}` must be a non-empty string, got {value!r}")
 
 
@@ -177,30 +175,18 @@ def check_bool(name: str, value: Any) -> None:
         raise TypeError(f"`{name}` must be True or False, got {value!r} ({type(value).__name__})")
 
 
-def check_numbers(
-    name: str,
-    value: Any,
-    *,
-    low: float | None = None,
-    high: float | None = None,
-    low_inclusive: bool = True,
-    high_inclusive: bool = True,
-    allow_empty: bool = False,
-) -> None:
-    """Check that ``value`` is a sequence (not a string) of finite real numbers inside an interval.
+def check_numbers(name: str, value: Any, *, low: float | None = None, allow_empty: bool = False) -> None:
+    """Check that ``value`` is a sequence (not a string) of finite real numbers, none below ``low``.
 
     Args:
         name: Argument name for the message.
         value: The value given.
-        low: Lower bound of every item, if any.
-        high: Upper bound of every item, if any.
-        low_inclusive: Whether ``low`` itself is allowed.
-        high_inclusive: Whether ``high`` itself is allowed.
+        low: Lower bound of every item (allowed itself), if any.
         allow_empty: Whether an empty sequence is accepted.
 
     Raises:
         TypeError: If ``value`` is not a sequence of real numbers.
-        ValueError: If it is empty (unless allowed), or an item is not finite or lies outside the interval.
+        ValueError: If it is empty (unless allowed), or an item is not finite or lies below ``low``.
     """
     if isinstance(value, (str, bytes)) or not isinstance(value, Sequence):
         raise TypeError(f"`{name}` must be a sequence of numbers, got {value!r} ({type(value).__name__})")
@@ -209,9 +195,8 @@ def check_numbers(
     for item in value:
         if isinstance(item, bool) or not isinstance(item, (int, float)):
             raise TypeError(f"`{name}` must be a sequence of numbers, got {value!r} (an item is {item!r})")
-        if not math.isfinite(item) or _outside(item, low, high, low_inclusive, high_inclusive):
-            interval = _interval(low, high, low_inclusive, high_inclusive)
-            raise ValueError(f"`{name}` must hold finite numbers in {interval}, got {value!r}")
+        if not math.isfinite(item) or _outside(item, low, None, True, True):
+            raise ValueError(f"`{name}` must hold finite numbers in {_interval(low, None, True, True)}, got {value!r}")
 
 
 def check_instance(
@@ -289,6 +274,16 @@ def check_finite_result(name: str, value: float, inputs: str) -> float:
     if not math.isfinite(value):
         raise ValueError(f"{name} is not finite ({value!r}) for {inputs}")
     return value
+
+
+def check_writable_dir(directory: str | os.PathLike[str], problem: str) -> None:
+    """Create ``directory`` if needed and make sure a file can be written in it, else a ValueError: ``problem``, why."""
+    try:
+        os.makedirs(directory, exist_ok=True)
+        with tempfile.TemporaryFile(dir=directory):
+            pass
+    except OSError as err:
+        raise ValueError(f"{problem}: {err.strerror or err}") from None
 
 
 def _interval(low: float | None, high: float | None, low_inclusive: bool, high_inclusive: bool) -> str:

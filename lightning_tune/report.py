@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeAlias
 
 from lightning_tune import keys
-from lightning_tune._validation import check_int
+from lightning_tune._validation import check_instance, check_int
 
 if TYPE_CHECKING:
     from matplotlib.axes import Axes
@@ -77,6 +77,7 @@ _PLOTTED = frozenset(  # the keys some panel draws (besides tune/lr/pg{i} and th
 #: would be a flat line at 0 %: it is left out.
 _MIN_DATA_WAIT = 0.01
 _PERCENTILE_STYLES = ("-", "--", "-.")  # p50, p95, p99
+_STYLES = ("-", "--", "-.", ":")  # the series of a panel, in turn
 _MAX_STYLE = ":"
 
 
@@ -117,10 +118,7 @@ def read_scalars(logdir: str | os.PathLike[str]) -> Runs:
             f"no TensorBoard event files ({_EVENT_FILE_PREFIX}*) in {str(root)!r} or its subdirectories; "
             "TensorBoard logs are usually under ./lightning_logs"
         )
-    runs: Runs = {}
-    for directory in run_dirs:
-        name = directory.relative_to(root).as_posix()
-        runs[name] = _read_run(directory)
+    runs: Runs = {directory.relative_to(root).as_posix(): _read_run(directory) for directory in run_dirs}
     names = sorted({key for scalars in runs.values() for key in scalars})
     if not any(key.startswith(keys.PREFIXES) for key in names):
         shown = ", ".join(names[:10]) + (f" and {len(names) - 10} more" if len(names) > 10 else "")
@@ -241,11 +239,8 @@ def summarise(runs: Mapping[str, Mapping[str, Sequence[tuple[int, float]]]]) -> 
         return "no run has throughput, step-time, memory, learning-rate or batch-size scalars to summarise"
     rows = [["run", *(c.header for c in columns)]]
     for name, scalars in data.items():
-        cells = [name]
-        for column in columns:
-            values = _finite(scalars.get(column.key, ()))
-            cells.append(column.fmt(column.reduce(values)) if values else "-")
-        rows.append(cells)
+        values = [_finite(scalars.get(column.key, ())) for column in columns]
+        rows.append([name, *(c.fmt(c.reduce(v)) if v else "-" for c, v in zip(columns, values, strict=True))])
     widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
     # Group headers ("samples/s" over "last" and "median"): widen a group's last column when the label is longer.
     spans: list[tuple[str, int, int]] = []  # (label, first column, last column), columns counted after "run"
@@ -306,14 +301,12 @@ class _Canvas:
     runs: dict[str, dict[str, Series]]
     colours: dict[str, Any] = field(default_factory=dict)
 
-    def points(self, run: str, key: str) -> tuple[list[int], list[float]] | None:
-        points = self.runs[run].get(key)
-        if not points:
-            return None
-        return [s for s, _ in points], [v if math.isfinite(v) else math.nan for _, v in points]
+    def values(self, *names: str) -> list[float]:
+        """The finite values of these keys, of every run."""
+        return [v for scalars in self.runs.values() for key in names for v in _finite(scalars.get(key, ()))]
 
     def has(self, *names: str) -> bool:
-        return any(_finite(scalars.get(key, ())) for scalars in self.runs.values() for key in names)
+        return bool(self.values(*names))
 
     def loss_keys(self) -> list[str]:
         """The losses the module logged (``train_loss``, ``val_loss``, ...): keys outside perf/ and tune/."""
@@ -329,22 +322,26 @@ class _Canvas:
         return sorted(groups, key=_natural_key)
 
     def line(self, ax: Axes, run: str, key: str, *, style: str = "-", scale: float = 1.0, steps: bool = False) -> bool:
-        data = self.points(run, key)
-        if data is None or not any(math.isfinite(v) for v in data[1]):
+        """Draw one run's ``key``, a value that is not finite as a gap; whether it had a finite value to draw."""
+        points = self.runs[run].get(key, [])
+        if not _finite(points):
             return False
-        x, y = data
-        y = [v * scale for v in y]
+        x, y = [s for s, _ in points], [v * scale if math.isfinite(v) else math.nan for _, v in points]
         kwargs: dict[str, Any] = {"color": self.colours[run], "linestyle": style, "linewidth": 1.6}
         if len(x) <= _MARKER_MAX_POINTS:  # markers on logged points only, not on the carried end point below
             kwargs.update(marker="o", markersize=3.5, markevery=list(range(len(x))))
         if steps:  # a value holds until the next one: carry the last one to the run's last logged step
-            end = max(points[-1][0] for points in self.runs[run].values() if points)
+            end = max(series[-1][0] for series in self.runs[run].values() if series)
             if end > x[-1]:
                 x, y = [*x, end], [*y, y[-1]]
             ax.step(x, y, where="post", **kwargs)
         else:
             ax.plot(x, y, **kwargs)
         return True
+
+    def lines(self, ax: Axes, key: str, *, style: str = "-", scale: float = 1.0, steps: bool = False) -> bool:
+        """Draw ``key`` of every run (see :meth:`line`); whether some run had it to draw."""
+        return any([self.line(ax, run, key, style=style, scale=scale, steps=steps) for run in self.runs])
 
 
 def render_report(
@@ -385,8 +382,7 @@ def render_report(
     """
     data = _normalise_runs(runs)
     path = check_output(output)
-    if title is not None and not isinstance(title, str):
-        raise TypeError(f"`title` must be a string or None, got {title!r} ({type(title).__name__})")
+    check_instance("title", title, str, "a string", allow_none=True)
     check_int("dpi", dpi, minimum=MIN_DPI)
     if dpi > MAX_DPI:
         raise ValueError(f"`dpi` must be an integer from {MIN_DPI} to {MAX_DPI}, got {dpi!r}")
@@ -489,10 +485,8 @@ def _style_legend(ax: Axes, entries: Sequence[tuple[str, str]]) -> None:
     """
     from matplotlib.lines import Line2D
 
-    handles = []
-    for style, _ in entries:
-        line_kwargs: dict[str, Any] = {"color": _GUIDE_COLOUR, "linestyle": style, "linewidth": 1.6}
-        handles.append(Line2D([], [], **line_kwargs))
+    grey: dict[str, Any] = {"color": _GUIDE_COLOUR, "linewidth": 1.6}
+    handles = [Line2D([], [], **(grey | {"linestyle": style})) for style, _ in entries]
     ax.legend(
         handles,
         [label for _, label in entries],
@@ -512,14 +506,12 @@ def _draw_throughput(ax: Axes, canvas: _Canvas) -> None:
     has_samples, has_tokens = canvas.has(keys.SAMPLES_PER_SEC), canvas.has(keys.TOKENS_PER_SEC)
     primary = keys.SAMPLES_PER_SEC if has_samples else keys.TOKENS_PER_SEC
     ax.set_ylabel("samples/s" if has_samples else "tokens/s")
-    for run in canvas.runs:
-        canvas.line(ax, run, primary)
+    canvas.lines(ax, primary)
     ax.set_ylim(bottom=0)
     ax.yaxis.set_major_formatter(EngFormatter(sep=""))
     if has_samples and has_tokens:
         right = ax.twinx()
-        for run in canvas.runs:
-            canvas.line(right, run, keys.TOKENS_PER_SEC, style="--")
+        canvas.lines(right, keys.TOKENS_PER_SEC, style="--")
         right.set_ylabel("tokens/s")
         right.set_ylim(bottom=0)
         right.yaxis.set_major_formatter(EngFormatter(sep=""))
@@ -527,16 +519,9 @@ def _draw_throughput(ax: Axes, canvas: _Canvas) -> None:
 
 
 def _draw_percentiles(ax: Axes, canvas: _Canvas, names: Sequence[str], max_key: str | None, ylabel: str) -> None:
-    entries = []
-    for key, style in zip(names, _PERCENTILE_STYLES, strict=True):
-        if canvas.has(key):
-            entries.append((style, key.rsplit("_", 1)[-1]))
-            for run in canvas.runs:
-                canvas.line(ax, run, key, style=style)
-    if max_key is not None and canvas.has(max_key):
-        entries.append((_MAX_STYLE, "max"))
-        for run in canvas.runs:
-            canvas.line(ax, run, max_key, style=_MAX_STYLE)
+    series = [(key, style, key.rsplit("_", 1)[-1]) for key, style in zip(names, _PERCENTILE_STYLES, strict=True)]
+    series += [(max_key, _MAX_STYLE, "max")] if max_key is not None else []
+    entries = [(style, label) for key, style, label in series if canvas.lines(ax, key, style=style)]
     ax.set_ylabel(ylabel)
     ax.set_ylim(bottom=0)
     if len(entries) > 1:
@@ -553,17 +538,13 @@ def _draw_val_latency(ax: Axes, canvas: _Canvas) -> None:
 
 
 def _draw_lr(ax: Axes, canvas: _Canvas) -> None:
-    groups = canvas.lr_group_keys()
-    names = [keys.LR, *groups]
-    styles = ["-", "--", "-.", ":"]
-    entries = []
-    for i, key in enumerate(names):
-        if canvas.has(key):
-            style = styles[i % len(styles)]
-            entries.append((style, f"param group {i}"))
-            for run in canvas.runs:
-                canvas.line(ax, run, key, style=style)
-    lrs = [v for scalars in canvas.runs.values() for k in names for v in _finite(scalars.get(k, ()))]
+    names = [keys.LR, *canvas.lr_group_keys()]
+    entries = [
+        (_STYLES[i % len(_STYLES)], f"param group {i}")
+        for i, key in enumerate(names)
+        if canvas.lines(ax, key, style=_STYLES[i % len(_STYLES)])
+    ]
+    lrs = canvas.values(*names)
     values = [v for v in lrs if v > 0]
     if values and max(values) > 10 * min(values):
         for line in ax.get_lines():  # LR 0 (a warm-up's first step) has no place on a log axis: leave it out
@@ -581,14 +562,12 @@ def _draw_lr(ax: Axes, canvas: _Canvas) -> None:
 
 
 def _draw_loss(ax: Axes, canvas: _Canvas) -> None:
-    styles = ["-", "--", "-.", ":"]
-    names = canvas.loss_keys()
-    for i, key in enumerate(names):
-        for run in canvas.runs:
-            canvas.line(ax, run, key, style=styles[i % len(styles)])
+    entries = [(_STYLES[i % len(_STYLES)], key) for i, key in enumerate(canvas.loss_keys())]
+    for style, key in entries:
+        canvas.lines(ax, key, style=style)
     ax.set_ylabel("loss")
-    if len(names) > 1:
-        _style_legend(ax, [(styles[i % len(styles)], key) for i, key in enumerate(names)])
+    if len(entries) > 1:
+        _style_legend(ax, entries)
 
 
 def _samples_decided(canvas: _Canvas) -> bool:
@@ -622,25 +601,19 @@ def _draw_memory(ax: Axes, canvas: _Canvas) -> None:
     from matplotlib.lines import Line2D
 
     if not canvas.has(keys.VRAM_USED_FRAC):  # no device total known: plot GiB
-        entries = []
-        for key, style, label in (
+        series = (
             (keys.VRAM_ALLOCATED_GIB, "-", "allocated"),
             (keys.VRAM_RESERVED_GIB, "--", "reserved"),
             (keys.VRAM_PEAK_GIB, ":", "peak allocated"),
-        ):
-            if canvas.has(key):
-                entries.append((style, label))
-                for run in canvas.runs:
-                    canvas.line(ax, run, key, style=style)
+        )
+        entries = [(style, label) for key, style, label in series if canvas.lines(ax, key, style=style)]
         ax.set_ylabel("GPU memory (GiB)")
         ax.set_ylim(bottom=0)
         if len(entries) > 1:
             _style_legend(ax, entries)
         return
-    top = 1.0
-    for run in canvas.runs:
-        canvas.line(ax, run, keys.VRAM_USED_FRAC)
-        top = max([top, *_finite(canvas.runs[run].get(keys.VRAM_USED_FRAC, ()))])
+    canvas.lines(ax, keys.VRAM_USED_FRAC)
+    top = max([1.0, *canvas.values(keys.VRAM_USED_FRAC)])
     ax.axhline(1.0, color=_GUIDE_COLOUR, linestyle=":", linewidth=1.4)
     ax.set_ylim(0, top * 1.08)
     ax.set_ylabel("device memory used (fraction)")
@@ -657,8 +630,7 @@ def _draw_memory(ax: Axes, canvas: _Canvas) -> None:
 def _draw_token_budget(ax: Axes, canvas: _Canvas) -> None:
     from matplotlib.ticker import EngFormatter
 
-    for run in canvas.runs:
-        canvas.line(ax, run, keys.MICRO_BATCH_TOKENS, steps=True)
+    canvas.lines(ax, keys.MICRO_BATCH_TOKENS, steps=True)
     ax.set_ylabel("padded tokens per micro-batch")
     ax.set_ylim(bottom=0)
     ax.margins(y=0.15)
@@ -666,34 +638,30 @@ def _draw_token_budget(ax: Axes, canvas: _Canvas) -> None:
 
 
 def _draw_padding(ax: Axes, canvas: _Canvas) -> None:
-    for run in canvas.runs:
-        canvas.line(ax, run, keys.PADDING_FRAC, scale=100.0)
-    top = max(v for scalars in canvas.runs.values() for v in _finite(scalars.get(keys.PADDING_FRAC, ())))
+    canvas.lines(ax, keys.PADDING_FRAC, scale=100.0)
+    top = max(canvas.values(keys.PADDING_FRAC))
     ax.set_ylim(0, max(5.0, min(100.0, 100 * top * 1.15)))
     ax.set_ylabel("padding (% of tokens)")
 
 
 def _has_utilisation(canvas: _Canvas) -> bool:
-    waits = [v for scalars in canvas.runs.values() for v in _finite(scalars.get(keys.DATA_WAIT_FRAC, ()))]
-    return canvas.has(keys.MFU, keys.GPU_UTIL_PCT) or max(waits, default=0.0) >= _MIN_DATA_WAIT
+    return (
+        canvas.has(keys.MFU, keys.GPU_UTIL_PCT)
+        or max(canvas.values(keys.DATA_WAIT_FRAC), default=0.0) >= _MIN_DATA_WAIT
+    )
 
 
 def _draw_utilisation(ax: Axes, canvas: _Canvas) -> None:
-    entries = []
-    for key, style, label, scale in (
+    series = (
         (keys.MFU, "-", "MFU", 100.0),
         (keys.DATA_WAIT_FRAC, "--", "waiting for data", 100.0),
         (keys.GPU_UTIL_PCT, ":", "GPU busy (NVML)", 1.0),
-    ):
-        if canvas.has(key):
-            entries.append((style, label))
-            for run in canvas.runs:
-                canvas.line(ax, run, key, style=style, scale=scale)
-    readings = [v for scalars in canvas.runs.values() for v in _finite(scalars.get(keys.GPU_UTIL_PCT, ()))]
+    )
+    entries = [(style, label) for key, style, label, scale in series if canvas.lines(ax, key, style=style, scale=scale)]
     if canvas.has(keys.MFU, keys.GPU_UTIL_PCT):
-        top = max([100.0, *readings])
+        top = max([100.0, *canvas.values(keys.GPU_UTIL_PCT)])
     else:  # only the data wait: scaled to it, not to 100 %
-        top = 100 * max(v for scalars in canvas.runs.values() for v in _finite(scalars.get(keys.DATA_WAIT_FRAC, ())))
+        top = 100 * max(canvas.values(keys.DATA_WAIT_FRAC))
     ax.set_ylim(0, top * 1.05)
     ax.set_ylabel("% of peak FLOP/s (MFU) or of time")
     _style_legend(ax, entries)

@@ -70,12 +70,11 @@ OPTIMIZERS: Final[tuple[str, ...]] = get_args(OptimizerName)
 #: Attention backends; ``"flash"`` picks the flash-attn generation that fits the GPU.
 Attention = Literal["auto", "flash", "sdpa", "eager"]
 ATTENTIONS: Final[tuple[str, ...]] = get_args(Attention)
-#: Lightning accelerator names.
 #: Loss swap backends: ``"chunked"`` (PyTorch, any device), ``"liger"`` (Liger-Kernel, CUDA), ``"auto"`` (liger on CUDA
 #: when installed, else chunked).
 LossBackend = Literal["auto", "chunked", "liger"]
 LOSS_BACKENDS: Final[tuple[str, ...]] = get_args(LossBackend)
-
+#: Lightning accelerator names.
 Accelerator = Literal["auto", "cpu", "gpu", "cuda", "mps"]
 ACCELERATORS: Final[tuple[str, ...]] = get_args(Accelerator)
 

@@ -173,9 +173,7 @@ class MemoryModel:
     def largest_batch(self, budget_bytes: float) -> float | None:
         """Largest (real-valued) batch size whose predicted peak stays within ``budget_bytes``."""
         fit = self._fit()
-        if fit is None:
-            return None
-        return max(0.0, (budget_bytes - fit[0]) / fit[1])
+        return None if fit is None else max(0.0, (budget_bytes - fit[0]) / fit[1])
 
     def forget(self) -> None:
         """Drop every observation (the prior stays)."""

@@ -17,7 +17,7 @@ from typing import Any, Literal, Protocol, get_args, runtime_checkable
 
 import torch
 
-from lightning_tune._validation import check_float, check_int, check_str
+from lightning_tune._validation import check_float, check_instance, check_int
 
 __all__ = ["FAILURE_KINDS", "CudaMemory", "FailureKind", "MemoryProbe", "SimulatedMemory", "expandable_segments"]
 
@@ -39,13 +39,10 @@ def expandable_segments(conf: str | None = None) -> bool:
         >>> expandable_segments("max_split_size_mb:128,expandable_segments:True")
         True
     """
-    if conf is not None and not isinstance(conf, str):
-        check_str("conf", conf)
-    texts = (
-        [conf]
-        if conf is not None
-        else [os.environ.get(k, "") for k in ("PYTORCH_CUDA_ALLOC_CONF", "PYTORCH_ALLOC_CONF")]
-    )
+    if conf is not None:
+        check_instance("conf", conf, str, "a string")
+    names = ("PYTORCH_CUDA_ALLOC_CONF", "PYTORCH_ALLOC_CONF")
+    texts = [conf] if conf is not None else [os.environ.get(name, "") for name in names]
     for text in texts:
         for item in text.split(","):
             key, _, value = item.partition(":")
@@ -60,35 +57,27 @@ class MemoryProbe(Protocol):
 
     def total_bytes(self) -> int:
         """Memory the device has in all, in bytes."""
-        ...
 
     def capacity_bytes(self) -> int:
         """Memory this process can get, in bytes: the device's free memory plus what the allocator holds already."""
-        ...
 
     def reset_peak(self) -> None:
         """Start a new measurement interval: forget the peak and the pressure seen so far."""
-        ...
 
     def peak_bytes(self) -> int:
         """Highest memory reserved (bytes) since the last :meth:`reset_peak`."""
-        ...
 
     def pressure(self) -> bool:
         """Whether the allocator had to retry an allocation since the last :meth:`reset_peak`."""
-        ...
 
     def before_micro_batch(self, batch_size: int, seq_len: int | None = None) -> None:
         """Called just before a micro-batch of ``batch_size`` samples, padded to ``seq_len``, runs forward."""
-        ...
 
     def free(self) -> None:
         """Collect garbage and give cached memory back (after an out-of-memory error, or a validation run)."""
-        ...
 
     def empty_cache(self) -> None:
         """Give cached memory back, without collecting garbage (after every decision, so cheap)."""
-        ...
 
 
 class CudaMemory:
@@ -112,13 +101,9 @@ class CudaMemory:
     def __init__(self, device: torch.device | int | str | None = None) -> None:
         if not torch.cuda.is_available():
             raise RuntimeError("CudaMemory needs a CUDA device; for a trial run without one use SimulatedMemory")
-        self._device = (
-            None
-            if device is None
-            else torch.device("cuda", device)
-            if isinstance(device, int)
-            else torch.device(device)
-        )
+        if isinstance(device, int):
+            device = torch.device("cuda", device)
+        self._device = None if device is None else torch.device(device)
         if self._device is not None and self._device.type != "cuda":
             raise ValueError(f"`device` must be a CUDA device, got {str(self._device)!r}")
         #: Whether ``PYTORCH_CUDA_ALLOC_CONF`` turns expandable segments on (less fragmentation: reserved stays close
@@ -455,8 +440,7 @@ class SimulatedMemory:
             return
         self._release(self._transient)  # the previous micro-batch's activations are garbage by now
         self._transient = None
-        need = self._activation_bytes(batch_size)
-        self._transient = self._allocate(need, f"micro-batch of {batch_size} samples")
+        self._transient = self._allocate(self._activation_bytes(batch_size), f"micro-batch of {batch_size} samples")
 
     def free(self) -> None:
         """Collect garbage and empty the cache; memory of tensors still alive stays."""

@@ -95,9 +95,6 @@ class ResizableBatchSampler(Sampler[list[int]]):
         n = (n // self.granule) * self.granule if self.drop_last else n
         return n if self.limit is None else min(n, self.limit)
 
-    def _cut(self, order: list[int]) -> list[int]:
-        return order[: self._epoch_samples()] if len(order) > self._epoch_samples() else order
-
     def epoch_samples(self) -> int:
         """Samples the running (or next) epoch hands out in all."""
         return len(self._order) if self._order is not None else self._epoch_samples()
@@ -181,7 +178,7 @@ class ResizableBatchSampler(Sampler[list[int]]):
         else:
             consumed = batches_done = 0
             order = self._draw()
-        order = self._cut(order)
+        order = order[: self._epoch_samples()]
         self._order, self._handed_out, self._batches_out = order, consumed, batches_done
         # The order and counters stay after the last batch is handed out: a DataLoader with workers draws the
         # whole epoch's indices long before training reaches its end, and a checkpoint then still needs them.

@@ -13,7 +13,7 @@ from typing import Any
 from torch import Tensor
 
 from lightning_tune._validation import check_int
-from lightning_tune.perf.batch import count_samples
+from lightning_tune.perf.batch import count_samples, map_children
 
 __all__ = ["split_batch", "split_sizes"]
 
@@ -25,16 +25,9 @@ def _is_leaf_list(obj: Any) -> bool:
 def _cut(obj: Any, start: int, stop: int, n: int) -> Any:
     if isinstance(obj, Tensor):
         return obj[start:stop] if obj.dim() > 0 and obj.shape[0] == n else obj
-    if isinstance(obj, Mapping):
-        cut = {k: _cut(v, start, stop, n) for k, v in obj.items()}
-        return cut if type(obj) is dict else type(obj)(cut)  # type: ignore[call-arg]  # e.g. a tokenizer's BatchEncoding
     if _is_leaf_list(obj):
         return obj[start:stop] if len(obj) == n else obj
-    if isinstance(obj, tuple) and hasattr(obj, "_fields"):  # a named tuple
-        return type(obj)(*(_cut(x, start, stop, n) for x in obj))
-    if isinstance(obj, (list, tuple)):
-        return type(obj)(_cut(x, start, stop, n) for x in obj)
-    return obj
+    return map_children(obj, lambda child: _cut(child, start, stop, n))
 
 
 def split_batch(batch: Any, size: int) -> list[Any]:

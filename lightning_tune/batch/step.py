@@ -558,11 +558,8 @@ class DynamicStep:
                 + (moved if self.batch_size != state["batch_size"] else "")
             )
         self.lr_factor = state["lr_factor"] if self.keep == "lr" else 1.0  # (the caller undoes another keep's scaling)
-        self.steps, self.oom_recoveries, self.decisions = (
-            state["steps"],
-            state["oom_recoveries"],
-            state.get("decisions", 0),
-        )
+        self.steps, self.oom_recoveries = state["steps"], state["oom_recoveries"]
+        self.decisions = state.get("decisions", 0)
         self.controller.load_state_dict(state["controller"])
         self.tokens.load_state_dict(state)
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from lightning_tune._validation import check_int
+from lightning_tune._validation import check_instance, check_int
 from lightning_tune.batch.control import BatchSizeController, Decision
 
 __all__ = ["TokenBudget"]
@@ -36,8 +36,7 @@ class TokenBudget:
     """
 
     def __init__(self, samples: BatchSizeController, *, pad_to_multiple_of: int) -> None:
-        if not isinstance(samples, BatchSizeController):
-            raise TypeError(f"`samples` must be a BatchSizeController, got {samples!r} ({type(samples).__name__})")
+        check_instance("samples", samples, BatchSizeController, "a BatchSizeController")
         check_int("pad_to_multiple_of", pad_to_multiple_of, minimum=1)
         self.budget: int | None = None
         self.samples, self.longest, self.largest = samples, 0, 0

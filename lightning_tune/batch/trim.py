@@ -19,6 +19,7 @@ import torch
 from torch import Tensor
 
 from lightning_tune.batch.runner import MicroBatch
+from lightning_tune.perf.batch import map_children
 
 __all__ = [
     "TRIM_KEYS",
@@ -141,16 +142,9 @@ def take(batch: Any, indices: Sequence[int], n: int) -> Any:
                 # non-blocking: a blocking host-to-device copy waits for the device's queue (a sync per micro-batch)
                 index = torch.as_tensor(list(indices), dtype=torch.long).to(obj.device, non_blocking=True)
             return obj.index_select(0, index)
-        if isinstance(obj, Mapping):
-            out = {k: walk(v) for k, v in obj.items()}
-            return out if type(obj) is dict else type(obj)(out)  # type: ignore[call-arg]  # e.g. BatchEncoding
         if isinstance(obj, (list, tuple)) and len(obj) == n and not any(isinstance(x, (Tensor, Mapping)) for x in obj):
             return type(obj)(obj[i] for i in indices) if isinstance(obj, list) else tuple(obj[i] for i in indices)
-        if isinstance(obj, tuple) and hasattr(obj, "_fields"):
-            return type(obj)(*(walk(x) for x in obj))
-        if isinstance(obj, (list, tuple)):
-            return type(obj)(walk(x) for x in obj)
-        return obj
+        return map_children(obj, walk)
 
     return walk(batch)
 

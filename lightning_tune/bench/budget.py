@@ -234,18 +234,9 @@ class LatencyBudget:
         for index, result in enumerate(results):
             if not isinstance(result, BenchResult):
                 raise TypeError(f"`results[{index}]` must be a BenchResult, got {result!r}")
-        rows = tuple(
-            sorted(
-                (
-                    r
-                    for r in results
-                    if r.status == "ok"
-                    and r.samples_per_sec is not None
-                    and all(_latency(r, q) is not None for q in self.budgets_ms)
-                ),
-                key=lambda r: r.batch_size,
-            )
-        )
+        measured = [r for r in results if r.status == "ok" and r.samples_per_sec is not None]
+        measured = [r for r in measured if all(_latency(r, q) is not None for q in self.budgets_ms)]
+        rows = tuple(sorted(measured, key=lambda r: r.batch_size))
         within = [r.batch_size for r in rows if all(_latency(r, q) <= ms for q, ms in self.budgets_ms.items())]  # type: ignore[operator]
         chosen = max(within, default=None)
         knee = best = None

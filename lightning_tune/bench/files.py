@@ -107,10 +107,9 @@ def new_version_dir(root: str | os.PathLike[str]) -> Path:
         candidate = parent / f"version_{number}"
         try:
             candidate.mkdir()
+            return candidate
         except FileExistsError:
             number += 1
-            continue
-        return candidate
 
 
 def write_atomically(path: Path, data: bytes) -> None:

@@ -12,7 +12,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from lightning_tune._validation import check_choice, check_int
+from lightning_tune._validation import check_choice, check_instance, check_int
 from lightning_tune.bench.budget import Recommendation
 from lightning_tune.bench.files import write_atomically
 from lightning_tune.bench.result import BenchResult
@@ -103,8 +103,7 @@ def _figure(
     check_choice("mode", mode, MODES)
     check_int("dpi", dpi, minimum=10)
     for name, text in (("title", title), ("subtitle", subtitle)):
-        if text is not None and not isinstance(text, str):
-            raise TypeError(f"`{name}` must be a string or None, got {text!r} ({type(text).__name__})")
+        check_instance(name, text, str, "a string", allow_none=True)
     if recommendation is not None and not isinstance(recommendation, Recommendation):
         raise TypeError(f"`recommendation` must be a Recommendation or None, got {recommendation!r}")
     q = 99 if recommendation is not None and 95 not in recommendation.budgets_ms else 95

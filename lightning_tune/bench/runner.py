@@ -25,7 +25,7 @@ from lightning.fabric.utilities.exceptions import MisconfigurationException
 from lightning.pytorch.callbacks import Callback
 from typing_extensions import override
 
-from lightning_tune._validation import check_bool, check_int
+from lightning_tune._validation import check_bool, check_instance, check_int
 from lightning_tune.bench.progress import SweepProgress
 from lightning_tune.bench.result import PERCENTILES, BenchResult
 from lightning_tune.bench.settings import BenchSettings
@@ -127,8 +127,7 @@ class BenchRunner:
     """
 
     def __init__(self, settings: BenchSettings, *, progress: bool = True) -> None:
-        if not isinstance(settings, BenchSettings):
-            raise TypeError(f"`settings` must be a BenchSettings, got {settings!r} ({type(settings).__name__})")
+        check_instance("settings", settings, BenchSettings, "a BenchSettings")
         check_bool("progress", progress)
         self.settings = settings
         self.progress = progress
@@ -235,10 +234,7 @@ class BenchRunner:
             raise SettingFailed(batch_size, err) from err
         finally:
             _free_memory(self.device)
-        if result.status == "oom":
-            bar.close("out of memory")
-        else:
-            bar.close(f"{result.samples_per_sec:,.1f} samples/s")
+        bar.close("out of memory" if result.status == "oom" else f"{result.samples_per_sec:,.1f} samples/s")
         return result
 
     # ------------------------------------------------------------------ one setting
@@ -274,12 +270,10 @@ class BenchRunner:
         )
 
     def _trainer(self, callbacks: list[Callback], *, max_steps: int = -1) -> pl.Trainer:
-        settings = self.settings
-        plugin = self._plugin()
         return pl.Trainer(
-            accelerator=settings.accelerator,
+            accelerator=self.settings.accelerator,
             devices=1,
-            plugins=[plugin],
+            plugins=[self._plugin()],
             max_steps=max_steps,
             logger=False,
             callbacks=callbacks,

@@ -7,7 +7,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Final, Literal, get_args
 
-from lightning_tune._validation import MAX_SEED, check_choice, check_int
+from lightning_tune._validation import MAX_SEED, check_choice, check_instance, check_int
 from lightning_tune.vocab import (
     ACCELERATORS,
     Accelerator,
@@ -70,8 +70,7 @@ def parse_batch_sizes(text: str) -> tuple[int, ...]:
         >>> parse_batch_sizes("1, 4,8")
         (1, 4, 8)
     """
-    if not isinstance(text, str):
-        raise TypeError(f"`batch_sizes` must be a string such as '1,4,8', got {text!r} ({type(text).__name__})")
+    check_instance("batch_sizes", text, str, "a string such as '1,4,8'")
     allowed = "distinct integers >= 1 separated by commas, such as '1,4,8'"
     parts = [part.strip() for part in text.split(",")]
     if not all(part.isdigit() and int(part) >= 1 for part in parts):
@@ -83,8 +82,7 @@ def parse_batch_sizes(text: str) -> tuple[int, ...]:
 
 
 def _check_spec(name: str, value: Any) -> None:
-    if not isinstance(value, str):
-        raise TypeError(f"`{name}` must be a string such as {_SPEC_ALLOWED}, got {value!r} ({type(value).__name__})")
+    check_instance(name, value, str, f"a string such as {_SPEC_ALLOWED}")
     if not _SPEC.match(value):
         raise ValueError(f"`{name}` must be {_SPEC_ALLOWED}, got {value!r}")
 
@@ -210,9 +208,7 @@ class BenchSettings:
     @property
     def demo_sequence_length(self) -> int | None:
         """The demo's sequence length (``sequence_length``, else 512); ``None`` for a user module."""
-        if self.model != DEMO:
-            return None
-        return DEFAULT_SEQ_LEN if self.sequence_length is None else self.sequence_length
+        return (self.sequence_length or DEFAULT_SEQ_LEN) if self.model == DEMO else None
 
     def as_dict(self) -> dict[str, Any]:
         """The settings as JSON-ready builtins.

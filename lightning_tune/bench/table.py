@@ -61,10 +61,7 @@ def format_table(results: Sequence[BenchResult], *, mode: str = "train") -> str:
         if result.status == "oom":
             rows.append([str(result.batch_size), "OOM"] + [_MISSING] * (len(_COLUMNS) - 1))
             continue
-        cells = [str(result.batch_size)]
-        for _, name, fmt in _COLUMNS:
-            value = getattr(result, name)
-            cells.append(_MISSING if value is None else fmt(value))
-        rows.append(cells)
+        figures = [(getattr(result, name), fmt) for _, name, fmt in _COLUMNS]
+        rows.append([str(result.batch_size), *(_MISSING if value is None else fmt(value) for value, fmt in figures)])
     widths = [max(len(row[i]) for row in rows) for i in range(len(headers))]
     return "\n".join("  ".join(cell.rjust(width) for cell, width in zip(row, widths, strict=True)) for row in rows)

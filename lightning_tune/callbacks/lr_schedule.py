@@ -258,14 +258,6 @@ def _fields(schedule: Schedule, ignored: set[str]) -> dict[str, Any]:
     return {f.name: getattr(schedule, f.name) for f in dataclasses.fields(schedule) if f.name not in ignored}  # type: ignore[arg-type]
 
 
-def _check_min_lr(min_lr: float, lrs: Sequence[float], owner: str) -> None:
-    """Raise when ``min_lr`` is above the largest configured learning rate."""
-    if min_lr > max(lrs):
-        raise MisconfigurationException(
-            f"`min_lr` of {owner} must not exceed the optimizer's learning rate ({max(lrs):g}), got {min_lr!r}"
-        )
-
-
 class WarmupDecay(ScheduleCallback):
     """Base of the schedules that warm up linearly to each group's configured LR, then decay to a floor.
 
@@ -340,14 +332,18 @@ class WarmupDecay(ScheduleCallback):
             MisconfigurationException: If ``min_lr`` exceeds the largest LR or the warm-up is not shorter than the run.
         """
         lrs = base_lrs(optimizer)
-        _check_min_lr(self.min_lr, lrs, type(self).__name__)
+        peak = max(lrs)
+        if self.min_lr > peak:
+            raise MisconfigurationException(
+                f"`min_lr` of {type(self).__name__} must not exceed the optimizer's learning rate ({peak:g}), got "
+                f"{self.min_lr!r}"
+            )
         warmup = self.resolve_warmup_steps(total_steps)
         if warmup >= total_steps:
             raise MisconfigurationException(
                 f"the warm-up of {type(self).__name__} ({warmup} steps) must be shorter than the run "
                 f"({total_steps} optimizer steps); lower `warmup_steps`/`warmup_ratio` or lengthen the run"
             )
-        peak = max(lrs)
         self._warn_if_hf_floor_differs(optimizer, peak)
         ratio = self.min_lr / peak if peak > 0 else 0.0
         return tuple(lrs), tuple(lr * ratio for lr in lrs), warmup

@@ -7,7 +7,7 @@ DeviceReader`; the ``perf/...`` keys of :mod:`lightning_tune.keys` go straight t
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
-from functools import partial
+from functools import partial, partialmethod
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -265,17 +265,7 @@ class ThroughputLatencyMonitor(Callback):
             metrics.update({keys.DEVICE + k: v for k, v in self._devices.read().items()})
         return metrics
 
-    @override
-    def on_validation_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
-        self._begin_inference("val", trainer)
-
-    @override
-    def on_validation_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
-        self._end_inference("val", trainer)
-        if trainer.state.fn == TrainerFn.FITTING:
-            self._recorder.gap_starts()  # validation time is not training time: the next gap starts now
-
-    def _begin_inference(self, stage: str, trainer: pl.Trainer) -> None:
+    def _begin_inference(self, stage: str, trainer: pl.Trainer, *_: Any) -> None:
         if trainer.sanity_checking:
             return
         if trainer.state.fn != TrainerFn.FITTING:  # a validate or predict call: its device, its figures
@@ -283,7 +273,15 @@ class ThroughputLatencyMonitor(Callback):
             self.summary = {}
         self._recorder.begin_inference(stage)
 
-    def _inference_batch_start(self, stage: str, pl_module: pl.LightningModule, batch: Any, batch_idx: int) -> None:
+    def _inference_batch_start(
+        self,
+        stage: str,
+        trainer: pl.Trainer,
+        pl_module: pl.LightningModule,
+        batch: Any,
+        batch_idx: int,
+        dataloader_idx: int = 0,
+    ) -> None:
         if stage not in self._recorder.runs:
             return
         samples, tokens = self._count(batch)
@@ -293,39 +291,29 @@ class ThroughputLatencyMonitor(Callback):
         flops = flop_model.flops(samples, sequence_length(batch)) if flop_model is not None else 0.0
         self._recorder.start_inference_batch(stage, samples, tokens, flops)
 
-    def _end_inference(self, stage: str, trainer: pl.Trainer) -> None:
+    def _inference_batch_end(self, stage: str, *_: Any, **__: Any) -> None:
+        self._recorder.end_inference_batch(stage)
+
+    def _end_inference(self, stage: str, trainer: pl.Trainer, *_: Any) -> None:
         figures = self._recorder.end_inference(stage)
         if figures is not None:
             self._log(trainer, figures[0])
             self.summary = figures[1]
 
-    @override
-    def on_validation_batch_start(
-        self, trainer: pl.Trainer, pl_module: pl.LightningModule, batch: Any, batch_idx: int, dataloader_idx: int = 0
-    ) -> None:
-        self._inference_batch_start("val", pl_module, batch, batch_idx)
+    # a validation run and a predict run are recorded alike, each under its stage
+    on_validation_start = partialmethod(_begin_inference, "val")
+    on_validation_batch_start = partialmethod(_inference_batch_start, "val")
+    on_validation_batch_end = partialmethod(_inference_batch_end, "val")
+    on_predict_start = partialmethod(_begin_inference, "predict")
+    on_predict_batch_start = partialmethod(_inference_batch_start, "predict")
+    on_predict_batch_end = partialmethod(_inference_batch_end, "predict")
+    on_predict_end = partialmethod(_end_inference, "predict")
 
     @override
-    def on_validation_batch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule, *_: Any, **__: Any) -> None:
-        self._recorder.end_inference_batch("val")
-
-    @override
-    def on_predict_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
-        self._begin_inference("predict", trainer)
-
-    @override
-    def on_predict_batch_start(
-        self, trainer: pl.Trainer, pl_module: pl.LightningModule, batch: Any, batch_idx: int, dataloader_idx: int = 0
-    ) -> None:
-        self._inference_batch_start("predict", pl_module, batch, batch_idx)
-
-    @override
-    def on_predict_batch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule, *_: Any, **__: Any) -> None:
-        self._recorder.end_inference_batch("predict")
-
-    @override
-    def on_predict_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
-        self._end_inference("predict", trainer)
+    def on_validation_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        self._end_inference("val", trainer)
+        if trainer.state.fn == TrainerFn.FITTING:
+            self._recorder.gap_starts()  # validation time is not training time: the next gap starts now
 
     @override
     def teardown(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:

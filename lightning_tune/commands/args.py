@@ -99,9 +99,8 @@ class IntRange:
         return value
 
 
-def int_at_least(minimum: int, maximum: int | None = None) -> IntRange:
-    """A ``type=`` for an integer in ``[minimum, maximum]`` (no upper bound when ``maximum`` is ``None``)."""
-    return IntRange(minimum, maximum)
+#: The name the commands use: ``type=int_at_least(1)``.
+int_at_least = IntRange
 
 
 def name_in(canonical: Callable[..., str], allowed: Collection[str]) -> Callable[[str], str]:

@@ -10,12 +10,11 @@ import json
 import os
 import shlex
 import sys
-import tempfile
 from pathlib import Path
 from typing import Any
 
 from lightning_tune import bench
-from lightning_tune._validation import MAX_SEED
+from lightning_tune._validation import MAX_SEED, check_writable_dir
 from lightning_tune.bench.settings import DEMO_MAX_SEQ_LEN, MAX_STEPS
 from lightning_tune.commands.args import (
     PROG,
@@ -70,11 +69,7 @@ def _json_object(text: str) -> dict[str, Any]:
 
 
 def add_parser(commands: Any) -> None:
-    """Register the ``bench`` sub-command.
-
-    Args:
-        commands: The ``add_subparsers()`` action of the ``lightning-tune`` parser.
-    """
+    """Register the ``bench`` sub-command on ``commands``, the ``lightning-tune`` parser's sub-parsers action."""
     parser = commands.add_parser(
         "bench",
         help="sweep batch sizes and print throughput, latency percentiles, peak VRAM and MFU",
@@ -235,16 +230,6 @@ def _headline(runner: bench.BenchRunner, settings: bench.BenchSettings) -> str:
     )
 
 
-def _check_writable(directory: str | Path, problem: str) -> None:
-    """Create ``directory`` if needed and make sure a file can be written in it, else a ValueError: ``problem``, why."""
-    try:
-        os.makedirs(directory, exist_ok=True)
-        with tempfile.TemporaryFile(dir=directory):
-            pass
-    except OSError as err:
-        raise ValueError(f"{problem}: {err.strerror or err}") from None
-
-
 def _run_bench_command(args: argparse.Namespace) -> int:
     if args.model != "demo" and os.getcwd() not in sys.path:
         sys.path.insert(0, os.getcwd())  # `package.module` is found from the current directory, as with python -m
@@ -260,13 +245,13 @@ def _run_bench_command(args: argparse.Namespace) -> int:
         runner = bench.BenchRunner(settings, progress=not args.no_progress_bar)
         # where the files go is checked before any batch size runs, and created only once nothing else is wrong
         if output_dir is None:
-            _check_writable(_DEFAULT_OUTPUT_ROOT, f"the default output directory {_DEFAULT_OUTPUT_ROOT!r} cannot be "
+            check_writable_dir(_DEFAULT_OUTPUT_ROOT, f"the default output directory {_DEFAULT_OUTPUT_ROOT!r} cannot be "
                             "created here (give --output-dir)")  # fmt: skip
             output_dir = str(bench.new_version_dir(_DEFAULT_OUTPUT_ROOT))
         else:
-            _check_writable(output_dir, f"`output_dir` {output_dir!r} cannot hold the results")
+            check_writable_dir(output_dir, f"`output_dir` {output_dir!r} cannot hold the results")
         if plot is not None:
-            _check_writable(plot.parent, f"`plot` {args.plot!r} cannot be written")
+            check_writable_dir(plot.parent, f"`plot` {args.plot!r} cannot be written")
     except (ValueError, TypeError, ModuleNotFoundError) as err:
         return usage_error("bench", err)
     for note in runner.notes:

@@ -25,11 +25,7 @@ _GPU_COUNTS = (2, 4, 8, 16, 32, 64)
 
 
 def add_parser(commands: Any) -> None:
-    """Register ``calc`` and its sub-commands on the ``lightning-tune`` sub-parsers.
-
-    Args:
-        commands: The sub-parsers action of the top-level parser.
-    """
+    """Register ``calc`` and its sub-commands on ``commands``, the ``lightning-tune`` parser's sub-parsers action."""
     calc = commands.add_parser(
         "calc",
         help="planning calculations on any machine: what batch size fits a GPU",

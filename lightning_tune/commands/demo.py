@@ -16,11 +16,7 @@ __all__ = ["add_parser"]
 
 
 def add_parser(commands: Any) -> None:
-    """Register the ``demo`` sub-command.
-
-    Args:
-        commands: The ``add_subparsers()`` action of the ``lightning-tune`` parser.
-    """
+    """Register the ``demo`` sub-command on ``commands``, the ``lightning-tune`` parser's sub-parsers action."""
     parser = commands.add_parser(
         "demo",
         help="train a small GPT on synthetic tokens with the pack's callbacks and print a summary",

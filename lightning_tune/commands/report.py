@@ -12,11 +12,7 @@ __all__ = ["add_parser"]
 
 
 def add_parser(commands: Any) -> None:
-    """Register the ``report`` sub-command.
-
-    Args:
-        commands: The ``add_subparsers()`` action of the ``lightning-tune`` parser.
-    """
+    """Register the ``report`` sub-command on ``commands``, the ``lightning-tune`` parser's sub-parsers action."""
     parser = commands.add_parser(
         "report",
         help="draw throughput, step-time percentiles, memory, LR and batch size from TensorBoard logs into one PNG",

@@ -37,11 +37,6 @@ SCHEDULE_CALLBACKS: Final[dict[str, type[Callback]]] = {
 }
 
 
-def _check_optional_choice(name: str, value: Any, choices: tuple[str, ...]) -> None:
-    if value is not None:
-        check_choice(name, value, choices)
-
-
 def _frozen(mapping: Mapping[str, Any] | None) -> Mapping[str, Any] | None:
     return None if mapping is None else MappingProxyType(dict(mapping))
 
@@ -132,8 +127,10 @@ class TrainingConfig:
         for name in ("micro_batch_size", "sequence_length", "accumulate_grad_batches", "checkpoint_every_n_steps"):
             check_int(name, getattr(self, name), minimum=1, allow_none=True)
         check_float("initial_lr", self.initial_lr, low=0.0, low_inclusive=False, allow_none=True)
-        _check_optional_choice("schedule", self.schedule, SCHEDULES)
-        _check_optional_choice("process_group_backend", self.process_group_backend, ("nccl", "gloo"))
+        if self.schedule is not None:
+            check_choice("schedule", self.schedule, SCHEDULES)
+        if self.process_group_backend is not None:
+            check_choice("process_group_backend", self.process_group_backend, ("nccl", "gloo"))
         for name in ("dataloader_kwargs", "schedule_kwargs", "source"):
             check_mapping(name, getattr(self, name))
             object.__setattr__(self, name, _frozen(getattr(self, name)))

@@ -237,7 +237,11 @@ class SyntheticTokenDataModule(pl.LightningDataModule):
         if stage == "predict" and self.predict_set is None:
             self.predict_set = self._dataset(self.predict_sequences, 2)
 
-    def _loader(self, dataset: SyntheticTokenDataset, *, shuffle: bool) -> DataLoader[Any]:
+    def _loader(self, stage: str, *, shuffle: bool) -> DataLoader[Any]:
+        """The loader of ``stage``'s split (generated first if needed)."""
+        self.setup(stage)
+        dataset = {"fit": self.train_set, "validate": self.val_set, "predict": self.predict_set}[stage]
+        assert dataset is not None
         return DataLoader(
             dataset,
             batch_size=self.batch_size,
@@ -253,9 +257,7 @@ class SyntheticTokenDataModule(pl.LightningDataModule):
         Returns:
             A DataLoader of ``(input_ids, targets)`` batches of :attr:`batch_size` sequences.
         """
-        self.setup("fit")
-        assert self.train_set is not None
-        return self._loader(self.train_set, shuffle=True)
+        return self._loader("fit", shuffle=True)
 
     def val_dataloader(self) -> DataLoader[Any]:
         """Build the validation loader, in a fixed order.
@@ -263,9 +265,7 @@ class SyntheticTokenDataModule(pl.LightningDataModule):
         Returns:
             A DataLoader of ``(input_ids, targets)`` batches.
         """
-        self.setup("validate")
-        assert self.val_set is not None
-        return self._loader(self.val_set, shuffle=False)
+        return self._loader("validate", shuffle=False)
 
     def predict_dataloader(self) -> DataLoader[Any]:
         """Build the predict loader, in a fixed order.
@@ -273,6 +273,4 @@ class SyntheticTokenDataModule(pl.LightningDataModule):
         Returns:
             A DataLoader of ``(input_ids, targets)`` batches.
         """
-        self.setup("predict")
-        assert self.predict_set is not None
-        return self._loader(self.predict_set, shuffle=False)
+        return self._loader("predict", shuffle=False)

@@ -19,7 +19,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from lightning_tune._validation import check_choice, check_float, check_int
+from lightning_tune._validation import check_choice, check_float, check_instance, check_int
 
 __all__ = ["AttentionKind", "Block", "CausalSelfAttention", "DemoGPT", "GPT", "GPTConfig"]
 
@@ -162,8 +162,7 @@ class GPT(nn.Module):
     def __init__(self, config: GPTConfig | None = None) -> None:
         super().__init__()
         config = GPTConfig() if config is None else config
-        if not isinstance(config, GPTConfig):
-            raise TypeError(f"`config` must be a GPTConfig or None, got {config!r} ({type(config).__name__})")
+        check_instance("config", config, GPTConfig, "a GPTConfig or None")  # None is the default config
         self.config = config
         self.tok_emb = nn.Embedding(config.vocab_size, config.d_model)
         self.pos_emb = nn.Embedding(config.seq_len, config.d_model)
@@ -251,11 +250,7 @@ class DemoGPT(pl.LightningModule):
             config = GPTConfig()
         elif isinstance(config, Mapping):
             config = GPTConfig(**config)
-        elif not isinstance(config, GPTConfig):
-            raise TypeError(
-                f"`config` must be a GPTConfig, a mapping of its fields or None, got {config!r} "
-                f"({type(config).__name__})"
-            )
+        check_instance("config", config, GPTConfig, "a GPTConfig, a mapping of its fields or None")
         check_float("lr", lr, low=0.0, low_inclusive=False)
         check_float("weight_decay", weight_decay, low=0.0)
         # Stored as a plain dict so that checkpoints and hparams.yaml hold only builtin types.

@@ -6,7 +6,6 @@ import contextlib
 import math
 import os
 import shlex
-import tempfile
 import time
 import warnings
 from collections import deque
@@ -21,7 +20,7 @@ from lightning.pytorch.callbacks import Callback
 from lightning.pytorch.loggers import TensorBoardLogger
 
 import lightning_tune as lt
-from lightning_tune._validation import MAX_SEED, check_bool, check_int
+from lightning_tune._validation import MAX_SEED, check_bool, check_int, check_writable_dir
 from lightning_tune.demos.data import SyntheticTokenDataModule
 from lightning_tune.demos.gpt import DemoGPT, GPTConfig
 from lightning_tune.perf.devices import describe_device
@@ -295,17 +294,11 @@ def _check_root_dir(root: Any) -> None:
     if not isinstance(text, str) or not text.strip():
         raise ValueError(f"`default_root_dir` must be a directory path (use '.' for the current one), got {text!r}")
     path = Path(text)
-    for part in (path, *path.parents):
-        if part.exists():
-            if not part.is_dir():
-                raise ValueError(f"`default_root_dir` {text!r} cannot be a directory: {str(part)!r} is a file")
-            break
-    try:  # made now, so that a directory that cannot hold the logs fails before training and not in the logger
-        path.mkdir(parents=True, exist_ok=True)
-        with tempfile.TemporaryFile(dir=path):
-            pass
-    except OSError as err:
-        raise ValueError(f"`default_root_dir` {text!r} cannot hold the logs: {err.strerror or err}") from None
+    existing = next((part for part in (path, *path.parents) if part.exists()), None)
+    if existing is not None and not existing.is_dir():
+        raise ValueError(f"`default_root_dir` {text!r} cannot be a directory: {str(existing)!r} is a file")
+    # made now, so that a directory that cannot hold the logs fails before training and not in the logger
+    check_writable_dir(path, f"`default_root_dir` {text!r} cannot hold the logs")
 
 
 #: The device the demo simulates when there is no GPU: 1 GiB, 600 MiB of it fixed.

@@ -8,7 +8,9 @@ is used for (0, 1, 2, ...), and the same arguments always give the same value. T
 
 from __future__ import annotations
 
+import inspect
 import math
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, fields
 from typing import Any, ClassVar, Final, Literal, Protocol, get_args, runtime_checkable
 
@@ -185,9 +187,7 @@ def linear_warmup_lr(step: int, *, base_lr: float, warmup_steps: int) -> float:
         [0.0, 0.25, 0.5, 0.75, 1.0, 1.0]
     """
     _check_step(step, base_lr=base_lr, warmup_steps=warmup_steps)
-    if step < warmup_steps:
-        return base_lr * step / warmup_steps
-    return base_lr
+    return base_lr * step / warmup_steps if step < warmup_steps else base_lr
 
 
 def _check_step(step: int, **numbers: float) -> None:
@@ -220,21 +220,25 @@ def _anneal(start: float, end: float, pct: float, strategy: str) -> float:
     return (end - start) * pct + start
 
 
-def _one_cycle_phase(step: int, total_steps: int, pct_start: float, three_phase: bool) -> tuple[int, float]:
-    """Index of the one-cycle phase that ``step`` falls in and the fraction of that phase done.
+def _one_cycle(
+    step: int, total_steps: int, pct_start: float, three_phase: bool, strategy: str, a: float, b: float, c: float
+) -> float:
+    """The one-cycle value at ``step``: ``a`` to ``b``, then to ``c`` (with ``three_phase``, back to ``a`` first).
 
     The phase boundaries are those of ``torch.optim.lr_scheduler.OneCycleLR``; steps past the end stay at the end.
     """
     step = min(step, total_steps - 1)
     if three_phase:
         ends = [float(pct_start * total_steps) - 1, float(2 * pct_start * total_steps) - 2, float(total_steps - 1)]
+        phases = [(a, b), (b, a), (a, c)]
     else:
         ends = [float(pct_start * total_steps) - 1, float(total_steps - 1)]
+        phases = [(a, b), (b, c)]
     start = 0.0
     for index, end in enumerate(ends):
         if step <= end or index == len(ends) - 1:
             span = end - start
-            return index, (step - start) / span if span > 0 else 1.0
+            return _anneal(*phases[index], (step - start) / span if span > 0 else 1.0, strategy)
         start = end
     raise AssertionError("unreachable")  # pragma: no cover
 
@@ -279,15 +283,9 @@ def one_cycle_lr(
     check_float("final_div_factor", final_div_factor, low=0.0, low_inclusive=False)
     _check_cycle(pct_start, anneal_strategy, three_phase)
     initial = max_lr / div_factor
-    minimum = initial / final_div_factor
-    phase, pct = _one_cycle_phase(step, total_steps, pct_start, three_phase)
-    ends = (
-        [(initial, max_lr), (max_lr, initial), (initial, minimum)]
-        if three_phase
-        else [(initial, max_lr), (max_lr, minimum)]
+    return _one_cycle(
+        step, total_steps, pct_start, three_phase, anneal_strategy, initial, max_lr, initial / final_div_factor
     )
-    start, end = ends[phase]
-    return _anneal(start, end, pct, anneal_strategy)
 
 
 def one_cycle_momentum(
@@ -321,14 +319,9 @@ def one_cycle_momentum(
     _check_step(step, base_momentum=base_momentum, max_momentum=max_momentum)
     check_int("total_steps", total_steps, minimum=1)
     _check_cycle(pct_start, anneal_strategy, three_phase)
-    phase, pct = _one_cycle_phase(step, total_steps, pct_start, three_phase)
-    ends = (
-        [(max_momentum, base_momentum), (base_momentum, max_momentum), (max_momentum, max_momentum)]
-        if three_phase
-        else [(max_momentum, base_momentum), (base_momentum, max_momentum)]
+    return _one_cycle(
+        step, total_steps, pct_start, three_phase, anneal_strategy, max_momentum, base_momentum, max_momentum
     )
-    start, end = ends[phase]
-    return _anneal(start, end, pct, anneal_strategy)
 
 
 def _own_floats(schedule: Any) -> None:
@@ -347,6 +340,18 @@ def _own_floats(schedule: Any) -> None:
         except (TypeError, ValueError, RuntimeError):
             raise TypeError(f"`{f.name}` must be a sequence of numbers, got {values!r}") from None
         object.__setattr__(schedule, f.name, copied)
+
+
+def _for_group(function: Callable[..., float], step: int, schedule: Any, group: int) -> float:
+    """``function`` at ``step`` with ``schedule``'s fields it takes, a per-group tuple (``base_lrs``) as ``base_lr``."""
+    takes = inspect.signature(function).parameters
+    arguments = {}
+    for f in fields(schedule):
+        value = getattr(schedule, f.name)
+        name = f.name.removesuffix("s") if isinstance(value, tuple) else f.name
+        if name in takes:
+            arguments[name] = value[group] if isinstance(value, tuple) else value
+    return function(step, **arguments)
 
 
 @runtime_checkable
@@ -409,15 +414,7 @@ class WarmupCosineSchedule(_LROnly):
 
     def lr_at(self, step: int, group: int) -> float:
         """Learning rate of ``group`` at ``step``."""
-        return warmup_cosine_lr(
-            step,
-            base_lr=self.base_lrs[group],
-            warmup_steps=self.warmup_steps,
-            total_steps=self.total_steps,
-            min_lr=self.min_lrs[group],
-            num_cycles=self.num_cycles,
-            hard_restarts=self.hard_restarts,
-        )
+        return _for_group(warmup_cosine_lr, step, self, group)
 
 
 @dataclass(frozen=True)
@@ -440,7 +437,7 @@ class LinearWarmupSchedule(_LROnly):
 
     def lr_at(self, step: int, group: int) -> float:
         """Learning rate of ``group`` at ``step``."""
-        return linear_warmup_lr(step, base_lr=self.base_lrs[group], warmup_steps=self.warmup_steps)
+        return _for_group(linear_warmup_lr, step, self, group)
 
 
 def _check_decay(schedule: WarmupCosineSchedule | WarmupPolynomialSchedule | WarmupStableDecaySchedule) -> None:
@@ -483,14 +480,7 @@ class WarmupPolynomialSchedule(_LROnly):
 
     def lr_at(self, step: int, group: int) -> float:
         """Learning rate of ``group`` at ``step``."""
-        return warmup_polynomial_lr(
-            step,
-            base_lr=self.base_lrs[group],
-            warmup_steps=self.warmup_steps,
-            total_steps=self.total_steps,
-            min_lr=self.min_lrs[group],
-            power=self.power,
-        )
+        return _for_group(warmup_polynomial_lr, step, self, group)
 
 
 @dataclass(frozen=True)
@@ -529,16 +519,7 @@ class WarmupStableDecaySchedule(_LROnly):
 
     def lr_at(self, step: int, group: int) -> float:
         """Learning rate of ``group`` at ``step``."""
-        return warmup_stable_decay_lr(
-            step,
-            base_lr=self.base_lrs[group],
-            warmup_steps=self.warmup_steps,
-            decay_steps=self.decay_steps,
-            total_steps=self.total_steps,
-            min_lr=self.min_lrs[group],
-            warmup_shape=self.warmup_shape,  # type: ignore[arg-type]
-            decay_shape=self.decay_shape,  # type: ignore[arg-type]
-        )
+        return _for_group(warmup_stable_decay_lr, step, self, group)
 
 
 @dataclass(frozen=True)
@@ -587,30 +568,11 @@ class OneCycleSchedule:
 
     def lr_at(self, step: int, group: int) -> float:
         """Learning rate of ``group`` at ``step``."""
-        return one_cycle_lr(
-            step,
-            max_lr=self.max_lrs[group],
-            total_steps=self.total_steps,
-            pct_start=self.pct_start,
-            div_factor=self.div_factor,
-            final_div_factor=self.final_div_factor,
-            anneal_strategy=self.anneal_strategy,  # type: ignore[arg-type]
-            three_phase=self.three_phase,
-        )
+        return _for_group(one_cycle_lr, step, self, group)
 
     def momentum_at(self, step: int, group: int) -> float | None:
         """Momentum of ``group`` at ``step``, or ``None`` when momentum is not cycled."""
-        if not self.max_momentums:
-            return None
-        return one_cycle_momentum(
-            step,
-            total_steps=self.total_steps,
-            base_momentum=self.base_momentums[group],
-            max_momentum=self.max_momentums[group],
-            pct_start=self.pct_start,
-            anneal_strategy=self.anneal_strategy,  # type: ignore[arg-type]
-            three_phase=self.three_phase,
-        )
+        return _for_group(one_cycle_momentum, step, self, group) if self.max_momentums else None
 
 
 _SCHEDULE_TYPES: Final[dict[str, type[Any]]] = {

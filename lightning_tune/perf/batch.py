@@ -8,7 +8,7 @@ ids) gives ``batch * seq``. Targets of the same shape are not counted again.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import torch
@@ -30,6 +30,21 @@ def _tensors(batch: Any) -> list[tuple[str | None, Tensor]]:
         elif isinstance(item, (list, tuple)):
             stack.extend(reversed([(key, v) for v in item]))
     return found
+
+
+def map_children(batch: Any, fn: Callable[[Any], Any]) -> Any:
+    """``batch`` rebuilt with ``fn`` applied to each child: a mapping's values, a (named) tuple's or a list's items.
+
+    A mapping keeps its type (a tokenizer's ``BatchEncoding``); anything else (a tensor, a number) is returned as it is.
+    """
+    if isinstance(batch, Mapping):
+        out = {key: fn(value) for key, value in batch.items()}
+        return out if type(batch) is dict else type(batch)(out)  # type: ignore[call-arg]
+    if isinstance(batch, tuple) and hasattr(batch, "_fields"):  # a named tuple
+        return type(batch)(*(fn(item) for item in batch))
+    if isinstance(batch, (list, tuple)):
+        return type(batch)(fn(item) for item in batch)
+    return batch
 
 
 def count_samples(batch: Any) -> int | None:
@@ -92,11 +107,6 @@ def sequence_length(batch: Any) -> int | None:
         7
     """
     for _, tensor in _tensors(batch):
-        if (
-            tensor.dim() == 2
-            and not tensor.is_floating_point()
-            and not tensor.is_complex()
-            and tensor.dtype != torch.bool
-        ):
+        if tensor.dim() == 2 and tensor.dtype != torch.bool and not (tensor.is_floating_point() or tensor.is_complex()):
             return int(tensor.shape[1])
     return None

@@ -39,8 +39,8 @@ from torch.overrides import TorchFunctionMode
 from torch.utils.flop_counter import FlopCounterMode
 
 from lightning_tune._surgery import InstanceForward
-from lightning_tune._validation import check_bool, check_float, check_int
-from lightning_tune.perf.batch import sequence_length
+from lightning_tune._validation import check_bool, check_float, check_instance, check_int
+from lightning_tune.perf.batch import map_children, sequence_length
 
 __all__ = ["FlopModel", "attention_pairs", "count_step_flops", "meta_copy"]
 
@@ -139,13 +139,6 @@ class FlopModel:
 # ------------------------------------------------------------------------------------------------------- attention
 
 
-def _sdpa_arguments(args: tuple[Any, ...], kwargs: Mapping[str, Any]) -> tuple[Tensor, Tensor, Tensor, bool, bool]:
-    names = ("query", "key", "value", "attn_mask", "dropout_p", "is_causal")
-    bound = dict(zip(names, args, strict=False)) | dict(kwargs)
-    causal = bool(bound.get("is_causal", False))
-    return bound["query"], bound["key"], bound["value"], bound.get("attn_mask") is not None, causal
-
-
 class _AttentionCounter(TorchFunctionMode):
     """Counts ``F.scaled_dot_product_attention`` calls by formula and runs an uncounted stand-in of the same shape."""
 
@@ -159,8 +152,9 @@ class _AttentionCounter(TorchFunctionMode):
         kwargs = kwargs or {}
         if func is not F.scaled_dot_product_attention:
             return func(*args, **kwargs)
-        q, k, v, masked, causal = _sdpa_arguments(args, kwargs)
-        causal = causal and not masked
+        bound = dict(zip(("query", "key", "value", "attn_mask", "dropout_p", "is_causal"), args, strict=False)) | kwargs
+        q, k, v = bound["query"], bound["key"], bound["value"]
+        causal = bool(bound.get("is_causal", False)) and bound.get("attn_mask") is None
         heads = math.prod(q.shape[:-2])
         forward = 2 * heads * attention_pairs(q.shape[-2], k.shape[-2], causal=causal) * (q.shape[-1] + v.shape[-1])
         needs_grad = torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v))
@@ -185,18 +179,6 @@ def _meta_tensor(tensor: Tensor, memo: dict[int, Any]) -> Tensor:
         found = nn.Parameter(meta, requires_grad=tensor.requires_grad) if isinstance(tensor, nn.Parameter) else meta
         memo[id(tensor)] = found
     return found
-
-
-def _rebind(value: Any, original: nn.Module, clone: nn.Module) -> Any:
-    if isinstance(value, types.MethodType) and value.__self__ is original:
-        return types.MethodType(value.__func__, clone)
-    return value
-
-
-def _recomputes(wrapper: InstanceForward) -> bool:
-    from lightning_tune.swaps.checkpointing import CheckpointedForward  # the package's own checkpointing
-
-    return isinstance(wrapper, CheckpointedForward)
 
 
 class _Tally:
@@ -273,11 +255,16 @@ def _copy_module(module: nn.Module, tally: _Tally | None, memo: dict[int, Any]) 
     _copy_config(state, memo)
     wrapper = state.get("forward")
     if isinstance(wrapper, InstanceForward):  # swaps and presets run as the module's own forward on the copy
-        if wrapper.original is None:
+        from lightning_tune.swaps.checkpointing import CheckpointedForward  # the package's own checkpointing
+
+        original = wrapper.original
+        if original is None:
             del state["forward"]
+        elif isinstance(original, types.MethodType) and original.__self__ is module:  # the module's own: the copy's
+            state["forward"] = types.MethodType(original.__func__, clone)
         else:
-            state["forward"] = _rebind(wrapper.original, module, clone)
-        if _recomputes(wrapper) and tally is not None:
+            state["forward"] = original
+        if isinstance(wrapper, CheckpointedForward) and tally is not None:
             state["forward"] = _RecomputeProbe(clone.forward, tally)
     # the layers Hugging Face checkpoints (its own switch, which ActivationCheckpointing uses for these models)
     if (
@@ -326,21 +313,12 @@ def meta_copy(module: nn.Module) -> nn.Module:
         >>> copied.weight.device, layer.weight.device
         (device(type='meta'), device(type='cpu'))
     """
-    if not isinstance(module, nn.Module):
-        raise TypeError(f"`module` must be a torch.nn.Module, got {module!r} ({type(module).__name__})")
+    check_instance("module", module, nn.Module, "a torch.nn.Module")
     return _copy_module(module, None, {})
 
 
 def _meta_batch(batch: Any) -> Any:
-    if isinstance(batch, Tensor):
-        return torch.empty_like(batch, device="meta")
-    if isinstance(batch, Mapping):
-        return type(batch)({key: _meta_batch(value) for key, value in batch.items()})  # type: ignore[call-arg]
-    if isinstance(batch, tuple) and hasattr(batch, "_fields"):  # a namedtuple
-        return type(batch)(*(_meta_batch(value) for value in batch))
-    if isinstance(batch, (list, tuple)):
-        return type(batch)(_meta_batch(value) for value in batch)
-    return batch
+    return torch.empty_like(batch, device="meta") if isinstance(batch, Tensor) else map_children(batch, _meta_batch)
 
 
 def _loss(output: Any) -> Tensor | None:
@@ -381,8 +359,7 @@ def count_step_flops(
         >>> flops.total, hardware  # forward 2*2*8*4, and the weight gradient (the input needs none)
         (256.0, None)
     """
-    if not isinstance(module, nn.Module):
-        raise TypeError(f"`module` must be a torch.nn.Module, got {module!r} ({type(module).__name__})")
+    check_instance("module", module, nn.Module, "a torch.nn.Module")
     if not callable(step):
         raise TypeError(f"`step` must be a callable step(copy, batch) -> loss, got {step!r} ({type(step).__name__})")
     check_int("samples", samples, minimum=0)

@@ -25,7 +25,7 @@ from typing import Final, Literal, get_args
 
 import torch
 
-from lightning_tune._validation import check_choice, check_float
+from lightning_tune._validation import check_choice, check_float, check_instance
 
 Dtype = Literal["fp64", "fp32", "tf32", "bf16", "fp16", "fp8"]
 DTYPES: Final[tuple[Dtype, ...]] = get_args(Dtype)
@@ -187,11 +187,6 @@ _CAPACITY = re.compile(r"\d+gb")
 _TOKEN = re.compile(r"[a-z0-9]+")
 
 
-def _check_str(name: str, value: object) -> None:
-    if not isinstance(value, str):
-        raise TypeError(f"`{name}` must be a string, got {value!r} ({type(value).__name__})")
-
-
 def canonical_device(name: str) -> str | None:
     """Map a CUDA device name, as ``torch.cuda.get_device_name()`` gives it, to a key of :data:`PEAK_FLOPS`.
 
@@ -215,7 +210,7 @@ def canonical_device(name: str) -> str | None:
         >>> canonical_device("AMD EPYC 7763") is None
         True
     """
-    _check_str("name", name)
+    check_instance("name", name, str, "a string")
     tokens = {
         token
         for token in _TOKEN.findall(name.lower())
@@ -254,9 +249,8 @@ def peak_flops(device_name: str, dtype: torch.dtype, *, float32_matmul_precision
         >>> peak_flops("NVIDIA L4", torch.float64) is None
         True
     """
-    _check_str("device_name", device_name)
-    if not isinstance(dtype, torch.dtype):
-        raise TypeError(f"`dtype` must be a torch.dtype, got {dtype!r} ({type(dtype).__name__})")
+    check_instance("device_name", device_name, str, "a string")
+    check_instance("dtype", dtype, torch.dtype, "a torch.dtype")
     if dtype not in _ROWS:
         raise ValueError(f"`dtype` must be one of {', '.join(map(str, _ROWS))}, got {dtype}")
     check_choice("float32_matmul_precision", float32_matmul_precision, MATMUL_PRECISIONS)

@@ -199,9 +199,7 @@ def timer_for(device: torch.device) -> Timer:
         A timer.
     """
     check_instance("device", device, torch.device, "a torch.device")
-    if device.type == "cuda":
-        return CudaTimer(device)
-    return HostTimer()
+    return CudaTimer(device) if device.type == "cuda" else HostTimer()
 
 
 def compiled_graphs() -> int:
@@ -220,6 +218,4 @@ def compiled_graphs() -> int:
     # The only count of compilations torch keeps (a private counter, checked on torch 2.13): one per graph Dynamo
     # hands to a backend, so recompilations for new shapes count too.
     counters = getattr(dynamo_utils, "counters", None)
-    if counters is None:
-        return 0
-    return int(counters["stats"]["unique_graphs"])
+    return 0 if counters is None else int(counters["stats"]["unique_graphs"])

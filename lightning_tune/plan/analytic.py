@@ -120,10 +120,6 @@ def _lora_tensors(shape: TransformerShape, rank: int) -> Iterator[_Tensor]:
             yield _Tensor(fan_out * rank, True)
 
 
-def _base_tensors(shape: TransformerShape, trainable: bool) -> Iterator[_Tensor]:
-    return (_Tensor(numel, trainable, embedding) for numel, embedding in shape.tensors())
-
-
 def _optimizer_bytes(tensors: list[_Tensor], optimizer: str, update_bytes: int) -> int:
     states = _8BIT_STATES.get(optimizer, 2)
     total = 0
@@ -317,7 +313,7 @@ def estimate_memory(
     update_bytes = 4 if master else e
 
     frozen = lora_rank is not None
-    tensors = list(_base_tensors(shape, trainable=not frozen))
+    tensors = [_Tensor(numel, not frozen, embedding) for numel, embedding in shape.tensors()]
     if lora_rank is not None:
         tensors += list(_lora_tensors(shape, lora_rank))
     parameters = sum(t.numel for t in tensors)

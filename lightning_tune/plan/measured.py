@@ -26,6 +26,7 @@ Example:
 
 from __future__ import annotations
 
+import functools
 import reprlib
 import warnings
 import weakref
@@ -64,16 +65,14 @@ class _LiveBytes:
             if ref is not None and ref() is storage:
                 continue
             size = storage.nbytes()
-            self._refs[key] = weakref.ref(storage, self._release(key, size))
+            self._refs[key] = weakref.ref(storage, functools.partial(self._release, key, size))
             self.current += size
             self.peak = max(self.peak, self.current)
 
-    def _release(self, key: int, size: int) -> Callable[[Any], None]:
-        def release(_: Any) -> None:
-            self.current -= size
-            self._refs.pop(key, None)
-
-        return release
+    def _release(self, key: int, size: int, _: Any) -> None:
+        """The storage counted under ``key`` was freed."""
+        self.current -= size
+        self._refs.pop(key, None)
 
     def reset_peak(self) -> None:
         """Start a new phase: the peak becomes the current total."""
@@ -153,12 +152,6 @@ def _scalar(out: Any, what: str) -> Tensor:
     return out if out.ndim == 0 else out.float().sum()
 
 
-def _is_lightning(model: nn.Module) -> bool:
-    import lightning.pytorch as pl
-
-    return isinstance(model, pl.LightningModule)
-
-
 def _lightning_optimizer(model: nn.Module) -> Optimizer:
     """The single optimizer a LightningModule's ``configure_optimizers`` returns, in any of Lightning's forms."""
     try:
@@ -220,14 +213,9 @@ def _make_batch(batch: Any, size: int, device: torch.device) -> Any:
 
 
 def _storage_bytes(tensors: Iterator[Tensor]) -> int:
-    seen: set[int] = set()
-    total = 0
-    for tensor in tensors:
-        storage = tensor.untyped_storage()
-        if id(storage) not in seen:
-            seen.add(id(storage))
-            total += storage.nbytes()
-    return total
+    """Bytes of the storages behind ``tensors``, each storage once (views share one)."""
+    storages = {id(s): s for s in (t.untyped_storage() for t in tensors)}
+    return sum(s.nbytes() for s in storages.values())
 
 
 def _run(
@@ -358,7 +346,9 @@ def measure_memory(
     if not callable(batch):
         _check_batch(batch, "`batch`")
 
-    lightning = _is_lightning(model)
+    import lightning.pytorch as pl
+
+    lightning = isinstance(model, pl.LightningModule)
     template: OptimizerFactory | Optimizer | None = optimizer
     if template is None and lightning:
         template = _lightning_optimizer(model)

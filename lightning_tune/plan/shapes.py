@@ -39,7 +39,7 @@ from pathlib import Path
 from types import MappingProxyType
 from typing import Any, Final, Literal, get_args
 
-from lightning_tune._validation import check_bool, check_choice, check_float, check_int, check_str
+from lightning_tune._validation import check_bool, check_choice, check_float, check_instance, check_int, check_str
 
 __all__ = ["FAMILIES", "HF_MODEL_TYPES", "MODEL_SHAPES", "Family", "TransformerShape", "from_hf_config", "get_shape"]
 
@@ -141,8 +141,7 @@ class TransformerShape:
         for field in ("tie_word_embeddings", "qkv_bias", "output_bias", "mlp_bias", "dropout", "gated_mlp"):
             check_bool(field, getattr(self, field))
         check_float("partial_rotary_factor", self.partial_rotary_factor, low=0.0, high=1.0, low_inclusive=False)
-        if not isinstance(self.name, str):
-            raise TypeError(f"`name` must be a string, got {self.name!r} ({type(self.name).__name__})")
+        check_instance("name", self.name, str, "a string")
         if self.num_heads % self.kv_heads:
             raise ValueError(
                 f"`num_heads` must be a multiple of `num_kv_heads`, got num_heads={self.num_heads!r} and "

@@ -43,7 +43,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from lightning_tune._validation import check_bool, check_choice, check_int, check_str
+from lightning_tune._validation import check_bool, check_choice, check_instance, check_int, check_str
 from lightning_tune.plan.estimate import MARGINS, Margin, MemoryEstimate, format_bytes
 
 __all__ = ["ZeroPlan", "plan_zero"]
@@ -177,8 +177,7 @@ def plan_zero(
         TypeError: If ``estimate`` is not a :class:`MemoryEstimate` or a count is not an integer.
         ValueError: If a count is out of range or ``margin`` is unknown.
     """
-    if not isinstance(estimate, MemoryEstimate):
-        raise TypeError(f"`estimate` must be a MemoryEstimate, got {estimate!r} ({type(estimate).__name__})")
+    check_instance("estimate", estimate, MemoryEstimate, "a MemoryEstimate")
     check_int("gpu_memory_bytes", gpu_memory_bytes, minimum=1)
     check_int("num_gpus", num_gpus, minimum=1)
     check_int("batch_size", batch_size, minimum=1)

@@ -79,9 +79,8 @@ class DeepSpeedSettings:
         check_int("stage", self.stage)
         if self.stage not in ZERO_STAGES:
             raise ValueError(f"`stage` must be one of {', '.join(map(str, ZERO_STAGES))}, got {self.stage!r}")
-        check_bool("offload_optimizer", self.offload_optimizer)
-        check_bool("offload_parameters", self.offload_parameters)
-        check_bool("pin_memory", self.pin_memory)
+        for name in ("offload_optimizer", "offload_parameters", "pin_memory"):
+            check_bool(name, getattr(self, name))
         if self.offload_optimizer and self.stage < 1:
             raise ValueError(
                 "`offload_optimizer` needs ZeRO stage 1, 2 or 3 (DeepSpeed offloads sharded state), got stage 0"

@@ -16,7 +16,6 @@ the plugin never initialises CUDA.
 
 from __future__ import annotations
 
-import contextlib
 import sys
 from collections.abc import Callable
 from contextlib import AbstractContextManager, nullcontext
@@ -99,11 +98,10 @@ def _inner_plugin(precision: str, device: str, strategy: str | None = None) -> P
     return Precision()
 
 
-def _strategy_of(module: Module) -> Strategy | None:
-    if not isinstance(module, LightningModule):
-        return None
+def _trainer_of(module: Module) -> pl.Trainer | None:
+    """The Trainer a LightningModule is attached to; ``None`` for any other module, or one not attached."""
     try:
-        return module.trainer.strategy
+        return module.trainer if isinstance(module, LightningModule) else None
     except RuntimeError:  # not attached to a Trainer
         return None
 
@@ -279,7 +277,7 @@ class TunePlugin(FSDPPrecision):
 
     @override
     def convert_module(self, module: Module) -> Module:
-        strategy = _strategy_of(module)
+        strategy = None if (trainer := _trainer_of(module)) is None else trainer.strategy
         self._setup_for(strategy)
         module = self.inner.convert_module(module)
         if self.attention is not None and self.attention_swap is None:
@@ -324,10 +322,7 @@ class TunePlugin(FSDPPrecision):
             from lightning_tune.callbacks.optimizer_swap import OptimizerSwap
             from lightning_tune.swaps.optimizer import replaced_state_bytes, swap_optimizers
 
-            callbacks: list[Any] = []
-            with contextlib.suppress(RuntimeError):  # a module not attached to a Trainer has no callbacks
-                if isinstance(model, LightningModule):
-                    callbacks = model.trainer.callbacks  # type: ignore[attr-defined]
+            callbacks = [] if (trainer := _trainer_of(model)) is None else trainer.callbacks  # type: ignore[attr-defined]
             if any(isinstance(cb, OptimizerSwap) for cb in callbacks):
                 raise MisconfigurationException(
                     f"OptimizerSwap and TunePlugin(optimizer={self.optimizer!r}) both swap the optimizer; configure "
@@ -361,12 +356,10 @@ class TunePlugin(FSDPPrecision):
     @override
     def teardown(self) -> None:
         self.inner.teardown()
-        if self.attention_swap is not None:
-            self.attention_swap.restore()
-            self.attention_swap = None
-        if self.loss_swap is not None:
-            self.loss_swap.restore()
-            self.loss_swap = None
+        for swap in (self.attention_swap, self.loss_swap):
+            if swap is not None:
+                swap.restore()
+        self.attention_swap = self.loss_swap = None
 
     # ------------------------------------------------------------------ delegation to Lightning's plugin
 

@@ -62,7 +62,7 @@ from lightning_tune._surgery import (
     remove_forward,
     table,
 )
-from lightning_tune._validation import check_choice
+from lightning_tune._validation import check_choice, check_instance
 from lightning_tune.vocab import canonical_attention
 
 __all__ = [
@@ -134,8 +134,7 @@ def sdpa_backends(backend: ResolvedBackend, device: torch.device | str) -> list[
 
 
 def _kernel_text(backend: ResolvedBackend, device: torch.device) -> str:
-    names = ", ".join(_KERNEL_NAMES[kernel] for kernel in sdpa_backends(backend, device))
-    return f"SDPA {names}"
+    return "SDPA " + ", ".join(_KERNEL_NAMES[kernel] for kernel in sdpa_backends(backend, device))
 
 
 #: FlashAttention packages, newest first: flash-attn-4 (``flash_attn.cute``) on Hopper and Blackwell, flash-attn 2 on
@@ -143,10 +142,6 @@ def _kernel_text(backend: ResolvedBackend, device: torch.device) -> str:
 FlashEngine = Literal["flash-attn-4", "flash-attn-2"]
 _ENGINE_MODULE: dict[str, str] = {"flash-attn-4": "flash_attn.cute", "flash-attn-2": "flash_attn"}
 _FLASH_EXTRAS = "pip install 'lightning-tune[flash4]' on Hopper or newer, 'lightning-tune[flash2]' on Ampere"
-
-
-def _flash4_capable(capability: tuple[int, int]) -> bool:
-    return capability[0] in (9, 10, 11)  # flash-attn-4's kernels: SM90 (Hopper), SM100/SM110 (Blackwell)
 
 
 def _choose_flash(
@@ -168,7 +163,7 @@ def _choose_flash(
     if head_dim is not None and head_dim > FLASH_MAX_HEAD_DIM:
         return None, f"flash-attn needs a head dimension <= {FLASH_MAX_HEAD_DIM}, got {head_dim}"
     capability = torch.cuda.get_device_capability(device)
-    if "flash-attn-4" in engines and _flash4_capable(capability):
+    if "flash-attn-4" in engines and capability[0] in (9, 10, 11):  # its kernels: SM90 Hopper, SM100/110 Blackwell
         return "flash-attn-4", None
     if "flash-attn-2" in engines and capability >= (8, 0):
         return "flash-attn-2", None
@@ -275,28 +270,20 @@ class AttentionSite:
     module: nn.Module
 
 
+def _source(obj: Any) -> str:
+    """The source of a class or module; empty where there is none to read (defined in a REPL or exec, a builtin)."""
+    try:
+        return inspect.getsource(obj)
+    except (OSError, TypeError):
+        return ""
+
+
 def _calls_sdpa(cls: type) -> bool:
     """Whether the source of ``cls`` (or of a class it inherits outside the libraries) mentions SDPA."""
-    cached = _CALLS_SDPA.get(cls)
-    if cached is not None:
-        return cached
-    found = False
-    for klass in cls.__mro__:
-        if (
-            klass in (nn.Module, object)
-            or klass.__module__.startswith(_LIBRARY_PREFIXES)
-            or klass.__module__ == "torch"
-        ):
-            continue
-        try:
-            source = inspect.getsource(klass)
-        except (OSError, TypeError):  # defined in a REPL or exec, or a builtin: no source to read
-            continue
-        if "scaled_dot_product_attention" in source:
-            found = True
-            break
-    _CALLS_SDPA[cls] = found
-    return found
+    if cls not in _CALLS_SDPA:
+        own = [k for k in cls.__mro__ if not k.__module__.startswith(_LIBRARY_PREFIXES) and k.__module__ != "torch"]
+        _CALLS_SDPA[cls] = any("scaled_dot_product_attention" in _source(k) for k in own)  # `object` has no source
+    return _CALLS_SDPA[cls]
 
 
 def find_attention(module: nn.Module) -> list[AttentionSite]:
@@ -316,8 +303,7 @@ def find_attention(module: nn.Module) -> list[AttentionSite]:
         >>> [(site.path, site.kind) for site in find_attention(nn.TransformerEncoderLayer(8, 2))]
         [('self_attn', 'MultiheadAttention')]
     """
-    if not isinstance(module, nn.Module):
-        raise TypeError(f"`module` must be a torch.nn.Module, got {module!r} ({type(module).__name__})")
+    check_instance("module", module, nn.Module, "a torch.nn.Module")
     pretrained = pretrained_model_class()
     hf_roots: list[str] = []
     sites: list[AttentionSite] = []
@@ -563,10 +549,7 @@ def _hf_switchable(model: nn.Module) -> bool:
     # transformers before `set_attn_implementation`: the functional AttentionInterface (4.48+) reads the config at
     # each call; older models chose their attention classes in __init__
     source_module = sys.modules.get(type(model).__module__)
-    try:
-        return source_module is not None and "ALL_ATTENTION_FUNCTIONS" in inspect.getsource(source_module)
-    except (OSError, TypeError):
-        return False
+    return source_module is not None and "ALL_ATTENTION_FUNCTIONS" in _source(source_module)
 
 
 def _hf_set(model: nn.Module, implementation: str) -> None:
@@ -638,9 +621,7 @@ def _switch_transformers(
 
 
 def _restore_transformers(model: nn.Module) -> None:
-    snapshot = _HF_ORIGINALS.pop(model, None)
-    if snapshot is not None:
-        _hf_apply_snapshot(snapshot)
+    _hf_apply_snapshot(_HF_ORIGINALS.pop(model, []))  # nothing to restore when another result restored it first
 
 
 # ------------------------------------------------------------------------------------------------------------ results
@@ -737,8 +718,7 @@ def swap_attention(
         False
     """
     backend = canonical_attention(backend, arg="backend")
-    if not isinstance(module, nn.Module):
-        raise TypeError(f"`module` must be a torch.nn.Module, got {module!r} ({type(module).__name__})")
+    check_instance("module", module, nn.Module, "a torch.nn.Module")
     refuse_wrapped(module, surgery="swap_attention", callback="AttentionSwap")
     sites = find_attention(module)
     if not sites:

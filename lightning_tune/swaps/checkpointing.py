@@ -152,17 +152,14 @@ def type_matcher(block_types: BlockTypes) -> Callable[[nn.Module], bool]:
     return match
 
 
-def _largest_uniform_list(module: nn.Module, outside: list[str]) -> tuple[str, nn.ModuleList] | None:
-    best: tuple[int, str, nn.ModuleList] | None = None
-    for path, child in module.named_modules():
-        if not isinstance(child, nn.ModuleList) or len(child) < 2 or inside(path, outside):
-            continue
-        if len({type(block) for block in child}) != 1:
-            continue
-        size = sum(p.numel() for p in child.parameters())
-        if best is None or size > best[0]:
-            best = (size, path, child)
-    return None if best is None else (best[1], best[2])
+def _largest_uniform_list(module: nn.Module) -> tuple[str, nn.Module] | None:
+    """The ``nn.ModuleList`` of at least two children of one class with the most parameters (the first of equals)."""
+    lists = [
+        (path, child)
+        for path, child in module.named_modules()
+        if isinstance(child, nn.ModuleList) and len(child) >= 2 and len({type(block) for block in child}) == 1
+    ]
+    return max(lists, key=lambda item: sum(p.numel() for p in item[1].parameters()), default=None)
 
 
 def checkpoint_blocks(
@@ -220,12 +217,11 @@ def checkpoint_blocks(
             for path, child in _outermost(module, lambda m: isinstance(m, _TORCH_LAYERS))
             if not inside(path, hf_roots)
         ]
-        if not blocks and not hf_roots:
-            found = _largest_uniform_list(module, hf_roots)
-            if found is not None:
-                prefix, blocks_list = found
-                blocks = [(f"{prefix}.{name}".lstrip("."), child) for name, child in blocks_list.named_children()]
-        if not blocks and not hf_roots:
+        found = None if blocks or hf_roots else _largest_uniform_list(module)
+        if found is not None:
+            prefix, blocks_list = found
+            blocks = [(f"{prefix}.{name}".lstrip("."), child) for name, child in blocks_list.named_children()]
+        elif not blocks and not hf_roots:
             raise ValueError(
                 f"found no transformer blocks in {type(module).__name__}: no Hugging Face model, no "
                 "nn.TransformerEncoderLayer/DecoderLayer and no nn.ModuleList of identical blocks. Name the blocks "

@@ -108,15 +108,9 @@ class _LinearCrossEntropy(torch.autograd.Function):
                 grad_hidden[rows] = grad_low @ weight
             if grad_weight is not None:
                 grad_weight += grad_low.T @ hidden[rows]
-        return (
-            grad_hidden,
-            None if grad_weight is None else grad_weight.to(weight.dtype),
-            None if grad_bias is None else grad_bias.to(bias.dtype),
-            None,
-            None,
-            None,
-            None,
-        )
+        weight_grad = None if grad_weight is None else grad_weight.to(weight.dtype)
+        bias_grad = None if grad_bias is None else grad_bias.to(bias.dtype)
+        return grad_hidden, weight_grad, bias_grad, None, None, None, None  # labels, ignore_index, chunk, softcap: none
 
 
 def linear_cross_entropy(

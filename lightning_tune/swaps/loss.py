@@ -34,7 +34,7 @@ from torch import Tensor, nn
 
 from lightning_tune import _imports
 from lightning_tune._surgery import InstanceForward, SurgeryResult, pretrained_model_class, remove_forward, table
-from lightning_tune._validation import check_int
+from lightning_tune._validation import check_instance, check_int
 from lightning_tune.swaps.cross_entropy import linear_cross_entropy
 from lightning_tune.vocab import canonical_loss
 
@@ -377,8 +377,7 @@ def swap_loss(
         (root)  GPT    500         None
         >>> result.restore()
     """
-    if not isinstance(module, nn.Module):
-        raise TypeError(f"`module` must be a torch.nn.Module, got {module!r} ({type(module).__name__})")
+    check_instance("module", module, nn.Module, "a torch.nn.Module")
     check_int("chunk_size", chunk_size, minimum=1, allow_none=True)
     requested = canonical_loss(backend, arg="backend")
     first = next(module.parameters(), None)

@@ -35,7 +35,7 @@ from torch.optim import optimizer as torch_optimizer
 
 from lightning_tune._imports import require
 from lightning_tune._surgery import SurgeryResult, table
-from lightning_tune._validation import check_choice, check_int
+from lightning_tune._validation import check_choice, check_instance, check_int
 from lightning_tune.vocab import OptimizerName, canonical_optimizer
 
 __all__ = [
@@ -152,9 +152,8 @@ class OptimizerSwapResult(SurgeryResult):
         for label, members in buckets.items():
             names = ", ".join(self.kept_32bit) if label == "32-bit (kept)" else ""
             state.append([label, str(len(members)), f"{_numel(members):,}", names])
-        lines = [title, table(rows), table(state)]
-        lines.append("changes: none" if not self.changes else "changes:\n" + "\n".join(f"  {c}" for c in self.changes))
-        return "\n".join(lines)
+        changes = "changes:\n" + "\n".join(f"  {c}" for c in self.changes) if self.changes else "changes: none"
+        return "\n".join([title, table(rows), table(state), changes])
 
     def state_buckets(self) -> dict[str, list[Tensor]]:
         """The new optimizer's parameters by the state they get: the rows of :meth:`describe`'s state table.
@@ -278,11 +277,9 @@ def swap_optimizer(
         >>> all(a is b for a, b in zip(result.new.param_groups[0]["params"], net.parameters()))
         True
     """
-    if not isinstance(old, Optimizer):
-        raise TypeError(f"`old` must be a torch.optim.Optimizer, got {old!r} ({type(old).__name__})")
+    check_instance("old", old, Optimizer, "a torch.optim.Optimizer")
     name = canonical_optimizer(optimizer, allowed=TARGETS)
-    if module is not None and not isinstance(module, nn.Module):
-        raise TypeError(f"`module` must be a torch.nn.Module or None, got {module!r} ({type(module).__name__})")
+    check_instance("module", module, nn.Module, "a torch.nn.Module", allow_none=True)
     check_keep_32bit(keep_32bit)
     check_int("min_8bit_size", min_8bit_size, minimum=1)
     target = _TARGETS[name]
@@ -529,12 +526,9 @@ def state_summary(owner: str, results: Sequence[OptimizerSwapResult], before: in
     """
     measured = "not measured yet" if after is None else _mib(after)
     old = ", ".join(type(result.old).__name__ for result in results) or "the original optimizer"
-    if before is None:
-        text = f"{old}: unknown"
-    else:
-        text = f"{old}: {_mib(before)}"
-        if after is not None and before:
-            text += f", {after / before:.1%}"
+    text = f"{old}: {'unknown' if before is None else _mib(before)}"
+    if after is not None and before:
+        text += f", {after / before:.1%}"
     if any(result.saves_nothing for result in results):
         text += "; nothing is stored in 8 bits: every trainable tensor is under `min_8bit_size` or kept 32-bit"
     return f"{owner}: optimizer state {measured} after the first step ({text})"
@@ -678,10 +672,8 @@ def _build_bnb(bnb: Any, target: _Target, groups: list[dict[str, Any]], min_8bit
             group["betas"] = (group.pop("momentum"), 0.0)
             group["eps"] = 0.0
         first = groups[0]["betas"][0] or 0.9  # constructor default only; every group sets its own
-        optimizer: Optimizer = cls(groups, lr=groups[0]["lr"], momentum=first, min_8bit_size=min_8bit_size)
-    else:
-        optimizer = cls(groups, min_8bit_size=min_8bit_size)
-    return optimizer
+        return cls(groups, lr=groups[0]["lr"], momentum=first, min_8bit_size=min_8bit_size)
+    return cls(groups, min_8bit_size=min_8bit_size)
 
 
 def _install_overrides(bnb: Any, optimizer: Optimizer, kept: Sequence[Tensor]) -> None:
@@ -763,14 +755,8 @@ def _track_step_calls(optimizer: Optimizer) -> None:
 
 
 def _unique_params(optimizer: Optimizer) -> list[Tensor]:
-    seen: set[int] = set()
-    out: list[Tensor] = []
-    for group in optimizer.param_groups:
-        for p in group["params"]:
-            if id(p) not in seen:
-                seen.add(id(p))
-                out.append(p)
-    return out
+    """Each parameter once, in the order the groups hold them."""
+    return list({id(p): p for group in optimizer.param_groups for p in group["params"]}.values())
 
 
 def _is_dtensor(value: Any) -> bool:
