@@ -668,3 +668,41 @@ def test_sharded_models_get_no_copied_flop_count_but_one_warning_naming_flops_pe
         monitor._count_flops(sharded, torch.zeros(4, 8), 0, 4)
     count.assert_not_called()
     assert monitor.flop_model is None
+
+
+def test_counting_a_batch_is_step_time_not_data_wait(tmp_path: Path) -> None:
+    clock = ScriptedClock([], [])
+
+    def slow_count(batch: Any) -> int:  # a user's batch_size_fn that takes 50 ms
+        clock.now += 0.050
+        return count_samples(batch) or 0
+
+    steps, gaps = [0.010] * 4, [0.002] * 4
+    clock.step_s, clock.gap_s = list(steps), list(gaps)
+    model = ClockDriver(batch_size=4, n=16)
+    model.clock = clock
+    monitor = lt.ThroughputLatencyMonitor(log_every_n_steps=4, batch_size_fn=slow_count)
+    original = monitor.on_train_batch_start
+
+    def start(trainer, pl_module, batch, batch_idx):  # type: ignore[no-untyped-def]
+        clock.on_batch_start()
+        original(trainer, pl_module, batch, batch_idx)
+
+    monitor.on_train_batch_start = start  # type: ignore[method-assign]
+    with mock.patch(CLOCK, clock):
+        make_trainer(tmp_path, [monitor], max_epochs=1).fit(model)
+    assert monitor.stats.total.steps == 4
+    assert monitor.summary["step_ms_p50"] == pytest.approx(60.0)  # the count inside the step, as Lightning's loop
+    assert monitor.summary["data_wait_frac"] == pytest.approx(4 * 0.002 / (4 * 0.060 + 4 * 0.002))
+
+
+def test_a_validate_call_after_a_fit_keeps_its_training_figures(tmp_path: Path) -> None:
+    monitor = lt.ThroughputLatencyMonitor(peak_flops=1e12)
+    model = Regressor(batch_size=4, n=24)
+    trainer = make_trainer(tmp_path, [monitor], max_epochs=1, limit_val_batches=2)
+    trainer.fit(model)
+    steps, flop_model = monitor.stats.total.steps, monitor.flop_model
+    assert steps == 6 and flop_model is not None
+    trainer.validate(model, verbose=False)
+    assert monitor.stats.total.steps == steps and monitor.flop_model is flop_model
+    assert "batches" in monitor.summary  # the last call's own figures

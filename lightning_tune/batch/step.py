@@ -532,10 +532,19 @@ class DynamicStep:
             "batches_done": self.batches_done,
             "controller": self.controller.state_dict(),
             **self.tokens.state_dict(),  # micro_batch_tokens, longest, token_controller
+            "arguments": self.arguments(),
         }
 
-    def load_state_dict(self, state: dict[str, Any], arguments: dict[str, Any] | None = None) -> None:
-        """Restore :meth:`state_dict`'s keys; this run's configuration, limits and ``arguments`` win, with a warning."""
+    def arguments(self) -> dict[str, Any]:
+        """The arguments a checkpoint records, so that a run resumed with other values can say which it uses."""
+        names = (
+            "target_vram min_batch_size max_batch_size adjust_every keep lr_rule multiple_of reserve_gib loss_weight"
+        )
+        values = {name: getattr(self, name) for name in (*names.split(), "label_shift", "pad_to_multiple_of")}
+        return values | {"min_change": self.controller.min_change, "trim_keys": list(self.trim_keys)}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Restore :meth:`state_dict`'s keys; this run's configuration, limits and arguments win, with a warning."""
         saved = state["user_batch_size"], state["user_accumulation"]
         now = self.user_batch_size, self.user_accumulation
         if saved != now:
@@ -547,9 +556,7 @@ class DynamicStep:
         limits = [x for x in (state["batch_size"], self.cap(), self.max_batch_size) if x is not None]
         self.batch_size = max(self.min_batch_size, min(limits))
         before = state.get("arguments", {})
-        changed = [
-            f"{k} {before[k]!r} -> {v!r}" for k, v in (arguments or {}).items() if k in before and before[k] != v
-        ]
+        changed = [f"{k} {before[k]!r} -> {v!r}" for k, v in self.arguments().items() if k in before and before[k] != v]
         if changed:
             moved = f"; micro-batch {state['batch_size']} -> {self.batch_size}"
             self.warn(

@@ -10,7 +10,9 @@ one of them stops working.
 
 from __future__ import annotations
 
+import contextlib
 import math
+import warnings
 from typing import TYPE_CHECKING, Any
 
 from lightning.fabric.utilities.exceptions import MisconfigurationException
@@ -181,3 +183,24 @@ def retarget_schedules(trainer: pl.Trainer, epoch_samples: int, window: int, bat
     for scheduler in schedule_lrs(trainer):
         if scheduler.follows_run:
             scheduler.retarget(trainer.global_step + remaining)
+
+
+_NOT_RESUMABLE = "You're resuming from a checkpoint that ended before the epoch ended and your dataloader is not"
+
+
+def silence_not_resumable() -> Any:
+    """Silence Lightning's warning that a DataLoader resumed mid-epoch is not resumable (the sampler resumes it).
+
+    Returns:
+        The filter, for :func:`unsilence` once the first batch has run.
+    """
+    warnings.filterwarnings("ignore", message=_NOT_RESUMABLE)
+    return warnings.filters[0]
+
+
+def unsilence(quiet: Any) -> None:
+    """Remove the filter :func:`silence_not_resumable` returned (``None``: nothing to remove)."""
+    if quiet is not None:
+        with contextlib.suppress(ValueError):
+            warnings.filters.remove(quiet)  # type: ignore[attr-defined]
+        warnings._filters_mutated()  # type: ignore[attr-defined]

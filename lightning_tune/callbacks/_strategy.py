@@ -1,18 +1,18 @@
-"""DynamicBatchSize's setup: what it refuses to drive, and where it reads memory."""
+"""DynamicBatchSize's plumbing: refusals, memory probe, agreement, backward passes, typed view of its engine."""
 
 from __future__ import annotations
 
 import contextlib
 import warnings
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Generic, TypeVar, cast, overload
 
 import torch
 from lightning.fabric.utilities.exceptions import MisconfigurationException
 from lightning.pytorch.utilities.rank_zero import rank_zero_info
 
 from lightning_tune.batch.probes import CudaMemory, MemoryProbe
-from lightning_tune.batch.runner import all_reduce_max
+from lightning_tune.batch.runner import all_reduce_max, is_allocation_failure
 
 if TYPE_CHECKING:
     import lightning.pytorch as pl
@@ -128,3 +128,40 @@ def micro_batch_backward(trainer: pl.Trainer, loss: torch.Tensor) -> None:
     device = strategy.root_device.type
     with torch.autocast(device, enabled=False) if torch.is_autocast_enabled(device) else contextlib.nullcontext():
         strategy.backward(loss, optimizers[0] if optimizers else None)
+
+
+def last_backward_failure(
+    trainer: pl.Trainer | None, err: BaseException, sharded: bool
+) -> torch.OutOfMemoryError | None:
+    """The error for an allocation failure in DDP's last backward, which reduces the gradients (else ``None``).
+
+    The runner's own backward passes run without sync and recover; this one cannot be agreed with the other ranks.
+    """
+    model = None if trainer is None or trainer.world_size == 1 or sharded else trainer.strategy.model
+    if not (getattr(model, "require_backward_grad_sync", False) and is_allocation_failure(err)):
+        return None
+    return torch.OutOfMemoryError(
+        f"DynamicBatchSize: out of memory in the last micro-batch's backward, where the gradients are reduced "
+        f"across ranks ({str(err).splitlines()[0]}); it cannot be agreed with the other ranks, so training stops. "
+        "Lower `target_vram` or `max_batch_size`, or keep memory free with `reserve_gib`"
+    )
+
+
+_T = TypeVar("_T")
+
+
+class Engine(Generic[_T]):
+    """A typed attribute of the callback that is its engine's attribute of the same name (documented there)."""
+
+    def __set_name__(self, owner: type, name: str) -> None:
+        self.name = name
+
+    @overload
+    def __get__(self, obj: None, owner: type) -> Engine[_T]: ...
+    @overload
+    def __get__(self, obj: object, owner: type) -> _T: ...
+    def __get__(self, obj: object, owner: type) -> Engine[_T] | _T:
+        return self if obj is None else cast(_T, getattr(obj.step, self.name))  # type: ignore[attr-defined]
+
+    def __set__(self, obj: Any, value: _T) -> None:
+        setattr(obj.step, self.name, value)

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import contextlib
 import functools
-import warnings
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -19,14 +18,17 @@ from torch.utils.data import BatchSampler, DataLoader
 from typing_extensions import override
 
 from lightning_tune.batch import runner as micro
+from lightning_tune.batch.control import BatchSizeController, Decision
 from lightning_tune.batch.logs import StepLogs
 from lightning_tune.batch.probes import MemoryProbe
 from lightning_tune.batch.sampler import ResizableBatchSampler
 from lightning_tune.batch.sharded import GatheredStep
 from lightning_tune.batch.step import KEEPS, LOSS_WEIGHTS, DynamicStep, Keep, LossWeight
+from lightning_tune.batch.tokens import TokenBudget
 from lightning_tune.callbacks import _resizable_loader as loaders
+from lightning_tune.callbacks import _strategy as plumbing
 from lightning_tune.callbacks._logging import log_every_n_steps
-from lightning_tune.callbacks._strategy import check_strategy, choose_probe, max_over_ranks, micro_batch_backward
+from lightning_tune.callbacks._strategy import Engine
 from lightning_tune.lr.scaling import ScaleRule
 from lightning_tune.perf.ran import StepRun
 from lightning_tune.plan.estimate import MemoryEstimate
@@ -35,16 +37,6 @@ if TYPE_CHECKING:
     import lightning.pytorch as pl
 
 __all__ = ["KEEPS", "LOSS_WEIGHTS", "DynamicBatchSize", "Keep", "LossWeight"]
-
-_NOT_RESUMABLE = "You're resuming from a checkpoint that ended before the epoch ended and your dataloader is not"
-#: The arguments a checkpoint records, so that a run resumed with other values can say which it uses.
-_RESUMED_ARGUMENTS = "target_vram min_batch_size max_batch_size adjust_every keep lr_rule multiple_of reserve_gib"
-_RESUMED_ARGUMENTS += " loss_weight label_shift pad_to_multiple_of"
-_STATE = "sync_oom agree_timeout probe trim_keys controller tokens batch_size oom_recoveries decisions last_decision"
-_STATE += " step_tokens step_shapes shapes micro_batches effective_batch_size micro_batch_tokens token_controller"
-_STATE += " accumulate_grad_batches"
-#: What the callback reads and writes on its engine (documented on DynamicStep): its arguments, state and figures.
-_ENGINE = frozenset(_RESUMED_ARGUMENTS.split() + _STATE.split())
 
 
 class DynamicBatchSize(Callback):
@@ -99,6 +91,37 @@ class DynamicBatchSize(Callback):
         DynamicBatchSize(target_vram=0.9, min_batch_size=8, max_batch_size=64, adjust_every=100, keep='effective')
     """
 
+    # the arguments, state and figures kept by the engine (:class:`~lightning_tune.batch.step.DynamicStep`)
+    target_vram: Engine[float] = Engine()
+    min_batch_size: Engine[int] = Engine()
+    max_batch_size: Engine[int | None] = Engine()
+    adjust_every: Engine[int] = Engine()
+    keep: Engine[Keep] = Engine()
+    lr_rule: Engine[ScaleRule] = Engine()
+    multiple_of: Engine[int] = Engine()
+    reserve_gib: Engine[float] = Engine()
+    loss_weight: Engine[LossWeight] = Engine()
+    label_shift: Engine[int | None] = Engine()
+    pad_to_multiple_of: Engine[int] = Engine()
+    sync_oom: Engine[bool] = Engine()
+    agree_timeout: Engine[float] = Engine()
+    probe: Engine[MemoryProbe | None] = Engine()
+    trim_keys: Engine[tuple[str, ...]] = Engine()
+    controller: Engine[BatchSizeController] = Engine()
+    tokens: Engine[TokenBudget] = Engine()
+    batch_size: Engine[int | None] = Engine()
+    oom_recoveries: Engine[int] = Engine()
+    decisions: Engine[int] = Engine()
+    last_decision: Engine[Decision | None] = Engine()
+    step_tokens: Engine[tuple[int, int] | None] = Engine()
+    step_shapes: Engine[list[tuple[int, int]] | None] = Engine()
+    shapes: Engine[set[tuple[int, int]]] = Engine()
+    micro_batches: Engine[int] = Engine()
+    effective_batch_size: Engine[int | None] = Engine()
+    micro_batch_tokens: Engine[int | None] = Engine()
+    token_controller: Engine[BatchSizeController | None] = Engine()
+    accumulate_grad_batches: Engine[int | None] = Engine()
+
     def __init__(
         self,
         target_vram: float = 0.9,
@@ -120,7 +143,7 @@ class DynamicBatchSize(Callback):
         trim_keys: Sequence[str] = (),
         pad_to_multiple_of: int = 8,
     ) -> None:
-        engine = {k: v for k, v in locals().items() if k != "self"}
+        engine = {k: v for k, v in locals().items() if k not in ("self", "__class__")}
         self.step = DynamicStep(**engine, warn=rank_zero_warn, info=rank_zero_info)
         self.runner: micro.MicroBatchRunner | None = None
         self._trainer: pl.Trainer | None = None
@@ -137,16 +160,8 @@ class DynamicBatchSize(Callback):
         self._agree: Callable[[Sequence[float]], list[float]] = list  # the maximum over ranks
         self._logs = StepLogs()  # what the step's micro-batches log with self.log
 
-    def __getattr__(self, name: str) -> Any:  # the engine's arguments, state and figures (see `_ENGINE`)
-        if name in _ENGINE and "step" in vars(self):
-            return getattr(self.step, name)
-        raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
-
-    def __setattr__(self, name: str, value: Any) -> None:
-        setattr(self.step, name, value) if name in _ENGINE else super().__setattr__(name, value)
-
     def __repr__(self) -> str:  # target_vram, min_batch_size, max_batch_size, adjust_every, keep
-        shown = ", ".join(f"{name}={getattr(self, name)!r}" for name in _RESUMED_ARGUMENTS.split()[:5])
+        shown = ", ".join(f"{name}={value!r}" for name, value in list(self.step.arguments().items())[:5])
         return f"{type(self).__name__}({shown})"
 
     def last_step_run(self) -> StepRun | None:
@@ -158,14 +173,14 @@ class DynamicBatchSize(Callback):
         if stage != "fit":
             return
         self._trainer = trainer
-        self._agree = functools.partial(max_over_ranks, trainer, timeout=self.agree_timeout)
-        self.step.probe = choose_probe(self.step.probe, trainer)
-        agreeable, fsdp2 = check_strategy(trainer, pl_module, self.sync_oom)
+        self._agree = functools.partial(plumbing.max_over_ranks, trainer, timeout=self.agree_timeout)
+        self.step.probe = plumbing.choose_probe(self.step.probe, trainer)
+        agreeable, fsdp2 = plumbing.check_strategy(trainer, pl_module, self.sync_oom)
         # FSDP2: the parameters are gathered once per step, so the micro-batches run with no collective
         self._gathered = GatheredStep(pl_module) if fsdp2 else None
         self.runner = micro.MicroBatchRunner(
             forward=self._forward,
-            backward=functools.partial(micro_batch_backward, trainer),
+            backward=functools.partial(plumbing.micro_batch_backward, trainer),
             zero_grad=self._zero_grad,
             free=self._free_after_failure,
             shrink=self._shrink,
@@ -314,19 +329,10 @@ class DynamicBatchSize(Callback):
         try:
             return self._originals["backward"](loss, *args, **kwargs)
         except (torch.OutOfMemoryError, RuntimeError) as err:
-            trainer = self._trainer
-            model = None if trainer is None or trainer.world_size == 1 or self._gathered else trainer.strategy.model
-            # DDP's last backward, which reduces the gradients; the runner's own backward passes run without sync
-            if not (
-                self.runner and getattr(model, "require_backward_grad_sync", False) and micro.is_allocation_failure(err)
-            ):
+            fatal = self.runner and plumbing.last_backward_failure(self._trainer, err, self._gathered is not None)
+            if not fatal:
                 raise  # the runner recovers
-            message = str(err).splitlines()[0]
-        raise torch.OutOfMemoryError(
-            f"DynamicBatchSize: out of memory in the last micro-batch's backward, where the gradients are reduced "
-            f"across ranks ({message}); it cannot be agreed with the other ranks, so training stops. Lower "
-            "`target_vram` or `max_batch_size`, or keep memory free with `reserve_gib`"
-        )
+            raise fatal from err
 
     def _optimizer_zero_grad(self, epoch: int, batch_idx: int, optimizer: Any) -> None:
         """Lightning zeroes gradients between ``training_step`` and backward: the runner zeroes them instead."""
@@ -363,8 +369,6 @@ class DynamicBatchSize(Callback):
             "order": sampler.saved_order() if sampler is not None and trainer and trainer.world_size == 1 else None,
             "epoch": None if trainer is None else trainer.current_epoch,  # the epoch `consumed` counts in
             "seed": self._seed,
-            "arguments": {name: getattr(self, name) for name in _RESUMED_ARGUMENTS.split()}
-            | {"min_change": self.controller.min_change, "trim_keys": list(self.trim_keys)},
         }
 
     @override
@@ -377,7 +381,7 @@ class DynamicBatchSize(Callback):
         """Restore the checkpoint's state; whether Lightning goes on with the epoch after the checkpoint's."""
         state, self._restore = self._restore, None
         assert state is not None
-        self.step.load_state_dict(state, self.state_dict()["arguments"])  # this run's configuration wins
+        self.step.load_state_dict(state)  # this run's configuration wins
         if self.keep != "lr" and state["lr_factor"] != 1.0:  # the checkpoint's LR was scaled to its batch: undo that
             loaders.scale_learning_rates(trainer, 1.0 / state["lr_factor"])
         sampler.batch_size = self.step.window_size()
@@ -386,14 +390,9 @@ class DynamicBatchSize(Callback):
         self._seed = sampler.seed
         if resumed:
             self.step.consumed, self.step.batches_done = state["consumed"], state["batches_done"]
-            # Lightning then warns that the DataLoader is not resumable: the sampler resumes it, so silence that
-            warnings.filterwarnings("ignore", message=_NOT_RESUMABLE)
-            self._quiet = warnings.filters[0]
+            self._quiet = loaders.silence_not_resumable()
         return next_epoch
 
     def _unquiet(self) -> None:
-        if self._quiet is not None:
-            with contextlib.suppress(ValueError):
-                warnings.filters.remove(self._quiet)  # type: ignore[attr-defined]
-            warnings._filters_mutated()  # type: ignore[attr-defined]
-            self._quiet = None
+        loaders.unsilence(self._quiet)
+        self._quiet = None

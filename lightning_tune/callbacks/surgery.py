@@ -6,11 +6,13 @@ moves the model and wraps it in DDP/FSDP, and undone in ``teardown``.
 
 from __future__ import annotations
 
+import weakref
 from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from lightning.pytorch.callbacks import Callback
 from lightning.pytorch.utilities import rank_zero_info
+from torch import nn
 from typing_extensions import override
 
 from lightning_tune._surgery import SurgeryResult
@@ -24,6 +26,9 @@ from lightning_tune.vocab import Attention, LossBackend, canonical_attention, ca
 if TYPE_CHECKING:
     import lightning.pytorch as pl
 
+#: The surgeries made on each module, in the order they were made.
+_MADE: weakref.WeakKeyDictionary[nn.Module, list[SurgeryResult]] = weakref.WeakKeyDictionary()
+
 __all__ = ["ActivationCheckpointing", "AttentionSwap", "LossSwap", "SurgeryCallback", "TorchCompile"]
 
 
@@ -32,7 +37,7 @@ class SurgeryCallback(Callback):
 
     ``setup`` runs before the strategy moves the model and wraps it in DDP/FSDP, so the surgery sees the bare model.
     A ``setup`` without its ``teardown`` (an interrupted run) first undoes the earlier change, so changes never stack.
-    The surgeries of a Trainer's surgery callbacks are undone at ``teardown`` last-made first.
+    The surgeries made on a module are undone last made first, whichever callback's ``teardown`` comes first.
 
     Args:
         verbose: Print what was changed, on rank zero.
@@ -63,24 +68,30 @@ class SurgeryCallback(Callback):
 
     @override
     def setup(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
-        self._restore()
+        self._restore(pl_module)
         self.result = self.apply(trainer, pl_module)
+        _MADE.setdefault(pl_module, []).append(self.result)
         if self.verbose:
             rank_zero_info(self.result.describe())
 
     @override
     def teardown(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
-        # Lightning tears callbacks down in the order it set them up, but a later surgery may wrap an earlier one's
-        # (TorchCompile compiles the forward LossSwap installed): the first teardown undoes them all, last made first
-        for callback in reversed(getattr(trainer, "callbacks", [])):
-            if isinstance(callback, SurgeryCallback):
-                callback._restore()
-        self._restore()
+        self._restore(pl_module)
 
-    def _restore(self) -> None:
-        if self.result is not None:
-            self.result.restore()
-            self.result = None
+    def _restore(self, module: nn.Module) -> None:
+        """Undo the surgery, after those made on ``module`` since, which may wrap it, last made first.
+
+        Lightning tears callbacks down in the order it set them up, but a later surgery may wrap an earlier one's
+        (TorchCompile compiles the forward LossSwap installed).
+        """
+        result, made = self.result, _MADE.get(module, [])
+        if result is None:
+            return
+        self.result, index = None, next((i for i, r in enumerate(made) if r is result), len(made))
+        for later in reversed(made[index:]):
+            later.restore()
+        del made[index:]
+        result.restore()
 
 
 class ActivationCheckpointing(SurgeryCallback):

@@ -112,6 +112,7 @@ class ThroughputLatencyMonitor(Callback):
         self._source: StepRunSource | None = None  # a callback cutting steps into micro-batches (DynamicBatchSize)
         self._devices = devices.DeviceReader(partial(rank_zero_warn, category=RuntimeWarning))
         self._last_logged_step = -1
+        self._device: torch.device | None = None  # the device of the recorder's timeline
 
     @property
     def stats(self) -> StepStats:
@@ -130,7 +131,7 @@ class ThroughputLatencyMonitor(Callback):
 
     def _setup_device(self, trainer: pl.Trainer) -> None:
         """A recorder on the device's timeline, for a fit or a validate or predict call; NVML, once."""
-        device = trainer.strategy.root_device
+        device = self._device = trainer.strategy.root_device
         self._recorder = recorder = StepRecorder(
             Timeline(timer_for(device)),
             window=self.window,
@@ -200,14 +201,17 @@ class ThroughputLatencyMonitor(Callback):
     def on_train_batch_start(
         self, trainer: pl.Trainer, pl_module: pl.LightningModule, batch: Any, batch_idx: int
     ) -> None:
-        recorder, (samples, tokens) = self._recorder, self._count(batch)
+        recorder = self._recorder
+        mark = recorder.timeline.mark()  # counting the batch is the step's time, as it was Lightning's
+        samples, tokens = self._count(batch)
         by_shape = recorder.peak is not None and self.flops_per_batch is None  # FLOPs of each batch's shape
 
         def count_flops() -> None:  # at the fit's first step, on a meta copy: neither training nor waiting
             recorder.flop_model, recorder.hardware_flop_model = self._count_flops(pl_module, batch, batch_idx, samples)
 
         shape = (samples, sequence_length(batch) if by_shape else None)
-        recorder.start_batch(shape, tokens, global_step=trainer.global_step, prepare=count_flops if by_shape else None)
+        prepare = count_flops if by_shape else None
+        recorder.start_batch(shape, tokens, global_step=trainer.global_step, prepare=prepare, mark=mark)
 
     def _count_flops(
         self, pl_module: pl.LightningModule, batch: Any, batch_idx: int, samples: int, stage: str = "train"
@@ -268,8 +272,11 @@ class ThroughputLatencyMonitor(Callback):
     def _begin_inference(self, stage: str, trainer: pl.Trainer, *_: Any) -> None:
         if trainer.sanity_checking:
             return
-        if trainer.state.fn != TrainerFn.FITTING:  # a validate or predict call: its device, its figures
-            self._setup_device(trainer)
+        if trainer.state.fn != TrainerFn.FITTING:  # a validate or predict call: its figures; the last fit's stay
+            if trainer.strategy.root_device != self._device:
+                self._setup_device(trainer)
+            else:  # its Trainer's precision
+                self._recorder.peak = self.device_peak_flops(trainer)
             self.summary = {}
         self._recorder.begin_inference(stage)
 

@@ -120,7 +120,13 @@ class StepRecorder:
         self._prev_end = self.timeline.mark()
 
     def start_batch(
-        self, shape: tuple[int, int | None], tokens: Any, *, global_step: int, prepare: Callable[[], Any] | None = None
+        self,
+        shape: tuple[int, int | None],
+        tokens: Any,
+        *,
+        global_step: int,
+        prepare: Callable[[], Any] | None = None,
+        mark: int | None = None,
     ) -> None:
         """Mark a training batch's start; the first of an optimizer step opens it.
 
@@ -129,8 +135,9 @@ class StepRecorder:
             tokens: Its input tokens: a number, a device tensor (read once the step has run), or ``None``.
             global_step: Optimizer steps taken so far.
             prepare: Called once, as the first step opens, before its start mark: neither waiting nor training time.
+            mark: The batch's start, when taken before counting it (counting is the step's time); default: now.
         """
-        mark = self.timeline.mark()
+        mark = self.timeline.mark() if mark is None else mark
         step = self._current
         if step is None:
             before = (self._prev_end, mark) if self._prev_end is not None else None
