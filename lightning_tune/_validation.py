@@ -1,6 +1,7 @@
 """Argument checks shared by every constructor, so that messages read the same across the package.
 
-Each check names the argument, repeats the value it got and says what is allowed.
+Each check names the argument, repeats the value it got and says what is allowed. Every check takes ``name``, the
+argument's name for the message, and ``value``, the value given; ``allow_none=True`` accepts ``None`` as well.
 """
 
 from __future__ import annotations
@@ -21,13 +22,6 @@ def check_int(
 ) -> None:
     """Check that ``value`` is an integer (not a bool), optionally at least ``minimum`` and at most ``maximum``.
 
-    Args:
-        name: Argument name for the message.
-        value: The value given.
-        minimum: Smallest allowed value, if any.
-        maximum: Largest allowed value, if any.
-        allow_none: Whether ``None`` is accepted.
-
     Raises:
         TypeError: If ``value`` is not an integer.
         ValueError: If ``value`` is below ``minimum`` or above ``maximum``.
@@ -47,11 +41,6 @@ def check_int(
 def check_str(name: str, value: Any, *, allow_none: bool = False) -> None:
     """Check that ``value`` is a non-empty string.
 
-    Args:
-        name: Argument name for the message.
-        value: The value given.
-        allow_none: Whether ``None`` is accepted.
-
     Raises:
         TypeError: If ``value`` is not a string.
         ValueError: If it is empty.
@@ -66,16 +55,11 @@ def check_strings(
 ) -> None:
     """Check that ``value`` is a sequence (not a single string) of strings.
 
-    Args:
-        name: Argument name for the message.
-        value: The value given.
-        what: What the strings are, for the message (``"submodule names"``).
-        allow_none: Whether ``None`` is accepted.
-        allow_empty: Whether an empty sequence is accepted.
+    ``what`` says what the strings are, for the message (``"submodule names"``).
 
     Raises:
         TypeError: If ``value`` is not such a sequence.
-        ValueError: If it is empty and that is not allowed.
+        ValueError: If it is empty and ``allow_empty`` is False.
     """
     if value is None and allow_none:
         return
@@ -88,11 +72,6 @@ def check_strings(
 
 def check_mapping(name: str, value: Any, *, allow_none: bool = False) -> None:
     """Check that ``value`` is a mapping with string keys.
-
-    Args:
-        name: Argument name for the message.
-        value: The value given.
-        allow_none: Whether ``None`` is accepted.
 
     Raises:
         TypeError: If ``value`` is not a mapping, or a key is not a string.
@@ -114,16 +93,9 @@ def check_float(
     high_inclusive: bool = True,
     allow_none: bool = False,
 ) -> None:
-    """Check that ``value`` is a finite real number inside an interval.
+    """Check that ``value`` is a finite real number from ``low`` to ``high`` (``None``: no bound on that side).
 
-    Args:
-        name: Argument name for the message.
-        value: The value given.
-        low: Lower bound, if any.
-        high: Upper bound, if any.
-        low_inclusive: Whether ``low`` itself is allowed.
-        high_inclusive: Whether ``high`` itself is allowed.
-        allow_none: Whether ``None`` is accepted.
+    A bound is allowed itself unless ``low_inclusive`` (``high_inclusive``) is False.
 
     Raises:
         TypeError: If ``value`` is not a real number.
@@ -148,11 +120,6 @@ def _outside(x: float, low: float | None, high: float | None, low_inclusive: boo
 def check_choice(name: str, value: Any, choices: Collection[str]) -> None:
     """Check that ``value`` is one of ``choices``.
 
-    Args:
-        name: Argument name for the message.
-        value: The value given.
-        choices: The allowed values.
-
     Raises:
         ValueError: If ``value`` is not one of ``choices``.
     """
@@ -164,10 +131,6 @@ def check_choice(name: str, value: Any, choices: Collection[str]) -> None:
 def check_bool(name: str, value: Any) -> None:
     """Check that ``value`` is a bool.
 
-    Args:
-        name: Argument name for the message.
-        value: The value given.
-
     Raises:
         TypeError: If ``value`` is not a bool.
     """
@@ -178,15 +141,9 @@ def check_bool(name: str, value: Any) -> None:
 def check_numbers(name: str, value: Any, *, low: float | None = None, allow_empty: bool = False) -> None:
     """Check that ``value`` is a sequence (not a string) of finite real numbers, none below ``low``.
 
-    Args:
-        name: Argument name for the message.
-        value: The value given.
-        low: Lower bound of every item (allowed itself), if any.
-        allow_empty: Whether an empty sequence is accepted.
-
     Raises:
         TypeError: If ``value`` is not a sequence of real numbers.
-        ValueError: If it is empty (unless allowed), or an item is not finite or lies below ``low``.
+        ValueError: If it is empty (unless ``allow_empty``), or an item is not finite or lies below ``low``.
     """
     if isinstance(value, (str, bytes)) or not isinstance(value, Sequence):
         raise TypeError(f"`{name}` must be a sequence of numbers, got {value!r} ({type(value).__name__})")
@@ -202,14 +159,7 @@ def check_numbers(name: str, value: Any, *, low: float | None = None, allow_empt
 def check_instance(
     name: str, value: Any, kind: type | tuple[type, ...], what: str, *, allow_none: bool = False
 ) -> None:
-    """Check that ``value`` is an instance of ``kind``.
-
-    Args:
-        name: Argument name for the message.
-        value: The value given.
-        kind: The allowed type(s).
-        what: What is allowed, for the message (``"a torch.optim.Optimizer"``).
-        allow_none: Whether ``None`` is accepted.
+    """Check that ``value`` is an instance of ``kind`` (type or tuple), called ``what`` in the message.
 
     Raises:
         TypeError: If ``value`` is not an instance of ``kind``.
@@ -224,11 +174,6 @@ def check_instance(
 def check_callable(name: str, value: Any, *, allow_none: bool = False) -> None:
     """Check that ``value`` is callable.
 
-    Args:
-        name: Argument name for the message.
-        value: The value given.
-        allow_none: Whether ``None`` is accepted.
-
     Raises:
         TypeError: If ``value`` is not callable.
     """
@@ -241,11 +186,6 @@ def check_callable(name: str, value: Any, *, allow_none: bool = False) -> None:
 
 def check_keys(name: str, value: Mapping[str, Any], allowed: Collection[str]) -> None:
     """Check that every key of the mapping ``value`` is one of ``allowed``.
-
-    Args:
-        name: Argument name for the message.
-        value: The mapping given.
-        allowed: The keys allowed.
 
     Raises:
         ValueError: If a key is not allowed.

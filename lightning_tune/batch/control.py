@@ -107,13 +107,9 @@ class BatchSizeController:
         check_instance("model", model, MemoryModel, "a MemoryModel", allow_none=True)
         if max_batch_size is not None and min_batch_size > max_batch_size:
             raise ValueError(f"`min_batch_size` ({min_batch_size}) must not exceed `max_batch_size` ({max_batch_size})")
-        self.target = target
-        self.min_batch_size = min_batch_size
-        self.max_batch_size = max_batch_size
-        self.multiple_of = multiple_of
-        self.min_change = min_change
-        self.ceiling_decisions = ceiling_decisions
-        self.probe_growth = probe_growth
+        self.target, self.min_batch_size, self.max_batch_size = target, min_batch_size, max_batch_size
+        self.multiple_of, self.min_change = multiple_of, min_change
+        self.ceiling_decisions, self.probe_growth = ceiling_decisions, probe_growth
         self.model = model if model is not None else MemoryModel()
         self._ceiling: int | None = None  # smallest size that ran out of memory (or came under pressure) lately
         self._ceiling_age = 0

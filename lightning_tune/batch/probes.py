@@ -274,18 +274,12 @@ class SimulatedMemory:
                 f"`fixed_bytes` + `outside_bytes` must be below `total_bytes` ({total_bytes}) so that a sample fits, "
                 f"got {fixed_bytes} + {outside_bytes}"
             )
-        self.total = total_bytes
-        self.fixed_bytes = fixed_bytes
-        self.bytes_per_sample = bytes_per_sample
-        self.noise = noise
-        self.outside_bytes = outside_bytes
-        self.fragmentation = fragmentation
-        self.expandable_segments = expandable_segments
-        self.seq_len = seq_len
+        self.total, self.fixed_bytes, self.outside_bytes = total_bytes, fixed_bytes, outside_bytes
+        self.bytes_per_sample, self.bytes_per_token, self.noise = bytes_per_sample, bytes_per_token, noise
+        self.fragmentation, self.expandable_segments, self.seq_len = fragmentation, expandable_segments, seq_len
         self.activations: Activations = activations
         self.backward_bytes_per_sample = backward_bytes_per_sample
         self.fail_as: FailureKind = fail_as
-        self.bytes_per_token = bytes_per_token
         self._rng = random.Random(seed)
         self._blocks: dict[int, int] = {}  # live allocation id -> block size
         self._cache: list[int] = []  # sizes of cached (free but reserved) blocks

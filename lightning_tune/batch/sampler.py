@@ -69,11 +69,7 @@ class ResizableBatchSampler(Sampler[list[int]]):
         check_int("limit", limit, minimum=1, allow_none=True)
         check_int("seed", seed, minimum=0, maximum=2**63 - 1, allow_none=True)
         self.sampler = sampler  # the name DataLoader and Lightning look for (set_epoch, DistributedSampler)
-        self.drop_last = drop_last
-        self.granule = granule
-        self.limit = limit
-        self.seed = seed
-        self.epoch = 0
+        self.drop_last, self.granule, self.limit, self.seed, self.epoch = drop_last, granule, limit, seed, 0
         self._batch_size = batch_size
         self._order: list[int] | None = None  # the running epoch's order
         self._handed_out = 0  # samples of the running epoch already handed out

@@ -411,23 +411,20 @@ class DynamicStep:
         assert self.probe is not None and self.batch_size is not None
         self.agreed, self.validation, self.steps = None, (0, False), 0
         self.tokens.largest = figures.largest_tokens  # the ranks' largest micro-batch in tokens: one decision on all
-        policy = self.policy
-        size = self.tokens.budget if policy is self.tokens else self.batch_size
-        assert size is not None
+        policy, size = self.policy, self.tokens.budget or self.batch_size  # in the policy's unit
         memory = {k: v for k, v in vars(figures).items() if k != "largest_tokens"}  # peak, pressure, budget, base
         effective, cap, total = self.configured_effective, self.cap(), self.probe.capacity_bytes()
         decision = policy.next_size(size, effective=effective, cap=cap, ran=ran, total_bytes=total, **memory)
         self.last_decision, self.decisions = decision, self.decisions + 1
-        resized = decision.batch_size != size and policy is self.controller
         if decision.batch_size != size:
             self.info(
                 f"DynamicBatchSize: micro-batch {self.describe(size)} -> {self.describe(decision.batch_size)} "
                 f"({decision.reason})"
             )
-            if resized:
-                self.batch_size = decision.batch_size
+        if policy is self.controller:
+            self.batch_size = decision.batch_size
         self.new_interval()
-        return resized
+        return policy is self.controller and decision.batch_size != size
 
     def new_interval(self) -> None:
         """Empty the cache and start an interval; what stays reserved is its base (weights, optimizer state).

@@ -22,14 +22,7 @@ from lightning_tune._validation import check_choice, check_float
 from lightning_tune.bench.result import BenchResult
 from lightning_tune.bench.settings import MODES
 
-__all__ = [
-    "KNEE_FRACTION",
-    "Binds",
-    "LatencyBudget",
-    "Recommendation",
-    "format_recommendation",
-    "timed_batches_needed",
-]
+__all__ = ["KNEE_FRACTION", "Binds", "LatencyBudget", "Recommendation", "format_recommendation", "timed_batches_needed"]
 
 #: Share of the best samples/s that marks the throughput knee.
 KNEE_FRACTION: Final = 0.9

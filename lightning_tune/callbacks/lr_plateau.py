@@ -93,12 +93,8 @@ class AdaptiveLROnPlateau(LRLogger):
         self.detector = PlateauDetector(
             mode=mode, patience=patience, threshold=threshold, threshold_mode=threshold_mode, cooldown=cooldown
         )
-        self.monitor = monitor
-        self.factor = factor
-        self.eps = eps
-        self.check_on_train_epoch_end = check_on_train_epoch_end
-        self.reductions = 0
-        self._warned_missing = False
+        self.monitor, self.factor, self.eps, self.reductions = monitor, factor, eps, 0
+        self.check_on_train_epoch_end, self._warned_missing = check_on_train_epoch_end, False
 
     @property
     @override

@@ -88,9 +88,7 @@ class ScheduleCallback(LRLogger, ABC):
         check_int("total_steps", total_steps, minimum=1, allow_none=True)
         check_bool("replace", replace)
         check_bool("log_lr", log_lr)
-        self.total_steps = total_steps
-        self.replace = replace
-        self.log_lr = log_lr
+        self.total_steps, self.replace, self.log_lr = total_steps, replace, log_lr
         self.schedulers: list[ScheduleLR] = []
         self._planned: int | None = None  # the Trainer's run length the schedules were resolved for, if it decided
         self._saved_planned: int | None = None  # the same, read from a checkpoint
@@ -168,26 +166,19 @@ class ScheduleCallback(LRLogger, ABC):
             )
             for optimizer in optimizers
         ]
-        if self.total_steps is not None:
-            self._warn_if_shorter_than_run(trainer)
+        # one warning when an explicit `total_steps` ends before the Trainer's run does
+        if self.total_steps is not None and self.total_steps < (run := trainer.estimated_stepping_batches) < math.inf:
+            final = self.schedulers[0].schedule.lr_at(self.total_steps, 0)
+            rank_zero_warn(
+                f"{name}(total_steps={self.total_steps}) ends after {self.total_steps} optimizer steps, but the "
+                f"Trainer will run {int(run)}: the last {int(run) - self.total_steps} steps stay at the schedule's "
+                f"final LR ({final:.3g}). Leave `total_steps=None` to span the whole run, or shorten the run.",
+                category=UserWarning,
+            )
         # Lightning's own LearningRateFinder installs schedulers this way; configs are saved and restored by position.
         trainer.strategy.lr_scheduler_configs = kept + [
             LRSchedulerConfig(scheduler, interval="step", frequency=1) for scheduler in self.schedulers
         ]
-
-    def _warn_if_shorter_than_run(self, trainer: pl.Trainer) -> None:
-        """One warning when an explicit ``total_steps`` ends before the Trainer's run does."""
-        assert self.total_steps is not None
-        run = trainer.estimated_stepping_batches
-        if not math.isfinite(run) or self.total_steps >= run:
-            return
-        final = self.schedulers[0].schedule.lr_at(self.total_steps, 0)
-        rank_zero_warn(
-            f"{type(self).__name__}(total_steps={self.total_steps}) ends after {self.total_steps} optimizer steps, but "
-            f"the Trainer will run {int(run)}: the last {int(run) - self.total_steps} steps stay at the schedule's "
-            f"final LR ({final:.3g}). Leave `total_steps=None` to span the whole run, or shorten the run.",
-            category=UserWarning,
-        )
 
     def _on_restore(self, saved: Schedule, configured: Schedule, step: int) -> Schedule:
         """Choose the schedule a resumed run follows (the ``on_restore`` hook of the installed schedulers)."""
@@ -298,9 +289,7 @@ class WarmupDecay(ScheduleCallback):
         check_float("min_lr", min_lr, low=0.0)
         if warmup_steps is not None and total_steps is not None and warmup_steps >= total_steps:
             raise ValueError(f"`warmup_steps` must be smaller than `total_steps` ({total_steps}), got {warmup_steps!r}")
-        self.warmup_steps = warmup_steps
-        self.warmup_ratio = warmup_ratio
-        self.min_lr = min_lr
+        self.warmup_steps, self.warmup_ratio, self.min_lr = warmup_steps, warmup_ratio, min_lr
 
     def resolve_warmup_steps(self, total_steps: int) -> int:
         """Warm-up length in optimizer steps for a run of ``total_steps``.
@@ -566,10 +555,8 @@ class WarmupStableDecay(WarmupDecay):
                 f"`warmup_steps` + `decay_steps` must not exceed `total_steps` ({total_steps}), got "
                 f"{warmup_steps} + {decay_steps}"
             )
-        self.decay_steps = decay_steps
-        self.decay_ratio = decay_ratio
-        self.warmup_shape = warmup_shape
-        self.decay_shape = decay_shape
+        self.decay_steps, self.decay_ratio = decay_steps, decay_ratio
+        self.warmup_shape, self.decay_shape = warmup_shape, decay_shape
 
     @override
     def build_schedule(self, optimizer: Optimizer, total_steps: int) -> Schedule:
@@ -691,14 +678,10 @@ class OneCycle(ScheduleCallback):
             )
         if three_phase and pct_start >= 0.5:
             raise ValueError(f"`pct_start` must be in (0, 0.5) with `three_phase=True`, got {pct_start!r}")
-        self.pct_start = float(pct_start)
-        self.div_factor = float(div_factor)
-        self.final_div_factor = float(final_div_factor)
-        self.anneal_strategy = anneal_strategy
-        self.three_phase = three_phase
-        self.cycle_momentum = cycle_momentum
-        self.base_momentum = float(base_momentum)
-        self.max_momentum = float(max_momentum)
+        self.pct_start, self.div_factor = float(pct_start), float(div_factor)
+        self.final_div_factor, self.anneal_strategy = float(final_div_factor), anneal_strategy
+        self.three_phase, self.cycle_momentum = three_phase, cycle_momentum
+        self.base_momentum, self.max_momentum = float(base_momentum), float(max_momentum)
 
     def resolve_max_lrs(self, optimizer: Optimizer) -> tuple[float, ...]:
         """Peak LR of each parameter group of ``optimizer``.

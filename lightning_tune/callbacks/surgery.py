@@ -169,11 +169,8 @@ class TorchCompile(SurgeryCallback):
         check_compile_options(mode=mode, fullgraph=fullgraph, dynamic=dynamic, backend=backend, options=options)
         check_strings("modules", modules, what="submodule names", allow_none=True, allow_empty=False)
         self.modules = None if modules is None else list(modules)
-        self.mode = mode
-        self.fullgraph = fullgraph
-        self.dynamic = dynamic
-        self.backend = backend
-        self.options = options
+        self.mode, self.fullgraph, self.dynamic = mode, fullgraph, dynamic
+        self.backend, self.options = backend, options
 
     def apply(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> CompileResult:
         """Compile the chosen submodules of ``pl_module``."""

@@ -16,15 +16,7 @@ from typing import Any
 from lightning_tune import bench
 from lightning_tune._validation import MAX_SEED, check_writable_dir
 from lightning_tune.bench.settings import DEMO_MAX_SEQ_LEN, MAX_STEPS
-from lightning_tune.commands.args import (
-    PROG,
-    attention,
-    int_at_least,
-    name_in,
-    path,
-    precision,
-    usage_error,
-)
+from lightning_tune.commands.args import PROG, attention, int_at_least, name_in, path, precision, usage_error
 from lightning_tune.vocab import ACCELERATORS, canonical_optimizer
 
 __all__ = ["add_parser"]

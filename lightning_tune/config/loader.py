@@ -103,11 +103,7 @@ KEYS: Final[dict[str, tuple[str, str, Convert | None]]] = {
     "mixed_precision.loss_scale": ("loss_scaling", "loss_scale", _loss_scale),
     "mixed_precision.loss_scale_window": ("loss_scaling", "loss_scale_window", _int(1)),
     "mixed_precision.hysteresis": ("loss_scaling", "hysteresis", _int(1)),
-    "optimizer": (
-        "plugin",
-        "optimizer",
-        lambda p, v: canonical_optimizer(v, arg=p, allowed=("adamw", *TARGETS)),
-    ),
+    "optimizer": ("plugin", "optimizer", lambda p, v: canonical_optimizer(v, arg=p, allowed=("adamw", *TARGETS))),
     "attention": ("plugin", "attention", lambda p, v: canonical_attention(v, arg=p)),
     "attention.implementation": ("plugin", "attention", lambda p, v: canonical_attention(v, arg=p)),
     "loss": ("plugin", "loss", lambda p, v: canonical_loss(v, arg=p)),

@@ -342,8 +342,5 @@ class DemoGPT(pl.LightningModule):
                     no_decay.append(param)
                 else:
                     raise RuntimeError(f"parameter {name!r} of {type(module).__name__} has no weight-decay group")
-        groups = [
-            {"params": decay, "weight_decay": self.weight_decay},
-            {"params": no_decay, "weight_decay": 0.0},
-        ]
+        groups = [{"params": decay, "weight_decay": self.weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
         return torch.optim.AdamW(groups, lr=self.lr, betas=(0.9, 0.95))

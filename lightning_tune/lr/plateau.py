@@ -15,6 +15,7 @@ PlateauMode = Literal["min", "max"]
 ThresholdMode = Literal["rel", "abs"]
 PLATEAU_MODES: Final[tuple[str, ...]] = ("min", "max")
 THRESHOLD_MODES: Final[tuple[str, ...]] = ("rel", "abs")
+_COUNTERS = ("num_bad_evals", "cooldown_counter", "num_evals")  # the integer counters a checkpoint holds
 
 
 class PlateauDetector:
@@ -50,15 +51,10 @@ class PlateauDetector:
         check_float("threshold", threshold, low=0.0)
         check_choice("threshold_mode", threshold_mode, THRESHOLD_MODES)
         check_int("cooldown", cooldown, minimum=0)
-        self.mode = mode
-        self.patience = patience
-        self.threshold = threshold
-        self.threshold_mode = threshold_mode
-        self.cooldown = cooldown
+        self.mode, self.patience, self.cooldown = mode, patience, cooldown
+        self.threshold, self.threshold_mode = threshold, threshold_mode
         self.best = math.inf if mode == "min" else -math.inf
-        self.num_bad_evals = 0
-        self.cooldown_counter = 0
-        self.num_evals = 0
+        self.num_bad_evals = self.cooldown_counter = self.num_evals = 0
 
     def is_better(self, value: float, best: float) -> bool:
         """Whether ``value`` improves on ``best`` by more than the threshold.
@@ -106,12 +102,7 @@ class PlateauDetector:
         Returns:
             A dictionary for :meth:`load_state_dict`.
         """
-        return {
-            "best": self.best,
-            "num_bad_evals": self.num_bad_evals,
-            "cooldown_counter": self.cooldown_counter,
-            "num_evals": self.num_evals,
-        }
+        return {"best": self.best} | {key: getattr(self, key) for key in _COUNTERS}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Restore the counters saved by :meth:`state_dict`.
@@ -120,6 +111,5 @@ class PlateauDetector:
             state: The saved dictionary.
         """
         self.best = float(state["best"])
-        self.num_bad_evals = int(state["num_bad_evals"])
-        self.cooldown_counter = int(state["cooldown_counter"])
-        self.num_evals = int(state["num_evals"])
+        for key in _COUNTERS:
+            setattr(self, key, int(state[key]))

@@ -375,11 +375,17 @@ class _LROnly:
     """What the schedules that leave momentum alone share: one parameter group per entry of ``base_lrs``."""
 
     base_lrs: tuple[float, ...]
+    #: The pure function of the step whose arguments the schedule's fields are.
+    _lr_function: ClassVar[Callable[..., float]]
 
     @property
     def num_groups(self) -> int:
         """Number of parameter groups."""
         return len(self.base_lrs)
+
+    def lr_at(self, step: int, group: int) -> float:
+        """Learning rate of ``group`` at ``step``."""
+        return _for_group(self._lr_function, step, self, group)
 
     def momentum_at(self, step: int, group: int) -> float | None:
         """Not scheduled: always ``None``."""
@@ -400,6 +406,7 @@ class WarmupCosineSchedule(_LROnly):
     """
 
     kind: ClassVar[str] = "warmup_cosine"
+    _lr_function = staticmethod(warmup_cosine_lr)
     base_lrs: tuple[float, ...]
     min_lrs: tuple[float, ...]
     warmup_steps: int
@@ -412,10 +419,6 @@ class WarmupCosineSchedule(_LROnly):
         check_float("num_cycles", self.num_cycles, low=0.0, low_inclusive=False)
         check_bool("hard_restarts", self.hard_restarts)
 
-    def lr_at(self, step: int, group: int) -> float:
-        """Learning rate of ``group`` at ``step``."""
-        return _for_group(warmup_cosine_lr, step, self, group)
-
 
 @dataclass(frozen=True)
 class LinearWarmupSchedule(_LROnly):
@@ -427,6 +430,7 @@ class LinearWarmupSchedule(_LROnly):
     """
 
     kind: ClassVar[str] = "linear_warmup"
+    _lr_function = staticmethod(linear_warmup_lr)
     base_lrs: tuple[float, ...]
     warmup_steps: int
 
@@ -434,10 +438,6 @@ class LinearWarmupSchedule(_LROnly):
         _own_floats(self)
         check_numbers("base_lrs", self.base_lrs, low=0.0)
         check_int("warmup_steps", self.warmup_steps, minimum=0)
-
-    def lr_at(self, step: int, group: int) -> float:
-        """Learning rate of ``group`` at ``step``."""
-        return _for_group(linear_warmup_lr, step, self, group)
 
 
 def _check_decay(schedule: WarmupCosineSchedule | WarmupPolynomialSchedule | WarmupStableDecaySchedule) -> None:
@@ -468,6 +468,7 @@ class WarmupPolynomialSchedule(_LROnly):
     """
 
     kind: ClassVar[str] = "warmup_polynomial"
+    _lr_function = staticmethod(warmup_polynomial_lr)
     base_lrs: tuple[float, ...]
     min_lrs: tuple[float, ...]
     warmup_steps: int
@@ -477,10 +478,6 @@ class WarmupPolynomialSchedule(_LROnly):
     def __post_init__(self) -> None:
         _check_decay(self)
         check_float("power", self.power, low=0.0, low_inclusive=False)
-
-    def lr_at(self, step: int, group: int) -> float:
-        """Learning rate of ``group`` at ``step``."""
-        return _for_group(warmup_polynomial_lr, step, self, group)
 
 
 @dataclass(frozen=True)
@@ -498,6 +495,7 @@ class WarmupStableDecaySchedule(_LROnly):
     """
 
     kind: ClassVar[str] = "warmup_stable_decay"
+    _lr_function = staticmethod(warmup_stable_decay_lr)
     base_lrs: tuple[float, ...]
     min_lrs: tuple[float, ...]
     warmup_steps: int
@@ -516,10 +514,6 @@ class WarmupStableDecaySchedule(_LROnly):
             )
         check_choice("warmup_shape", self.warmup_shape, RAMP_SHAPES)
         check_choice("decay_shape", self.decay_shape, RAMP_SHAPES)
-
-    def lr_at(self, step: int, group: int) -> float:
-        """Learning rate of ``group`` at ``step``."""
-        return _for_group(warmup_stable_decay_lr, step, self, group)
 
 
 @dataclass(frozen=True)

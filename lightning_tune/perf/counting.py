@@ -144,8 +144,7 @@ class _AttentionCounter(TorchFunctionMode):
 
     def __init__(self) -> None:
         super().__init__()
-        self.causal = 0.0
-        self.full = 0.0
+        self.flops = {True: 0.0, False: 0.0}  # forward and backward FLOPs, by causality
         self.forward = {True: 0.0, False: 0.0}  # forward FLOPs alone, by causality
 
     def __torch_function__(self, func: Any, types: Any, args: tuple[Any, ...] = (), kwargs: Any = None) -> Any:
@@ -160,10 +159,7 @@ class _AttentionCounter(TorchFunctionMode):
         needs_grad = torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v))
         flops = forward * (3 if needs_grad else 1)  # backward: dS, dQ, dK, dV = twice the forward's two matmuls
         self.forward[causal] += forward
-        if causal:
-            self.causal += flops
-        else:
-            self.full += flops
+        self.flops[causal] += flops
         # same shape and gradient paths as the real output; sums and broadcasts are not counted as FLOPs
         lead = q.shape[:-1]
         return q.sum(-1, keepdim=True).expand(*lead, v.shape[-1]) + (k.sum() + v.sum())
@@ -393,12 +389,12 @@ def _count_step(
         loss = _loss(step(copied, _meta_batch(batch)))
         if loss is not None:
             loss.backward()
-    attention = tally.attention
+    causal, full = tally.attention.flops[True], tally.attention.flops[False]
     dense = float(tally.counter.get_total_flops())
     counted, length = max(samples, 1), sequence_length(batch)
-    flops = FlopModel(counted, length, dense, attention.causal, attention.full)
+    flops = FlopModel(counted, length, dense, causal, full)
     extra = tally.recomputed
     if not any(extra):
         return flops, None
-    hardware = FlopModel(counted, length, dense + extra[0], attention.causal + extra[1], attention.full + extra[2])
+    hardware = FlopModel(counted, length, dense + extra[0], causal + extra[1], full + extra[2])
     return flops, hardware

@@ -301,42 +301,9 @@ def _llama(
 
 
 def _gpt2(name: str, hidden: int, layers: int, heads: int) -> TransformerShape:
-    return TransformerShape(
-        "gpt2",
-        50257,
-        hidden,
-        layers,
-        heads,
-        4 * hidden,
-        tie_word_embeddings=True,
-        max_position_embeddings=1024,
-        qkv_bias=True,
-        output_bias=True,
-        mlp_bias=True,
-        dropout=True,
-        name=name,
-    )
+    """A GPT-2 of OpenAI's vocabulary, 4x MLP and 1024 positions: its ``config.json`` with the rest left default."""
+    return from_hf_config({"model_type": "gpt2", "n_embd": hidden, "n_layer": layers, "n_head": heads}, name=name)
 
-
-_SHAPES: Final[tuple[TransformerShape, ...]] = (
-    _gpt2("gpt2", 768, 12, 12),
-    _gpt2("gpt2-medium", 1024, 24, 16),
-    _gpt2("gpt2-large", 1280, 36, 20),
-    _gpt2("gpt2-xl", 1600, 48, 25),
-    _llama("llama-2-7b", 32000, 4096, 32, 32, 32, 11008),
-    _llama("llama-2-13b", 32000, 5120, 40, 40, 40, 13824),
-    _llama("llama-2-70b", 32000, 8192, 80, 64, 8, 28672),
-    _llama("llama-3-8b", 128256, 4096, 32, 32, 8, 14336),
-    _llama("llama-3-70b", 128256, 8192, 80, 64, 8, 28672),
-    _llama("llama-3.2-1b", 128256, 2048, 16, 32, 8, 8192, tie_word_embeddings=True),
-    _llama("llama-3.2-3b", 128256, 3072, 28, 24, 8, 8192, tie_word_embeddings=True),
-    _llama("mistral-7b", 32000, 4096, 32, 32, 8, 14336),
-    _llama("qwen2.5-0.5b", 151936, 896, 24, 14, 2, 4864, tie_word_embeddings=True, qkv_bias=True),
-    _llama("qwen2.5-7b", 152064, 3584, 28, 28, 4, 18944, qkv_bias=True),
-    _llama("tinyllama-1.1b", 32000, 2048, 22, 32, 4, 5632),
-)
-MODEL_SHAPES: Final[Mapping[str, TransformerShape]] = MappingProxyType({s.name: s for s in _SHAPES})
-"""Shapes of common models by name, from their Hugging Face ``config.json`` files."""
 
 _ALIASES: Final[Mapping[str, str]] = MappingProxyType(
     {
@@ -563,3 +530,25 @@ def _probability(data: dict[str, Any], key: str, default: float) -> float:
         return 0.0  # some configs write null for "no dropout"
     check_float(f"config.{key}", value, low=0.0, high=1.0)
     return float(value)
+
+
+# built last: the GPT-2 shapes are read as configs by from_hf_config
+_SHAPES: Final[tuple[TransformerShape, ...]] = (
+    _gpt2("gpt2", 768, 12, 12),
+    _gpt2("gpt2-medium", 1024, 24, 16),
+    _gpt2("gpt2-large", 1280, 36, 20),
+    _gpt2("gpt2-xl", 1600, 48, 25),
+    _llama("llama-2-7b", 32000, 4096, 32, 32, 32, 11008),
+    _llama("llama-2-13b", 32000, 5120, 40, 40, 40, 13824),
+    _llama("llama-2-70b", 32000, 8192, 80, 64, 8, 28672),
+    _llama("llama-3-8b", 128256, 4096, 32, 32, 8, 14336),
+    _llama("llama-3-70b", 128256, 8192, 80, 64, 8, 28672),
+    _llama("llama-3.2-1b", 128256, 2048, 16, 32, 8, 8192, tie_word_embeddings=True),
+    _llama("llama-3.2-3b", 128256, 3072, 28, 24, 8, 8192, tie_word_embeddings=True),
+    _llama("mistral-7b", 32000, 4096, 32, 32, 8, 14336),
+    _llama("qwen2.5-0.5b", 151936, 896, 24, 14, 2, 4864, tie_word_embeddings=True, qkv_bias=True),
+    _llama("qwen2.5-7b", 152064, 3584, 28, 28, 4, 18944, qkv_bias=True),
+    _llama("tinyllama-1.1b", 32000, 2048, 22, 32, 4, 5632),
+)
+MODEL_SHAPES: Final[Mapping[str, TransformerShape]] = MappingProxyType({s.name: s for s in _SHAPES})
+"""Shapes of common models by name, from their Hugging Face ``config.json`` files."""

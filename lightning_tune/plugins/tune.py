@@ -390,12 +390,7 @@ class TunePlugin(FSDPPrecision):
 
     @override
     def backward(  # type: ignore[override]
-        self,
-        tensor: Tensor,
-        model: pl.LightningModule,
-        optimizer: Any,
-        *args: Any,
-        **kwargs: Any,
+        self, tensor: Tensor, model: pl.LightningModule, optimizer: Any, *args: Any, **kwargs: Any
     ) -> None:
         self.inner.backward(tensor, model, optimizer, *args, **kwargs)
 

@@ -337,10 +337,7 @@ def _head_dim(site: AttentionSite) -> int | None:
 
 
 def _call_device(args: tuple[Any, ...], kwargs: Mapping[str, Any]) -> torch.device | None:
-    for value in (*args, *kwargs.values()):
-        if isinstance(value, torch.Tensor):
-            return value.device
-    return None
+    return next((v.device for v in (*args, *kwargs.values()) if isinstance(v, torch.Tensor)), None)
 
 
 def _routes(device: torch.device) -> bool:

@@ -119,9 +119,7 @@ def _outermost(module: nn.Module, match: Callable[[nn.Module], bool]) -> Iterato
     """Modules for which ``match`` holds, skipping those nested inside an earlier match."""
     roots: list[str] = []
     for path, child in module.named_modules():
-        if inside(path, roots):
-            continue
-        if match(child):
+        if not inside(path, roots) and match(child):
             roots.append(path)
             yield path, child
 
