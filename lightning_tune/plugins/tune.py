@@ -356,10 +356,12 @@ class TunePlugin(FSDPPrecision):
     @override
     def teardown(self) -> None:
         self.inner.teardown()
-        for swap in (self.attention_swap, self.loss_swap):
-            if swap is not None:
-                swap.restore()
-        self.attention_swap = self.loss_swap = None
+        if self.attention_swap is not None:
+            self.attention_swap.restore()
+            self.attention_swap = None
+        if self.loss_swap is not None:
+            self.loss_swap.restore()
+            self.loss_swap = None
 
     # ------------------------------------------------------------------ delegation to Lightning's plugin
 
