@@ -8,6 +8,7 @@ This module only assembles the parser. Each command lives in a module of :mod:`l
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from collections.abc import Sequence
 
@@ -19,6 +20,8 @@ __all__ = ["COMMANDS", "build_parser", "main"]
 
 #: The command modules, in the order ``--help`` lists them.
 COMMANDS = (demo, calc, bench, report)
+#: The exit status when the output's reader has gone (``... | head``): 128 + SIGPIPE, as a shell reports a Unix tool.
+BROKEN_PIPE_STATUS = 141
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -45,7 +48,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         argv: Arguments without the program name; ``None`` reads ``sys.argv[1:]``.
 
     Returns:
-        The exit status: 0 on success, 2 on a usage error (message on stderr), 130 when interrupted.
+        The exit status: 0 on success, 2 on a usage error (message on stderr), 130 when interrupted, 141 when
+        the reader of the output closed it early (``lightning-tune calc ... | head -2``), with nothing printed.
     """
     parser = build_parser()
     try:
@@ -53,7 +57,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     except SystemExit as exit_:  # --help / --version (status 0) or a usage error already reported (status 2)
         return exit_.code if isinstance(exit_.code, int) else (0 if exit_.code is None else 2)
     try:
-        return int(args.handler(args))
+        status = int(args.handler(args))
+        sys.stdout.flush()  # a reader gone shows here, not in the interpreter's own flush at exit
+        return status
     except KeyboardInterrupt:
         print(f"{PROG}: interrupted", file=sys.stderr)
         return 130
+    except BrokenPipeError:  # stop quietly, as a Unix tool stops on SIGPIPE; what is still buffered goes nowhere
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return BROKEN_PIPE_STATUS

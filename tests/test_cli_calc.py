@@ -2,7 +2,13 @@
 
 from __future__ import annotations
 
+import json
+import os
 import re
+import signal
+import subprocess
+import sys
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -49,7 +55,15 @@ def test_says_plainly_when_nothing_fits_and_what_would(capsys: pytest.CaptureFix
     assert "Nothing fits: batch 1 needs 110.43 GiB and 21.60 GiB is usable at the optimal margin" in out
     assert "  --optimizer adamw8bit: still does not fit: batch 1 needs 73.71 GiB" in out
     assert "  --lora-rank 16: fits batch 1 (optimal margin)" in out
-    assert "  --optimizer adamw8bit --grad-checkpointing --lora-rank 16: fits batch 6 (optimal margin)" in out
+    assert "  --precision bf16-true: still does not fit: batch 1 needs 60.23 GiB" in out
+    assert (
+        "  --optimizer adamw8bit --grad-checkpointing --loss-swap --precision bf16-true: still does not fit: batch 1 "
+        "needs 39.47 GiB" in out
+    )
+    assert (
+        "  --optimizer adamw8bit --grad-checkpointing --loss-swap --precision bf16-true --lora-rank 16: fits batch 10 "
+        "(optimal margin)" in out
+    )
     assert "DeepSpeed on 1 GPU: ZeRO stage 3 with optimizer and weights offloaded to CPU needs 10.51 GiB" in out
     assert "  16 GPUs: ZeRO stage 3 needs 17.57 GiB per GPU" in out
     assert recommended(out) == (0, 0, 0)
@@ -259,3 +273,105 @@ def test_a_null_dropout_in_a_config_means_none(tmp_path: Path, capsys: pytest.Ca
         ["calc", "batch-size", "--model", str(config), "--gpu-memory", "1024", "--sequence-length", "128"], capsys
     )
     assert status == 2 and "`config.attn_pdrop` must be a number, got 'high'" in err
+
+
+def test_what_would_fit_tries_the_loss_swap_and_bf16_true(capsys: pytest.CaptureFixture[str]) -> None:
+    argv = ["calc", "batch-size", "--model", "llama-3-8b", "--gpu-memory", "80GB", "--sequence-length", "2048"]
+    status, out, _ = run([*argv, "--optimizer", "adamw8bit", "--grad-checkpointing"], capsys)
+    assert status == 1 and "Nothing fits: batch 1 needs 81.24 GiB" in out
+    lean = estimate_memory(
+        "llama-3-8b", sequence_length=2048, optimizer="adamw8bit", gradient_checkpointing=True, precision="bf16-true"
+    )
+    assert lean.max_batch_size(80 * 2**30) == 7
+    assert "  --precision bf16-true: fits batch 7 (optimal margin); fixed total 48.03 GiB" in out
+    assert "  --loss-swap: still does not fit: batch 1 needs 78.86 GiB, 6.86 GiB too much" in out
+    # together, first those that still train every weight, then with LoRA
+    assert "  --loss-swap --precision bf16-true: fits batch 26 (optimal margin)" in out
+    assert "  --loss-swap --precision bf16-true --lora-rank 16: fits batch 67 (optimal margin)" in out
+    assert "--optimizer adamw8bit:" not in out and "  --grad-checkpointing:" not in out  # already chosen
+
+
+def test_what_would_fit_leaves_out_what_saves_nothing(capsys: pytest.CaptureFixture[str]) -> None:
+    argv = ["calc", "batch-size", "--model", "llama-2-7b", "--gpu-memory", "24GB", "--sequence-length", "2048"]
+    status, out, _ = run([*argv, "--precision", "bf16-true", "--loss-swap"], capsys)
+    assert status == 1 and "What would fit:" in out
+    assert "--precision bf16-true:" not in out and "  --loss-swap:" not in out
+
+
+@pytest.mark.parametrize(
+    ("config", "parameters"),
+    [
+        pytest.param(
+            {"n_embd": 32, "n_layer": 1, "n_head": 2, "vocab_size": 1000, "n_positions": 64}, "46.8 K", id="K"
+        ),
+        pytest.param({"n_embd": 128, "n_layer": 2, "n_head": 4, "vocab_size": 5000}, "1.17 M", id="M"),
+        pytest.param({"n_embd": 768, "n_layer": 12, "n_head": 12}, "124 M", id="gpt2"),
+    ],
+)
+def test_small_models_print_their_parameters_in_a_readable_unit(
+    config: dict[str, int], parameters: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    config = {**config, "bos_token_id": 0, "eos_token_id": 0}
+    GPT2Config(**config).save_pretrained(tmp_path)
+    count = sum(p.numel() for p in GPT2LMHeadModel(GPT2Config(**config)).parameters())
+    argv = ["calc", "batch-size", "--model", str(tmp_path), "--gpu-memory", "80GB", "--sequence-length", "16"]
+    status, out, _ = run(argv, capsys)
+    assert status == 0
+    assert f"  Parameters              {parameters} ({count:,}; {count:,} trainable)" in out
+
+
+@pytest.mark.parametrize("unbuffered", ["1", ""], ids=["unbuffered", "buffered"])
+def test_a_reader_that_closes_early_ends_the_command_quietly(unbuffered: str) -> None:
+    """``lightning-tune calc ... | head``: no traceback, the status a shell gives a Unix tool stopped by SIGPIPE."""
+    reader, writer = os.pipe()
+    os.close(reader)  # the reader has gone before the first line is written
+    try:
+        done = subprocess.run(
+            [sys.executable, "-m", "lightning_tune", *BASE, "--gpu-memory", "24GB"],
+            stdout=writer,
+            stderr=subprocess.PIPE,
+            env={**os.environ, "PYTHONUNBUFFERED": unbuffered},
+            timeout=60,
+        )
+    finally:
+        os.close(writer)
+    assert done.stderr.decode() == ""
+    assert done.returncode == 141
+
+
+@pytest.fixture
+def alarm() -> Iterator[None]:
+    def expire(*_: object) -> None:
+        pytest.fail("over 10 s")  # not an OSError, which the command would report as a usage error
+
+    previous = signal.signal(signal.SIGALRM, expire)
+    signal.alarm(10)
+    try:
+        yield
+    finally:
+        signal.alarm(0)
+        signal.signal(signal.SIGALRM, previous)
+
+
+def test_a_million_layers_are_counted_at_once(alarm: None, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    def plan(layers: int) -> tuple[str, int, int]:
+        config = {"model_type": "llama", "vocab_size": 32000, "hidden_size": 256, "intermediate_size": 512}
+        path = tmp_path / f"{layers}.json"
+        path.write_text(json.dumps({**config, "num_hidden_layers": layers, "num_attention_heads": 4}))
+        status, out, err = run(
+            ["calc", "batch-size", "--model", str(path), "--gpu-memory", "80GB", "--seq-len", "64", "--lora-rank", "4"]
+            + ["--optimizer", "adamw8bit"],
+            capsys,
+        )
+        assert status in (0, 1) and err == ""
+        estimate = estimate_memory(path, sequence_length=64, optimizer="adamw8bit", lora_rank=4)
+        return out, estimate.parameters, estimate.optimizer_bytes
+
+    _, one, state_one = plan(1)
+    _, two, state_two = plan(2)
+    out, million, state = plan(10**6)
+    assert million == one + (10**6 - 1) * (two - one)  # every layer counted, each alike
+    assert state == state_one + (10**6 - 1) * (state_two - state_one)
+    assert f"({million:,}; " in out

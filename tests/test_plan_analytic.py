@@ -10,7 +10,14 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM, LlamaConfig
 
-from lightning_tune.plan import MemoryEstimate, TransformerShape, estimate_memory, get_shape, resolve_model
+from lightning_tune.plan import (
+    MemoryEstimate,
+    TransformerShape,
+    estimate_memory,
+    from_hf_config,
+    get_shape,
+    resolve_model,
+)
 from lightning_tune.plan.analytic import lora_parameters
 from lightning_tune.swaps.optimizer import TARGETS, optimizer_state_bytes, swap_optimizer
 from lightning_tune.vocab import OPTIMIZERS
@@ -97,7 +104,7 @@ def test_mixed_adds_float32_master_weights_and_optimizer_state_to_true() -> None
     assert mixed.fixed_bytes - true.fixed_bytes == 4 * p + 2 * (4 - 2) * p
     assert mixed.bytes_per_sample == true.bytes_per_sample  # bf16 activations in both
     # 16 bytes per parameter with AdamW (the ZeRO paper's 2 + 2 + 12), plus a float32 step count per tensor
-    assert mixed.fixed_bytes == 16 * p + 4 * len(list(resolve_model("gpt2").tensors()))
+    assert mixed.fixed_bytes == 16 * p + 4 * sum(count for _, _, count in resolve_model("gpt2").tensors())
     # DeepSpeed's bf16 mode: 16-bit weights with float32 master copies, the same count
     deepspeed = estimate_memory("gpt2", sequence_length=128, precision="bf16-true", master_weights=True)
     assert deepspeed.fixed_bytes == mixed.fixed_bytes
@@ -165,8 +172,6 @@ def test_optimizer_bytes_equal_torch_state_after_a_real_step(name: Any) -> None:
 
 
 def _shape() -> TransformerShape:
-    from lightning_tune.plan import from_hf_config
-
     return from_hf_config(TINY_LLAMA.to_dict())
 
 
@@ -247,3 +252,30 @@ def test_bad_arguments(kwargs: dict[str, Any], error: type[Exception], message: 
 
 def test_result_is_a_memory_estimate() -> None:
     assert isinstance(estimate_memory("gpt2", sequence_length=8), MemoryEstimate)
+
+
+TINY_GPT2 = {"n_embd": 48, "n_layer": 2, "n_head": 4, "vocab_size": 1000, "n_positions": 64, "bos_token_id": 0}
+
+
+@pytest.mark.parametrize("name", ["adamw", "adamw8bit"])
+@pytest.mark.filterwarnings("ignore:swapping:UserWarning")
+def test_gpt2_optimizer_bytes_equal_the_real_state_of_its_fused_qkv(name: Any) -> None:
+    # GPT-2 holds query, key and value in one projection (c_attn): one step count, and one tensor of 3h x h values
+    # that bitsandbytes quantises where each h x h third alone would keep 32-bit state
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    if name == "adamw8bit":
+        pytest.importorskip("bitsandbytes")
+    config = GPT2Config(**TINY_GPT2, eos_token_id=0)
+    torch.manual_seed(0)
+    model = GPT2LMHeadModel(config)
+    optimizer: torch.optim.Optimizer = torch.optim.AdamW(model.parameters())
+    if name == "adamw8bit":
+        optimizer = swap_optimizer(optimizer, optimizer=name, module=model).new
+    ids = torch.randint(0, 1000, (2, 16))
+    model(input_ids=ids, labels=ids).loss.backward()
+    optimizer.step()
+    shape = from_hf_config(config.to_dict())
+    estimate = estimate_memory(shape, sequence_length=16, precision="32-true", optimizer=name)
+    assert estimate.parameters == sum(p.numel() for p in model.parameters())
+    assert estimate.optimizer_bytes == optimizer_state_bytes(optimizer)

@@ -18,6 +18,8 @@ _COMMAND = "calc batch-size"
 _MIB = 2**20
 #: The longest sequence ``--sequence-length`` takes: 16M tokens, past any model's context.
 _MAX_SEQUENCE_LENGTH = 2**24
+#: The precision the "what would fit" advice tries: 16-bit weights, gradients and optimizer state, no master copy.
+_LEAN_PRECISION = "bf16-true"
 #: Rank the "what would fit" advice tries for LoRA.
 _LORA_RANK = 16
 #: GPU counts the advice tries for sharding.
@@ -121,7 +123,7 @@ def _format_breakdown(args: argparse.Namespace, estimate: MemoryEstimate, budget
     trainable = estimate.trainable_parameters or 0
     bytes_per_param = estimate.weight_bytes // max(params, 1)
     rows = [
-        ("Parameters", f"{params / 1e9:.2f} B ({params:,}; {trainable:,} trainable)"),
+        ("Parameters", f"{format_count(params)} ({params:,}; {trainable:,} trainable)"),
         ("Model size", f"{format_bytes(estimate.weight_bytes)} ({args.precision}, {bytes_per_param} bytes each)"),
         ("Gradients", format_bytes(estimate.gradient_bytes)),
     ]
@@ -144,6 +146,19 @@ def _format_breakdown(args: argparse.Namespace, estimate: MemoryEstimate, budget
     return "\n".join(head + [f"  {label:<24}{value}" for label, value in rows])
 
 
+def format_count(n: int) -> str:
+    """A parameter count in the largest unit that keeps it at 1 or more, three significant digits.
+
+    Example:
+        >>> format_count(6_738_415_616), format_count(1_200_000), format_count(350_123), format_count(96)
+        ('6.74 B', '1.2 M', '350 K', '96')
+    """
+    for unit, size in (("T", 10**12), ("B", 10**9), ("M", 10**6), ("K", 10**3)):
+        if n >= size:
+            return f"{n / size:.3g} {unit}"
+    return str(n)
+
+
 def _fit(estimate: MemoryEstimate, budget: int) -> str:
     batch = estimate.max_batch_size(budget, "optimal")
     if batch:
@@ -160,16 +175,23 @@ def _format_advice(args: argparse.Namespace, estimate: MemoryEstimate, budget: i
         f"{status}: batch 1 needs {format_bytes(estimate.total_bytes(1))} and {format_bytes(usable)} is usable at "
         "the optimal margin. What would fit:"
     ]
-    changes: list[tuple[str, dict[str, Any]]] = []
-    if args.optimizer != "adamw8bit":
-        changes.append(("--optimizer adamw8bit", {"optimizer": "adamw8bit"}))
-    if not args.grad_checkpointing:
-        changes.append(("--grad-checkpointing", {"gradient_checkpointing": True}))
-    if args.lora_rank is None:
-        changes.append((f"--lora-rank {_LORA_RANK}", {"lora_rank": _LORA_RANK}))
-    if len(changes) > 1:
-        combined = {key: value for _, change in changes for key, value in change.items()}
-        changes.append((" ".join(flag for flag, _ in changes), combined))
+    candidates: list[tuple[str, dict[str, Any]]] = [
+        ("--optimizer adamw8bit", {"optimizer": "adamw8bit"}),
+        ("--grad-checkpointing", {"gradient_checkpointing": True}),
+        ("--loss-swap", {"loss_swap": True}),
+        (f"--precision {_LEAN_PRECISION}", {"precision": _LEAN_PRECISION, "master_weights": None}),
+        (f"--lora-rank {_LORA_RANK}", {"lora_rank": _LORA_RANK}),
+    ]
+    # each change that saves memory here (the loss swap saves nothing on an encoder, bf16-true nothing after
+    # bf16-true), then together: those that still train every weight, and all of them
+    need = estimate.total_bytes(1)
+    changes = [(flag, change) for flag, change in candidates if _estimate(args, **change).total_bytes(1) < need]
+    full_weights = [(flag, change) for flag, change in changes if "lora_rank" not in change]
+    groups = [full_weights] if len(full_weights) > 1 else []
+    if len(changes) > max(len(full_weights), 1):
+        groups.append(list(changes))
+    for group in groups:
+        changes.append((" ".join(flag for flag, _ in group), {k: v for _, change in group for k, v in change.items()}))
     for flag, change in changes:
         lines.append(f"  {flag}: {_fit(_estimate(args, **change), budget)}")
     offload = plan_zero(estimate, gpu_memory_bytes=budget, num_gpus=1, batch_size=1)

@@ -41,6 +41,11 @@ With ``gradient_checkpointing`` each block keeps only its input (``h`` per token
 recomputed at a time. Norms and activation functions are counted as fused kernels (the paper's assumption);
 Hugging Face's RMSNorm keeps float32 copies and needs more, which :func:`~lightning_tune.plan.measure_memory` sees.
 
+The peak is the sum of all of the above at once: a model of the step, not a bound. It leaves out the optimizer's
+temporaries while it steps and what an implementation keeps beyond this inventory; against
+:func:`~lightning_tune.plan.measure_memory` of Hugging Face's eager GPT-2, Llama, BERT and T5 it is 5 to 30 % lower
+(``docs/planner.md`` has the table).
+
 Example:
     >>> estimate = estimate_memory("llama-2-7b", sequence_length=2048, precision="bf16-mixed")
     >>> round(estimate.weight_bytes / 2**30, 2), round(estimate.fixed_bytes / 2**30, 1)
@@ -80,11 +85,12 @@ _CODE_BOOK = 256 * 4  # bitsandbytes' float32 code book per state, shared by eve
 
 @dataclass(frozen=True)
 class _Tensor:
-    """One parameter tensor of a shape: its size, whether it trains, whether it is an embedding table."""
+    """``count`` parameter tensors of a shape alike: their size, whether they train, whether they embed tokens."""
 
     numel: int
     trainable: bool
     embedding: bool = False
+    count: int = 1
 
 
 def lora_parameters(shape: TransformerShape, rank: int) -> int:
@@ -109,15 +115,14 @@ def lora_parameters(shape: TransformerShape, rank: int) -> int:
     """
     check_instance("shape", shape, TransformerShape, "a TransformerShape (get_shape, from_hf_config)")
     check_int("rank", rank, minimum=1)
-    return sum(t.numel for t in _lora_tensors(shape, rank))
+    return sum(t.numel * t.count for t in _lora_tensors(shape, rank))
 
 
 def _lora_tensors(shape: TransformerShape, rank: int) -> Iterator[_Tensor]:
     h, q, kv = shape.hidden_size, shape.q_size, shape.kv_size
-    for _ in range(shape.attention_blocks):
-        for fan_in, fan_out in ((h, q), (h, kv), (h, kv), (q, h)):
-            yield _Tensor(rank * fan_in, True)
-            yield _Tensor(fan_out * rank, True)
+    for fan_in, fan_out in ((h, q), (h, kv), (h, kv), (q, h)):  # one adapter pair per projection of each block
+        yield _Tensor(rank * fan_in, True, count=shape.attention_blocks)
+        yield _Tensor(fan_out * rank, True, count=shape.attention_blocks)
 
 
 def _optimizer_bytes(tensors: list[_Tensor], optimizer: str, update_bytes: int) -> int:
@@ -126,13 +131,13 @@ def _optimizer_bytes(tensors: list[_Tensor], optimizer: str, update_bytes: int) 
     quantised = False
     for t in (t for t in tensors if t.trainable):
         if optimizer in ("adamw", "adamw_fused"):
-            total += 2 * update_bytes * t.numel + 4  # two moments and a float32 step count
+            total += t.count * (2 * update_bytes * t.numel + 4)  # two moments and a float32 step count
         elif optimizer == "sgd":
-            total += update_bytes * t.numel
+            total += t.count * update_bytes * t.numel
         elif t.numel < _MIN_8BIT_SIZE or t.embedding:  # bitsandbytes, kept 32-bit
-            total += states * 4 * t.numel
+            total += t.count * states * 4 * t.numel
         else:  # bitsandbytes: uint8 states and a float32 scale per block for each
-            total += states * (t.numel + 4 * math.ceil(t.numel / _BLOCK))
+            total += t.count * states * (t.numel + 4 * math.ceil(t.numel / _BLOCK))
             quantised = True
     return total + (states * _CODE_BOOK if quantised else 0)
 
@@ -313,11 +318,11 @@ def estimate_memory(
     update_bytes = 4 if master else e
 
     frozen = lora_rank is not None
-    tensors = [_Tensor(numel, not frozen, embedding) for numel, embedding in shape.tensors()]
+    tensors = [_Tensor(numel, not frozen, embedding, count) for numel, embedding, count in shape.tensors()]
     if lora_rank is not None:
         tensors += list(_lora_tensors(shape, lora_rank))
-    parameters = sum(t.numel for t in tensors)
-    trainable = sum(t.numel for t in tensors if t.trainable)
+    parameters = sum(t.numel * t.count for t in tensors)
+    trainable = sum(t.numel * t.count for t in tensors if t.trainable)
     weight_bytes = e * parameters
     gradient_bytes = e * trainable
     master_bytes = 4 * trainable if master else 0

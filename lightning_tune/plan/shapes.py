@@ -220,8 +220,9 @@ class TransformerShape:
 
     def _attention_sizes(self) -> list[int]:
         h, q, kv = self.hidden_size, self.q_size, self.kv_size
-        sizes = [h * q, h * kv, h * kv, q * h]
-        return sizes + ([q, kv, kv] if self.qkv_bias else []) + ([h] if self.output_bias else [])
+        qkv = [q + 2 * kv] if self.family == "gpt2" else [q, kv, kv]  # GPT-2: one fused projection (c_attn)
+        sizes = [h * n for n in qkv] + [q * h]
+        return sizes + (qkv if self.qkv_bias else []) + ([h] if self.output_bias else [])
 
     def _mlp_sizes(self) -> list[int]:
         h, i = self.hidden_size, self.intermediate_size
@@ -235,37 +236,41 @@ class TransformerShape:
         attention = self._attention_sizes() * (2 if cross_attention else 1)
         return self._norm() * norms + attention + self._mlp_sizes()
 
-    def tensors(self) -> Iterator[tuple[int, bool]]:
-        """Every parameter tensor as ``(numel, is_embedding_table)``, a tied head once (as the embedding).
+    def tensors(self) -> Iterator[tuple[int, bool, int]]:
+        """Every parameter tensor as ``(numel, is_embedding_table, count)``: ``count`` tensors of that kind.
+
+        A block's tensors come once with the number of blocks as their count, so a shape of a million layers is
+        as quick to count as one of two. A tied head is counted once (as the embedding); GPT-2's fused query, key
+        and value projection (``c_attn``) is one tensor, as its optimizer sees it.
 
         Example:
-            >>> sum(n for n, _ in get_shape("gpt2").tensors())
+            >>> sum(n * count for n, _, count in get_shape("gpt2").tensors())
             124439808
         """
         h, v = self.hidden_size, self.vocab_size
-        yield v * h, True
+        yield v * h, True, 1
         if self.family in ("gpt2", "bert"):
-            yield self.max_position_embeddings * h, True
+            yield self.max_position_embeddings * h, True, 1
         if self.family == "bert":
-            yield self.type_vocab_size * h, True
-            yield from ((n, False) for n in self._norm())  # the embeddings' LayerNorm
+            yield self.type_vocab_size * h, True, 1
+            yield from ((n, False, 1) for n in self._norm())  # the embeddings' LayerNorm
         for stack, layers in ((False, self.num_layers), (True, self.num_decoder_layers)):
             if self.family == "t5" and layers:  # relative position buckets, in each stack's first block
-                yield self.relative_attention_buckets * self.num_heads, True
-            for _ in range(layers):
-                yield from ((n, False) for n in self._layer_sizes(cross_attention=stack))
+                yield self.relative_attention_buckets * self.num_heads, True, 1
+            if layers:
+                yield from ((n, False, layers) for n in self._layer_sizes(cross_attention=stack))
             if self.family != "bert" and layers:  # the stack's final norm
-                yield from ((n, False) for n in self._norm())
+                yield from ((n, False, 1) for n in self._norm())
         if self.family == "bert":  # pooler
-            yield from ((h * h, False), (h, False))
+            yield from ((h * h, False, 1), (h, False, 1))
         elif not self.tie_word_embeddings:
-            yield v * h, False
+            yield v * h, False, 1
             if self.family == "phi":
-                yield v, False
+                yield v, False, 1
 
     def num_parameters(self) -> int:
         """All parameters, a tied head counted once (as ``sum(p.numel() for p in model.parameters())`` does)."""
-        return sum(n for n, _ in self.tensors())
+        return sum(n * count for n, _, count in self.tensors())
 
     def largest_layer_parameters(self) -> int:
         """Parameters of the largest single module, its own and not its children's: ZeRO-3 gathers them one at a time.

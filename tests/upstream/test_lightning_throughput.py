@@ -1,4 +1,10 @@
-"""Parity with Lightning's throughput utilities (``tests/tests_fabric/utilities/test_throughput.py``).
+"""Parity with Lightning's throughput utilities (``tests/tests_fabric/utilities/test_throughput.py``) and its
+``ThroughputMonitor`` (``tests/tests_pytorch/callbacks/test_throughput_monitor.py``).
+
+The rates: Lightning's ``test_throughput_monitor_fit`` runs five steps of one second each, 3 samples and 6 items
+(tokens) a batch, 10 FLOPs a batch on a device of 100 FLOP/s, and expects 1 batch/s, 3 samples/s, 6 items/s,
+10 FLOP/s and an MFU of 0.1. ``ThroughputLatencyMonitor`` on the same clock and counts must log the same figures,
+next to Lightning's own monitor in the same run.
 
 Lightning's ``test_get_available_flops_cuda_mapping_exists`` lists the CUDA device names its ``ThroughputMonitor``
 has a peak for. A user moving from it to lightning_tune expects MFU on the same cards: every such name must map to a
@@ -9,13 +15,20 @@ differ on purpose (dense one-card figures, the A10G's own datasheet, laptop vari
 
 from __future__ import annotations
 
+from pathlib import Path
+from typing import Any
 from unittest import mock
 
 import pytest
 import torch
 from lightning.fabric.utilities.throughput import get_available_flops
+from lightning.pytorch.callbacks import ThroughputMonitor
+from lightning.pytorch.demos.boring_classes import BoringModel
+from lightning.pytorch.loggers import CSVLogger
 
+import lightning_tune as lt
 from lightning_tune.perf.flops import peak_flops
+from tests.helpers import csv_rows, make_trainer
 
 # The device names of Lightning's case that CUDA reports (its placeholder spellings such as "h100-hbm3" included).
 # "NVIDIA H200 SXM1"/"NVL1" are left out: no driver reports those names.
@@ -97,3 +110,53 @@ def test_laptop_variants_get_no_peak() -> None:
     assert lightning_fp32_peak("Quadro RTX 5000 with Max-Q Design") is not None
     assert peak_flops("Quadro RTX 5000 with Max-Q Design", torch.float32) is None
     assert peak_flops("Quadro RTX 5000", torch.float32) == pytest.approx(11.2e12)
+
+
+class OneSecondSteps(BoringModel):
+    """Lightning's BoringModel whose every training step takes one second of the shared mocked clock."""
+
+    now = 0.0
+    flops_per_batch = 10  # what Lightning's monitor reads
+
+    def clock(self) -> float:
+        return self.now
+
+    def training_step(self, batch: Any, batch_idx: int) -> Any:
+        OneSecondSteps.now += 1.0
+        return super().training_step(batch, batch_idx)
+
+
+def test_rates_equal_lightning_throughput_monitor_on_its_own_case(tmp_path: Path) -> None:
+    model = OneSecondSteps()
+    OneSecondSteps.now = 0.0
+    theirs = ThroughputMonitor(length_fn=lambda batch: 6, batch_size_fn=lambda batch: 3, window_size=3, separator="|")
+    ours = lt.ThroughputLatencyMonitor(
+        log_every_n_steps=5,
+        batch_size_fn=lambda batch: 3,
+        tokens_fn=lambda batch: 6,
+        flops_per_batch=10,
+        peak_flops=100,
+    )
+    logger = CSVLogger(str(tmp_path), name="csv")
+    trainer = make_trainer(tmp_path, [theirs, ours], max_steps=5, log_every_n_steps=1, logger=logger)
+    with (
+        mock.patch("lightning.pytorch.callbacks.throughput_monitor.get_available_flops", return_value=100),
+        mock.patch("time.perf_counter", model.clock),
+        mock.patch("lightning_tune.perf.timing.perf_counter", model.clock),
+    ):
+        trainer.fit(model)
+    last = {}
+    for row in csv_rows(logger.log_dir):
+        last.update({key: float(value) for key, value in row.items() if value})
+    # Lightning's expected values in its case: 1.0, 3.0, 6.0, 10.0 and 0.1
+    pairs = {
+        "batches_per_sec": ("train|device|batches_per_sec", 1.0),
+        "samples_per_sec": ("train|device|samples_per_sec", 3.0),
+        "tokens_per_sec": ("train|device|items_per_sec", 6.0),
+        "mfu": ("train|device|mfu", 0.1),
+    }
+    for key, (lightning_key, expected) in pairs.items():
+        assert last[lightning_key] == pytest.approx(expected)
+        assert last[f"perf/train/{key}"] == pytest.approx(expected), key
+    # FLOP/s is not logged here: it is MFU times the peak, Lightning's 10.0
+    assert last["perf/train/mfu"] * 100 == pytest.approx(last["train|device|flops_per_sec"]) == pytest.approx(10.0)

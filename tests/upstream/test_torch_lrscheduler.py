@@ -1,9 +1,19 @@
-"""Parity with PyTorch's own scheduler tests (``test/optim/test_lrscheduler.py``, the ``OneCycleLR`` cases).
+"""Parity with PyTorch's own scheduler tests (``test/optim/test_lrscheduler.py``).
 
 torch's fixture is an SGD optimizer over two parameter groups: the default LR 0.05, and a second group whose LR is a
 0-dim tensor (0.5). Each case below drives :class:`~lightning_tune.lr.ScheduleLR` over that same fixture with the
-inputs of torch's case and checks the values torch's case expects, or the values ``OneCycleLR`` itself produces on a
-twin fixture.
+inputs of torch's case and checks the values torch's case expects, and the values torch's scheduler itself produces
+on a twin fixture. Where torch has a scheduler this package has an equivalent of:
+
+- ``OneCycleLR``: :class:`~lightning_tune.lr.OneCycleSchedule`;
+- ``CosineAnnealingLR`` (one half-wave): :class:`~lightning_tune.lr.WarmupCosineSchedule` without warm-up;
+- ``LinearLR`` rising to the base LR: the warm-up of :class:`~lightning_tune.lr.WarmupStableDecaySchedule`, which
+  starts at ``min_lrs`` (``LinearWarmupSchedule`` starts at 0, which ``LinearLR`` refuses);
+- ``PolynomialLR``: :class:`~lightning_tune.lr.WarmupPolynomialSchedule` without warm-up;
+- ``CosineAnnealingWarmRestarts`` with ``T_mult=1``: ``WarmupCosineSchedule(hard_restarts=True)`` (equal cycles,
+  as Hugging Face's; growing cycles have no equivalent here);
+- ``ReduceLROnPlateau``: :class:`~lightning_tune.lr.PlateauDetector`'s decisions, each reduction applied as
+  ``AdaptiveLROnPlateau`` applies it (``max(lr * factor, min_lr)``, skipped when the change is at most ``eps``).
 """
 
 from __future__ import annotations
@@ -12,9 +22,24 @@ import math
 
 import pytest
 import torch
-from torch.optim.lr_scheduler import OneCycleLR
+from torch.optim.lr_scheduler import (
+    CosineAnnealingLR,
+    CosineAnnealingWarmRestarts,
+    LinearLR,
+    OneCycleLR,
+    PolynomialLR,
+    ReduceLROnPlateau,
+)
 
-from lightning_tune.lr import OneCycleSchedule, ScheduleLR
+from lightning_tune.lr import (
+    OneCycleSchedule,
+    PlateauDetector,
+    Schedule,
+    ScheduleLR,
+    WarmupCosineSchedule,
+    WarmupPolynomialSchedule,
+    WarmupStableDecaySchedule,
+)
 
 
 def torch_fixture(optimizer: type[torch.optim.Optimizer] = torch.optim.SGD) -> torch.optim.Optimizer:
@@ -125,3 +150,152 @@ def test_peak_taken_from_the_optimizers_tensor_lr_is_not_overwritten(anneal_stra
 def test_schedule_rejects_values_that_are_not_numbers() -> None:
     with pytest.raises(TypeError, match=r"`max_lrs` must be a sequence of numbers, got \(tensor\(\[1\., 2\.\]\),\)"):
         OneCycleSchedule(max_lrs=(torch.tensor([1.0, 2.0]),), total_steps=10)
+
+
+# torch's LR-only cases: (its scheduler and arguments, ours, epochs, torch's expected LR of the first group).
+# The second group's targets are ten times the first's (its LR is 0.5), as in torch's cases.
+ETA_MIN = 1e-10
+COSINE = [ETA_MIN + (0.05 - ETA_MIN) * (1 + math.cos(math.pi * x / 10)) / 2 for x in range(10)]
+LINEAR = [0.05 * (0.5 + i * 0.5 / 4) for i in range(4)] + [0.05] * 6
+POLYNOMIAL = [(1.0 - x / 5) ** 0.9 * 0.05 for x in range(5)] + [0.0] * 5
+RESTARTS = [ETA_MIN + (0.05 - ETA_MIN) * (1 + math.cos(math.pi * (x % 10) / 10)) / 2 for x in range(100)]
+
+
+@pytest.mark.parametrize(
+    ("theirs", "ours", "epochs", "target"),
+    [
+        pytest.param(
+            lambda opt: CosineAnnealingLR(opt, T_max=10, eta_min=ETA_MIN),
+            WarmupCosineSchedule(base_lrs=(0.05, 0.5), min_lrs=(ETA_MIN, ETA_MIN), warmup_steps=0, total_steps=10),
+            10,
+            COSINE,
+            id="test_cos_anneal_lr",
+        ),
+        pytest.param(
+            lambda opt: LinearLR(opt, start_factor=0.5, total_iters=4),
+            WarmupStableDecaySchedule(
+                base_lrs=(0.05, 0.5), min_lrs=(0.025, 0.25), warmup_steps=4, decay_steps=0, total_steps=10
+            ),
+            10,
+            LINEAR,
+            id="test_linearlr",
+        ),
+        pytest.param(
+            lambda opt: PolynomialLR(opt, power=0.9, total_iters=5),
+            WarmupPolynomialSchedule(
+                base_lrs=(0.05, 0.5), min_lrs=(0.0, 0.0), warmup_steps=0, total_steps=5, power=0.9
+            ),
+            10,
+            POLYNOMIAL,
+            id="test_poly_lr",
+        ),
+        pytest.param(
+            lambda opt: CosineAnnealingWarmRestarts(opt, T_0=10, T_mult=1, eta_min=ETA_MIN),
+            WarmupCosineSchedule(
+                base_lrs=(0.05, 0.5),
+                min_lrs=(ETA_MIN, ETA_MIN),
+                warmup_steps=0,
+                total_steps=100,
+                num_cycles=10,
+                hard_restarts=True,
+            ),
+            100,
+            RESTARTS,
+            id="test_CosineAnnealingWarmRestarts_lr1-T_mult-1",
+        ),
+    ],
+)
+def test_lr_schedules_match_torch_expected_values(theirs, ours: Schedule, epochs: int, target: list[float]) -> None:
+    opt, twin = torch_fixture(), torch_fixture()
+    seen = run(opt, ScheduleLR(opt, ours), epochs)
+    for group, scale in enumerate((1, 10)):
+        assert [lr for lr, _ in (step[group] for step in seen)] == pytest.approx(
+            [t * scale for t in target], rel=0, abs=1e-5
+        )  # torch's tolerance
+    lrs = [[lr for lr, _ in step] for step in seen]
+    expected = [[lr for lr, _ in step] for step in run(twin, theirs(twin), epochs)]
+    torch.testing.assert_close(torch.tensor(lrs), torch.tensor(expected), rtol=1e-6, atol=1e-9)
+    assert isinstance(opt.param_groups[1]["lr"], torch.Tensor)  # still the optimizer's own tensor
+
+
+# torch's ReduceLROnPlateau cases 1-8: the scheduler's arguments, the metric of each epoch and the LR expected after
+# each (of the first group; of both with per-group floors). Both groups start at 0.5.
+PLATEAU_CASES = [
+    pytest.param(
+        {"threshold_mode": "abs", "mode": "min", "threshold": 0.01, "patience": 5, "cooldown": 5},
+        [10 - i * 0.0167 for i in range(20)],
+        [[0.5] * 20],
+        id="test_reduce_lr_on_plateau1",
+    ),
+    pytest.param(
+        {"patience": 5, "cooldown": 0, "threshold_mode": "abs", "mode": "min", "threshold": 0.1},
+        [10 - i * 0.0165 for i in range(22)],
+        [[0.5] * 6 + [0.05] * 7 + [0.005] * 7 + [0.0005] * 2],
+        id="test_reduce_lr_on_plateau2",
+    ),
+    pytest.param(
+        {"mode": "max", "patience": 5, "cooldown": 5, "threshold_mode": "abs"},
+        [-0.8] * 2 + [-0.234] * 20,
+        [[0.5] * (2 + 6) + [0.05] * (5 + 6) + [0.005] * 4],
+        id="test_reduce_lr_on_plateau3",
+    ),
+    pytest.param(
+        {"mode": "max", "patience": 3, "threshold_mode": "rel", "threshold": 0.1},
+        [1.5 * (1.025**i) for i in range(20)],
+        [[0.5] * 20],
+        id="test_reduce_lr_on_plateau4",
+    ),
+    pytest.param(
+        {"mode": "max", "threshold_mode": "rel", "threshold": 0.1, "patience": 5, "cooldown": 5},
+        [1.5 * (1.005**i) for i in range(20)],
+        [[0.5] * 6 + [0.05] * (5 + 6) + [0.005] * 4],
+        id="test_reduce_lr_on_plateau5",
+    ),
+    pytest.param(
+        {"mode": "min", "threshold_mode": "rel", "threshold": 0.1},
+        [1.5 * (0.85**i) for i in range(20)],
+        [[0.5] * 20],
+        id="test_reduce_lr_on_plateau6",
+    ),
+    pytest.param(
+        {"mode": "min", "threshold_mode": "rel", "threshold": 0.1, "patience": 5, "cooldown": 5},
+        [1] * 7 + [0.6] + [0.5] * 12,
+        [[0.5] * 6 + [0.05] * (5 + 6) + [0.005] * 4],
+        id="test_reduce_lr_on_plateau7",
+    ),
+    pytest.param(
+        {"mode": "max", "threshold_mode": "rel", "min_lr": [0.4, 0.3], "threshold": 0.1, "patience": 5, "cooldown": 5},
+        [1.5 * (1.005**i) for i in range(20)],
+        [[0.5] * 6 + [0.4] * 14, [0.5] * 6 + [0.3] * 14],
+        id="test_reduce_lr_on_plateau8",
+    ),
+]
+
+
+@pytest.mark.parametrize(("kwargs", "metrics", "targets"), PLATEAU_CASES)
+def test_plateau_matches_reduce_lr_on_plateau(kwargs, metrics: list[float], targets: list[list[float]]) -> None:
+    detector_kwargs = {k: v for k, v in kwargs.items() if k != "min_lr"}
+    detector = PlateauDetector(**detector_kwargs)
+    floors = kwargs.get("min_lr", [0.0, 0.0])
+    factor, eps = 0.1, 1e-8  # ReduceLROnPlateau's defaults
+    ours, lrs = [0.5, 0.5], []
+    for metric in metrics:
+        if detector.update(metric):
+            ours = [
+                lr if lr - max(lr * factor, floor) <= eps else max(lr * factor, floor)
+                for lr, floor in zip(ours, floors, strict=True)
+            ]
+        lrs.append(list(ours))
+    for group, target in enumerate(targets):
+        # torch's tolerance; its tables run past the epochs its cases step through
+        assert [step[group] for step in lrs] == pytest.approx(target[: len(metrics)], rel=0, abs=1e-5)
+    twin = torch_fixture()
+    for group in twin.param_groups:
+        group["lr"] = 0.5
+    scheduler = ReduceLROnPlateau(twin, **kwargs)
+    theirs = []
+    for metric in metrics:
+        twin.step()
+        scheduler.step(metric)
+        theirs.append([float(g["lr"]) for g in twin.param_groups])
+    torch.testing.assert_close(torch.tensor(lrs, dtype=torch.float64), torch.tensor(theirs, dtype=torch.float64))
