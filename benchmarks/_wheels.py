@@ -9,7 +9,8 @@ build: 43 MB, about 4 MB with one); splits every wheel over ``--piece-mib`` into
 transfer each file goes in.
 
 ``install`` (run by ``gpu_setup.sh`` on the GPU machine) joins the wheels whose pieces are all present and check out,
-installs every complete wheel with ``pip install --no-index --no-deps``, and says which rows of the suite that
+installs every complete wheel with ``pip install --no-index --no-deps``, imports each package in a fresh interpreter
+(and runs one tiny flash-attn-4 kernel where CUDA is present), and only then says which rows of the suite that
 enables; a wheel still missing pieces is left out with a message, and the rows that need it say so when they run.
 
     python benchmarks/_wheels.py fetch benchmarks/wheels --python 3.12 --cuda 13
@@ -21,7 +22,6 @@ from __future__ import annotations
 import argparse
 import base64
 import hashlib
-import importlib.util
 import json
 import re
 import subprocess
@@ -40,11 +40,28 @@ PROVIDED = re.compile(
     r"nvidia-(?!cutlass).*)$",
     re.IGNORECASE,
 )
-#: the suite's rows each optional package enables, and the module that proves it installed
+#: the suite's rows each optional package enables, and the code that proves it installed: an import, and for
+#: flash-attn-4 one tiny kernel where CUDA is present
 ENABLES = {
-    "bitsandbytes": ("bitsandbytes", "optimizers: the AdamW8bit and PagedAdamW8bit rows"),
-    "flash-attn-4": ("flash_attn.cute", 'attention: the flash-attn row (`AttentionSwap("flash")` on Hopper)'),
+    "bitsandbytes": ("import bitsandbytes", "optimizers: the AdamW8bit and PagedAdamW8bit rows"),
+    "flash-attn-4": (
+        "import flash_attn.cute as fa, torch\n"
+        "if torch.cuda.is_available():\n"
+        "    q = torch.randn(1, 128, 2, 64, device='cuda', dtype=torch.bfloat16)\n"
+        "    fa.flash_attn_func(q, q, q, causal=True)\n"
+        "    torch.cuda.synchronize()",
+        'attention: the flash-attn row (`AttentionSwap("flash")` on Hopper)',
+    ),
 }
+
+
+def check(package: str) -> str | None:
+    """Run ``package``'s check of :data:`ENABLES` in a fresh interpreter: ``None`` when it passes, else why not."""
+    done = subprocess.run([sys.executable, "-c", ENABLES[package][0]], capture_output=True, text=True)
+    if done.returncode == 0:
+        return None
+    lines = done.stderr.strip().splitlines()
+    return lines[-1] if lines else f"exit code {done.returncode}"
 
 
 def _normalise(name: str) -> str:
@@ -90,7 +107,8 @@ def _download(requirement: str, dest: Path, python: str) -> Path:
 def resolve(roots: list[str], dest: Path, *, python: str, cuda: str) -> list[Path]:
     """Download ``roots`` and, from each wheel's ``Requires-Dist`` (markers read for Linux x86-64 and ``python``, the
     ``cu<major>`` extra chosen), what they need that a CUDA PyTorch install does not have. The CUDA libraries of
-    another major version are left out (installed with ``--no-deps``, nothing asks for them)."""
+    another major version are left out (installed with ``--no-deps``, nothing asks for them); every other requirement
+    is fetched (``nvidia-cutlass-dsl-libs-core``, which holds the ``cutlass`` Python package, included)."""
     from packaging.requirements import Requirement
 
     major = cuda.split(".")[0]
@@ -108,12 +126,8 @@ def resolve(roots: list[str], dest: Path, *, python: str, cuda: str) -> list[Pat
     while queue:
         requirement = queue.pop(0)
         name = _normalise(requirement.name)
-        if (
-            name in seen
-            or PROVIDED.match(name)
-            or re.fullmatch(r"nvidia-cutlass-dsl-libs-(?!base).*", name)
-            and not (name.endswith(f"-cu{major}"))
-        ):
+        other_cuda = re.fullmatch(r"nvidia-cutlass-dsl-libs-(qnx-)?cu(\d+)", name)
+        if name in seen or PROVIDED.match(name) or (other_cuda and other_cuda[2] != major):
             continue
         seen.add(name)
         extras = set(requirement.extras) | {f"cu{major}"}
@@ -197,9 +211,10 @@ def join(files: dict[str, Path], into: Path) -> tuple[list[Path], list[str]]:
 
 
 def transfers(files: list[Path], limit_mib: int = TRANSFER_MIB) -> list[list[Path]]:
-    """Group ``files`` (largest first) into transfers of at most ``limit_mib`` MiB each."""
+    """Group ``files`` into transfers of at most ``limit_mib`` MiB each: bitsandbytes' wheel first (so that the first
+    folder alone enables the 8-bit rows), then the rest largest first."""
     groups: list[tuple[int, list[Path]]] = []
-    for path in sorted(files, key=lambda p: -p.stat().st_size):
+    for path in sorted(files, key=lambda p: (not p.name.startswith("bitsandbytes-"), -p.stat().st_size)):
         size = path.stat().st_size
         for index, (used, group) in enumerate(groups):
             if used + size <= limit_mib * MIB:
@@ -251,12 +266,9 @@ def install(folders: list[Path]) -> None:
                 [sys.executable, "-m", "pip", "install", "--quiet", "--no-index", "--no-deps", *map(str, wheels)],
                 check=True,
             )
-    for package, (module, rows) in ENABLES.items():
-        try:
-            present = importlib.util.find_spec(module) is not None
-        except ModuleNotFoundError:
-            present = False
-        verdict = f"installed, enables {rows}" if present else f"not installed, not measured: {rows}"
+    for package, (_, rows) in ENABLES.items():
+        failure = check(package)
+        verdict = f"installed, enables {rows}" if failure is None else f"not usable ({failure}), not measured: {rows}"
         print(f"{package}: {verdict}")
 
 

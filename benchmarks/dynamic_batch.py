@@ -27,12 +27,14 @@ from __future__ import annotations
 import argparse
 import gc
 import json
+import math
 import os
 import statistics
 import subprocess
 import sys
 import tempfile
 import time
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -43,7 +45,23 @@ from lightning.pytorch.callbacks import BatchSizeFinder
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from _data import RandomTokenDataModule, RandomTokens, window_sizes  # noqa: E402
-from _results import QUIET_TRAINER, Cost, Rows, calibrate, device_name, header_lines, plan, run_header, write_results  # noqa: E402
+from _results import (  # noqa: E402
+    BASELINE,
+    EXTRA,
+    MARGIN,
+    QUIET_TRAINER,
+    SCENARIO,
+    Cost,
+    Row,
+    Rows,
+    Work,
+    device_name,
+    header_lines,
+    plan,
+    run_header,
+    transformer_work,
+    write_results,
+)
 
 import lightning_tune as lt  # noqa: E402
 from lightning_tune.demos import DemoGPT, GPTConfig, SyntheticTokenDataModule  # noqa: E402
@@ -378,9 +396,10 @@ def _cells(name: str, r: dict[str, Any], seq_len: int) -> list[Any]:
 def part(rows: Rows, *, smoke: bool) -> str:
     """The suite's part, where memory binds on any device: two calibration runs (micro-batches of 8 and 16) give the
     seconds and the share of the device per sample; the effective batch is four times the micro-batch that fits in
-    the target; then, each run a row as it ends: DynamicBatchSize, a fixed micro-batch of 8, the expert's sweep and
-    its best micro-batch, BatchSizeFinder's search and its pick, and sequences doubling mid-run with the finder's pick
-    kept (sized to run out of memory) and with DynamicBatchSize."""
+    the target. Then the plan, each run a row as it ends: the fixed micro-batch of 8 (the baseline); DynamicBatchSize;
+    BatchSizeFinder's search and, sequences doubling mid-run, its pick kept (sized to run out of memory) and
+    DynamicBatchSize (the scenario the part exists for); then the finder's pick at the first length, the expert's
+    sweep and its best micro-batch, dropped first when the share is short."""
     if smoke:  # a simulated device of 10 000 units: 2 000 fixed, 400 a sample, so 17 samples fit in 0.9 of it
         argv = "--simulate --precision 32-true --seq-len 8 --d-model 32 --n-layers 1 --vocab-size 64 --batch-size 8 "
         argv += "--adjust-every 1 --finder-trials 1 --sim-per-sample 400"
@@ -388,14 +407,21 @@ def part(rows: Rows, *, smoke: bool) -> str:
         argv = "--seq-len 512 --d-model 512 --n-layers 8 --adjust-every 2"
     args = build_parser().parse_args(argv.split())
     config = _model_config(args, args.seq_len)
+    with torch.device("meta"):
+        params = sum(p.numel() for p in DemoGPT(config).parameters())
+
+    def work(samples: int, micro: int) -> Work:
+        return transformer_work(params=params, layers=config.n_layers, width=config.d_model, seq=args.seq_len,
+                                vocab=config.vocab_size, samples=samples, micro=micro)  # fmt: skip
+
     # calibration: single micro-batches of 8 and 16, one optimizer step each after the first
     measured = {}
     for micro in (8, 16):
-        cost, result = calibrate(
-            rows, "fixed", lambda n, m=micro: _train(_with(args, batch_size=m, accumulate=1, measure=1), config,
-                                                   micro=m, seq_len=args.seq_len, steps=n), micro_batch=micro,
+        measured[micro] = rows.calibrate(
+            "fixed", lambda n, m=micro: _train(_with(args, batch_size=m, accumulate=1, measure=1), config, micro=m,
+                                               seq_len=args.seq_len, steps=n),
+            work=work(micro, micro), like=lambda peak, total: {"peak_reserved_frac": peak / total}, micro_batch=micro,
         )  # fmt: skip
-        measured[micro] = cost, result
     (cost8, run8), (cost16, run16) = measured[8], measured[16]
     if run16.get("oom_at_step") or "peak_reserved_frac" not in run16:
         raise RuntimeError(f"a micro-batch of 16 does not fit in {args.target} of this device: nothing to size")
@@ -403,66 +429,93 @@ def part(rows: Rows, *, smoke: bool) -> str:
     fixed_frac = run8["peak_reserved_frac"] - 8 * per_sample
     fits = max(8, int((args.target - fixed_frac) / max(per_sample, 1e-9)))
     effective = 8 * max(2, round(4 * fits / 8))
-    sample_s = {8: cost8.step / 8, 16: cost16.step / 16}
-    # steps of the six runs at the effective batch, in two thirds of what is left (the sweep and the finder's search
-    # take the rest); DynamicBatchSize gets `settle` more steps to settle before it is timed
-    settle = 0 if smoke else 8
-    at_effective = Cost(cost16.overhead, effective * sample_s[16])
-    steps, _ = plan(rows.left() / 1.5 - settle * at_effective.step, [at_effective] * 6, lo=4, hi=4 if smoke else 24)
+    # a micro-batch of m samples takes about a + b x m: an optimizer step of E samples in micro-batches of m,
+    # E/m x a + E x b
+    b = max((cost16.step - cost8.step) / 8, 1e-9)
+    a = max(cost8.step - 8 * b, 0.0)
+    settle = 0 if smoke else 8  # DynamicBatchSize's steps to settle before it is timed
+
+    def step_s(micro: int, longer: int = 1) -> float:  # sequences `longer` times as long: a sample costs that much more
+        return -(-effective // max(1, micro // longer)) * a + effective * b * longer
+
+    def cost(micro: int, n: int, doubling: bool = False) -> float:  # DynamicBatchSize and the finder settle near `fits`
+        return cost16.overhead + n * step_s(micro) + (n * step_s(micro, 2) if doubling else 0.0)
+
+    trials = 2 * max(1, math.ceil(math.log2(fits / 8))) + 2  # BatchSizeFinder: doublings to past `fits`, then halvings
+    search_s = trials * (cost16.overhead + 3 * (a + fits / 2 * b))
+    sweep_micros = [m for m in (8 << k for k in range(16)) if m <= effective]
+    sweep_s = {m: cost16.overhead + 2 * 4 * (a + m * b) for m in sweep_micros}
+    # the baseline and the scenario rows: fixed, DynamicBatchSize (+ settle), the search and the two doubling runs
+    steps, _ = plan(
+        rows.left() / MARGIN - search_s - settle * 2 * step_s(fits),
+        [Cost(cost16.overhead, s) for s in (step_s(8), step_s(fits), *[step_s(fits) + step_s(fits, 2)] * 2)],
+        lo=4, hi=4 if smoke else 24,
+    )  # fmt: skip
     args = _with(args, batch_size=8, accumulate=effective // 8, steps=steps, measure=max(2, steps // 3),
                  double_steps=2 * steps)  # fmt: skip
     rows.choose(model=str(config), fits_in_one_micro_batch=fits, effective_batch=effective, steps=steps,
-                measured_steps=args.measure, per_sample_share=round(per_sample, 5), fixed_share=round(fixed_frac, 4),
+                measured_steps=args.measure, warmup_steps=steps - args.measure, settle_steps=settle,
+                per_sample_share=round(per_sample, 5), fixed_share=round(fixed_frac, 4),
                 target=args.target)  # fmt: skip
-
-    def cost(micro: int, n: int = steps) -> float:
-        return cost16.overhead + n * effective * sample_s[8 if micro <= 8 else 16]
-
+    rows.text(f"Samples/s over each run's last {args.measure} steps: the {steps - args.measure} steps before them "
+              "(and DynamicBatchSize's settling) are warm-up; BatchSizeFinder's search is timed apart.")  # fmt: skip
     results: dict[str, dict[str, Any]] = {}
+    found: dict[str, Any] = {}
+    long = _model_config(args, 2 * args.seq_len)
     rows.table(*_HEADER)
 
-    def train(name: str, micro: int | None, label: str, **kwargs: Any) -> dict[str, Any] | None:
-        n = kwargs.get("steps", steps)
-        if not rows.fits(cost(micro or 16, n) * (2 if "double_at" in kwargs else 1), label):
+    def train(name: str, micro: Any, label: str, **kwargs: Any) -> dict[str, Any] | None:
+        micro = micro() if callable(micro) else micro
+        if micro == "missing":
+            rows.text(f"{label}: not run, BatchSizeFinder's search was not.")
             return None
-        result = _train(args, kwargs.pop("config", config), micro=micro, seq_len=args.seq_len, **{"steps": n, **kwargs})
+        n = kwargs.pop("steps", steps)
+        result = _train(args, kwargs.pop("config", config), micro=micro, seq_len=args.seq_len, steps=n, **kwargs)
         results[name] = result
-        rows.add(name, result, _cells(label, result, args.seq_len))
+        rows.add(name, result, _cells(label.format(micro=micro, **found), result, args.seq_len))
         return result
 
-    dynamic = train("dynamic", None, f"DynamicBatchSize from 8 (target {args.target})", steps=steps + settle)
-    train("fixed", 8, "fixed micro-batch 8")
-    # the expert's sweep: powers of two from 8, one short run each, until one runs out of memory
-    sweep: dict[int, float] = {}
-    start, micro = time.perf_counter(), 8
-    while micro <= effective and rows.fits(cost16.overhead + 2 * 4 * micro * sample_s[16], f"sweep at {micro}"):
+    def search() -> dict[str, Any]:
+        found["pick"], found["search_s"] = _find(args, config, args.seq_len)
+        rows.add("finder_search", {"pick": found["pick"], "seconds": found["search_s"]})
+        return found
+
+    def sweep_run(micro: int) -> dict[str, Any] | None:
+        if any(r.get("oom_at_step") for r in found.get("sweep", {}).values()):
+            return None  # a smaller micro-batch already ran out of memory
         result = _train(_with(args, batch_size=micro, accumulate=4, measure=1), config, micro=micro,
                         seq_len=args.seq_len, steps=2)  # fmt: skip
+        found.setdefault("sweep", {})[micro] = result
         rows.add("sweep", {"micro_batch": micro, **result}, _cells(f"sweep: {micro} x 4", result, args.seq_len))
-        if result.get("oom_at_step"):
-            break
-        sweep[micro] = result["samples_per_sec"]
-        micro *= 2
-    if sweep:
-        best = max(sweep, key=sweep.__getitem__)
-        rows.add("sweep_time", {"seconds": time.perf_counter() - start, "best": best})
-        train(
-            "best_fixed",
-            best,
-            f"best fixed micro-batch of the sweep ({best}; sweep {time.perf_counter() - start:.1f} s)",
-        )
-    pick = None
-    if rows.fits(cost16.overhead * 12, "BatchSizeFinder's search"):
-        pick, search_s = _find(args, config, args.seq_len)
-        rows.add("finder_search", {"pick": pick, "seconds": search_s})
-        train("finder", pick, f"BatchSizeFinder's pick ({pick}; search {search_s:.1f} s)")
-    rows.text(f"Sequences double from {args.seq_len} to {2 * args.seq_len} tokens after step {steps}.")
-    rows.table(*_HEADER)
-    long = _model_config(args, 2 * args.seq_len)
+        return result
+
+    def best() -> int | str:
+        sweep = {m: r["samples_per_sec"] for m, r in found.get("sweep", {}).items() if not r.get("oom_at_step")}
+        return max(sweep, key=sweep.__getitem__) if sweep else "missing"
+
+    pick = lambda: found.get("pick", "missing")  # noqa: E731
     double = {"config": long, "steps": 2 * steps, "double_at": steps}
-    train("doubling_dynamic", None, "DynamicBatchSize, sequences doubling", **{**double, "steps": 2 * steps + settle})
-    if pick is not None:
-        train("doubling_finder_kept", pick, f"BatchSizeFinder's pick ({pick}) kept, sequences doubling", **double)
+    planned = [
+        Row("fixed micro-batch 8", cost(8, steps), partial(train, "fixed", 8, "fixed micro-batch 8"), BASELINE),
+        Row("DynamicBatchSize", cost(fits, steps + settle), partial(
+            train, "dynamic", None, f"DynamicBatchSize from 8 (target {args.target})", steps=steps + settle), SCENARIO),
+        Row("BatchSizeFinder's search", search_s, search, SCENARIO),
+        Row("DynamicBatchSize, sequences doubling", cost(fits, steps, True) + settle * step_s(fits, 2),
+            partial(train, "doubling_dynamic", None, "DynamicBatchSize, sequences doubling",
+                    **{**double, "steps": 2 * steps + settle}), SCENARIO),
+        Row("BatchSizeFinder's pick kept, sequences doubling", cost(fits, steps, True), partial(
+            train, "doubling_finder_kept", pick, "BatchSizeFinder's pick ({micro}) kept, sequences doubling",
+            **double), SCENARIO),
+        Row("BatchSizeFinder's pick", cost(fits, steps), partial(
+            train, "finder", pick, "BatchSizeFinder's pick ({micro}; search {search_s:.1f} s)"), EXTRA),
+        *(Row(f"sweep at {m}", sweep_s[m], partial(sweep_run, m), EXTRA) for m in sweep_micros),
+        Row("best fixed micro-batch of the sweep", cost(fits, steps), partial(
+            train, "best_fixed", best, "best fixed micro-batch of the sweep ({micro})"), EXTRA),
+    ]  # fmt: skip
+    rows.text(f"Sequences double from {args.seq_len} to {2 * args.seq_len} tokens after step {steps} in the doubling "
+              f"rows; the sweep takes about {sum(sweep_s.values()):.0f} s.")  # fmt: skip
+    rows.run_plan(planned)
+    dynamic = results.get("dynamic")
     if dynamic is None or "fixed" not in results:
         return "DynamicBatchSize or the fixed run not measured"
     ratio = {

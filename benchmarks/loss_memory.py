@@ -8,10 +8,11 @@ fall by at least 40 %.
 
     python benchmarks/loss_memory.py
 
-:func:`part` is the suite's ``loss`` part: real training steps of a Llama-shaped model built from its config at a
-32k vocabulary, without the swap, with ``swap_loss(model, "chunked")`` and with ``"liger"`` (CUDA with liger-kernel
-installed; elsewhere the row says why it was not measured): peak reserved memory, tokens/s and each step's loss
-against the unswapped run's, on the same batches from the same initial weights.
+:func:`part` is the suite's ``loss`` part: real training steps of a Llama-shaped model built from its config at
+Llama 3's 128k vocabulary, without the swap (first), with ``swap_loss(model, "chunked")`` and with ``"liger"`` (CUDA
+with liger-kernel installed; elsewhere the row says why it was not measured): peak reserved memory, tokens/s and each
+step's loss against the unswapped run's, on the same batches from the same initial weights; the first step of each
+run (cuBLAS start-up, liger-kernel's Triton compile) is timed apart from its tokens/s.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from __future__ import annotations
 import argparse
 import sys
 import time
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -26,7 +28,7 @@ import torch
 import transformers
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _results import Rows, calibrate, plan  # noqa: E402
+from _results import BASELINE, EXTRA, MARGIN, SCENARIO, Row, Rows, plan, transformer_work  # noqa: E402
 
 from lightning_tune import _imports  # noqa: E402
 from lightning_tune.plan import measure_memory  # noqa: E402
@@ -60,21 +62,23 @@ def per_sample(model: torch.nn.Module, vocab: int, seq: int, precision: str) -> 
 
 #: the suite part's settings: name -> label
 LOSS_ROWS = {"none": "no swap (the model's logits)", "chunked": 'swap_loss("chunked")', "liger": 'swap_loss("liger")'}
+ROLES = {"none": BASELINE, "chunked": SCENARIO, "liger": EXTRA}
+#: seconds allowed for liger-kernel's Triton compile on top of the chunked run's (an allowance, not a measurement)
+LIGER_COMPILE_S = 20.0
+
+
+def _config(sizes: dict[str, int]) -> transformers.LlamaConfig:
+    heads = max(sizes["hidden"] // 64, 2)
+    return transformers.LlamaConfig(vocab_size=sizes["vocab"], hidden_size=sizes["hidden"],
+                                    intermediate_size=4 * sizes["hidden"], num_hidden_layers=sizes["layers"],
+                                    num_attention_heads=heads, num_key_value_heads=heads // 2)  # fmt: skip
 
 
 def train(setting: str, sizes: dict[str, int], device: torch.device, steps: int) -> dict[str, Any]:
-    """``steps`` AdamW steps of a fresh Llama (seed 0) on seeded random batches, with the loss swapped or not."""
+    """``steps`` AdamW steps of a fresh Llama (seed 0) on seeded random batches, with the loss swapped or not; the
+    first step (cuBLAS start-up, liger-kernel's Triton compile) is timed apart from the rest."""
     torch.manual_seed(0)
-    heads = max(sizes["hidden"] // 64, 2)
-    config = transformers.LlamaConfig(
-        vocab_size=sizes["vocab"],
-        hidden_size=sizes["hidden"],
-        intermediate_size=4 * sizes["hidden"],
-        num_hidden_layers=sizes["layers"],
-        num_attention_heads=heads,
-        num_key_value_heads=heads // 2,
-    )
-    model = transformers.LlamaForCausalLM(config).to(device).train()
+    model = transformers.LlamaForCausalLM(_config(sizes)).to(device).train()
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4)
     generator = torch.Generator().manual_seed(1)
     shape = (sizes["batch"], sizes["seq"])
@@ -85,7 +89,7 @@ def train(setting: str, sizes: dict[str, int], device: torch.device, steps: int)
         torch.cuda.empty_cache()
         torch.cuda.reset_peak_memory_stats(device)
         torch.cuda.synchronize(device)
-    losses, start = [], time.perf_counter()
+    losses, ends = [], [time.perf_counter()]
     for ids in batches:
         with torch.autocast(device.type, dtype=torch.bfloat16, enabled=cuda):
             loss = model(input_ids=ids, labels=ids).loss
@@ -93,22 +97,30 @@ def train(setting: str, sizes: dict[str, int], device: torch.device, steps: int)
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
         losses.append(loss.detach())
+        if cuda and len(ends) == 1:
+            torch.cuda.synchronize(device)
+        if len(ends) == 1:
+            ends.append(time.perf_counter())
     if cuda:
         torch.cuda.synchronize(device)
-    seconds = time.perf_counter() - start
+    ends.append(time.perf_counter())
     if swap is not None:
         swap.restore()
     peak = torch.cuda.max_memory_reserved(device) / GIB if cuda else None
-    return {"losses": [float(x) for x in losses], "seconds": seconds, "peak_reserved_gib": peak,
-            "tokens_per_s": steps * sizes["batch"] * sizes["seq"] / seconds}  # fmt: skip
+    timed = max(steps - 1, 1)
+    seconds = ends[-1] - ends[1]
+    return {"losses": [float(x) for x in losses], "first_step_s": ends[1] - ends[0], "seconds": seconds,
+            "peak_reserved_gib": peak, "tokens_per_s": timed * sizes["batch"] * sizes["seq"] / seconds}  # fmt: skip
 
 
 def part(rows: Rows, *, smoke: bool) -> str:
-    """The suite's part: each setting calibrated, then one run of the steps the share allows, each run a row."""
+    """The suite's part: the unswapped run calibrated, then the plan, no swap first, each run a row: peak reserved,
+    tokens/s after the first step, the first step's seconds apart (cuBLAS start-up; liger-kernel's compile) and each
+    step's loss against the unswapped run's."""
     if smoke:
         sizes, device = {"vocab": 512, "hidden": 32, "layers": 1, "seq": 32, "batch": 2}, torch.device("cpu")
-    else:
-        sizes, device = {"vocab": 32_768, "hidden": 1024, "layers": 8, "seq": 2048, "batch": 8}, torch.device("cuda")
+    else:  # Llama 3's vocabulary, where the logits dominate a step's memory
+        sizes, device = {"vocab": 128_256, "hidden": 1024, "layers": 8, "seq": 2048, "batch": 8}, torch.device("cuda")
     settings = ["none", "chunked", "liger"]
     if not (device.type == "cuda" and _imports.is_available("liger_kernel")):
         settings.remove("liger")
@@ -117,15 +129,21 @@ def part(rows: Rows, *, smoke: bool) -> str:
         )
         rows.add("skipped", {"setting": "liger", "reason": reason})
         rows.text(f"{LOSS_ROWS['liger']}: not measured ({reason}).")
-    rows.text(f"Llama from its config, {sizes}, AdamW, {'bf16 autocast' if device.type == 'cuda' else 'fp32'}.")
-    costs = {s: calibrate(rows, s, lambda n, s=s: train(s, sizes, device, n), steps=2, setting=s)[0] for s in settings}
-    steps, _ = plan(rows.left(), list(costs.values()), lo=2, hi=4 if smoke else 30)
-    rows.choose(steps=steps, **sizes)
-    rows.table("Loss", "peak reserved GiB", "tokens/s", "vs no swap", "largest loss gap to no swap")
+    with torch.device("meta"):
+        params = sum(p.numel() for p in transformers.LlamaForCausalLM(_config(sizes)).parameters())
+    work = transformer_work(params=params, layers=sizes["layers"], width=sizes["hidden"], seq=sizes["seq"],
+                            vocab=sizes["vocab"], samples=sizes["batch"], micro=sizes["batch"])  # fmt: skip
+    rows.text(f"Llama from its config, {sizes}, {params / 1e6:.0f} M parameters, AdamW, "
+              f"{'bf16 autocast' if device.type == 'cuda' else 'fp32'}. Tokens/s over the steps after the first; the "
+              "first step (cuBLAS start-up, liger-kernel's Triton compile) is timed apart.")  # fmt: skip
+    cost = rows.calibrate("none", lambda n: train("none", sizes, device, n), steps=2, work=work, setting="none")[0]
+    steps, _ = plan(rows.left() / MARGIN - LIGER_COMPILE_S * ("liger" in settings), [cost] * len(settings), lo=3,
+                    hi=4 if smoke else 30)  # fmt: skip
+    rows.choose(steps=steps, timed_steps=steps - 1, **sizes)
+    rows.table("Loss", "peak reserved GiB", "tokens/s", "vs no swap", "largest loss gap to no swap", "first step s")
     measured: dict[str, dict[str, Any]] = {}
-    for setting in settings:
-        if not rows.fits(costs[setting](steps), f"{setting}, {steps} steps"):
-            continue
+
+    def measure(setting: str) -> dict[str, Any]:
         got = measured[setting] = train(setting, sizes, device, steps)
         base = measured.get("none")
         gap = max(abs(a - b) for a, b in zip(got["losses"], base["losses"], strict=True)) if base else None
@@ -134,7 +152,11 @@ def part(rows: Rows, *, smoke: bool) -> str:
         rows.add("run", {"setting": setting, "steps": steps, **sizes, **got}, [
             LOSS_ROWS[setting], "-" if got["peak_reserved_gib"] is None else f"{got['peak_reserved_gib']:.2f}",
             f"{got['tokens_per_s']:.0f}", "-" if ratio is None else f"{ratio:.2f}x",
-            "-" if gap is None else f"{gap:.2e}"])  # fmt: skip
+            "-" if gap is None else f"{gap:.2e}", f"{got['first_step_s']:.2f}"])  # fmt: skip
+        return got
+
+    rows.run_plan([Row(LOSS_ROWS[s], cost(steps) + LIGER_COMPILE_S * (s == "liger"), partial(measure, s), ROLES[s])
+                   for s in settings])  # fmt: skip
     base = measured.get("none")
     return (
         "; ".join(

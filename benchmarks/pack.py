@@ -27,13 +27,28 @@ from __future__ import annotations
 import argparse
 import statistics
 import tempfile
+from functools import partial
 from pathlib import Path
 from typing import Any
 
 import lightning.pytorch as pl
 import torch
 from _data import RandomTokenDataModule, window_sizes
-from _results import QUIET_TRAINER, Cost, Rows, calibrate, device_name, plan, run_header
+from _results import (
+    BASELINE,
+    EXTRA,
+    MARGIN,
+    QUIET_TRAINER,
+    SCENARIO,
+    Cost,
+    Row,
+    Rows,
+    Work,
+    device_name,
+    plan,
+    run_header,
+    transformer_work,
+)
 from lightning.pytorch.callbacks import Callback
 from swaps import Probe, _free
 from torch.nn.attention import SDPBackend, sdpa_kernel
@@ -174,8 +189,9 @@ LABELS = {
 
 
 def part(rows: Rows, args: argparse.Namespace) -> str:
-    """The expert's sweep (each size a row, and the calibration of the hand-tuned runs at it), one calibration run of
-    plain Lightning and of lightning_tune, then interleaved rounds sized to what is left, each run a row."""
+    """Three short calibration runs (plain, hand-tuned, lightning_tune at ``--start-micro``), then the plan, baselines
+    first: the expert's sweep (the hand-tuned baseline's search), plain Lightning and the hand-tuned run of round 1,
+    lightning_tune's run of round 1, then the next rounds (dropped first when the share is short); each run a row."""
     config = GPTConfig(
         vocab_size=args.vocab_size,
         seq_len=args.seq_len,
@@ -187,104 +203,85 @@ def part(rows: Rows, args: argparse.Namespace) -> str:
     common = {"config": config, "effective": effective, "args": args}
     params = sum(p.numel() for p in _meta_model(config).parameters())
     per_sample = flops_per_sample(config)
-    peak = peak_flops(device_name(), torch.bfloat16) if args.accelerator == "cuda" else None
+    peak = peak_flops(rows.device.name if rows.device else device_name(), torch.bfloat16) if args.gpu else None
+    warm = args.steps - args.measure
+    settle = max(0, args.tune_steps - args.steps)  # lightning_tune's extra steps to settle before it is timed
     rows.text(
         f"{params / 1e6:.1f} M parameters ({config}); optimizer steps of exactly {effective} samples. MFU against the "
         f"dense bf16 peak ({'n/a' if peak is None else f'{peak / 1e12:.0f} TFLOP/s'}), {per_sample / 1e9:.1f} GFLOP "
-        "per sample (forward + backward, causal attention by the pairs it attends)."
+        f"per sample (forward + backward, causal attention by the pairs it attends). Each run's first {warm} steps "
+        f"(and lightning_tune's {settle} settling steps) are warm-up, not timed: cuBLAS start-up and any compile "
+        "fall there, and in the calibration rows' overhead."
     )
+
+    def work(micro: int, fp32: bool = False) -> Work:
+        return transformer_work(params=params, layers=config.n_layers, width=config.d_model, seq=config.seq_len,
+                                vocab=config.vocab_size, samples=effective, micro=micro, fp32=fp32)  # fmt: skip
+
+    def calibrate(kind: str, fp32: bool = False) -> Cost:
+        run = lambda n: fit(kind, micro=args.start_micro, steps=n, measure=1, **common)  # noqa: E731
+        return rows.calibrate(kind, run, steps=2, work=work(args.start_micro, fp32), micro_batch=args.start_micro)[0]
+
+    costs = {"plain": calibrate("plain", fp32=True), "hand_tuned": calibrate("hand_tuned"),
+             "lightning_tune": calibrate("lightning_tune")}  # fmt: skip
+    sweep_micros = [m for m in (args.sweep_from << k for k in range(12)) if m <= effective]
+    sweep_s = sum(costs["hand_tuned"](args.sweep_steps) for _ in sweep_micros)
+    measure, _ = plan(
+        rows.left() / MARGIN - sweep_s - sum(c.step for c in costs.values()) * warm
+        - costs["lightning_tune"].step * settle,
+        list(costs.values()), lo=2, hi=args.measure,
+    )  # fmt: skip
+    rows.choose(timed_steps=measure, warmup_steps=warm, settle_steps=settle, rounds=args.rounds,
+                sweep=sweep_micros)  # fmt: skip
 
     def cells(label: str, result: dict[str, Any]) -> list[Any]:
         if result.get("oom"):
             return [label, result["micro_batch"], "out of memory", "", "", ""]
         sps = result["samples_per_sec"]
         mfu = "n/a" if peak is None else f"{sps * per_sample / peak:.1%}"
-        return [
-            label,
-            result["micro_batch"],
-            f"{sps:,.1f}",
-            f"{sps * config.seq_len:,.0f}",
-            mfu,
-            f"{result['peak_reserved_gib']:.1f}",
-        ]
+        return [label, result["micro_batch"], f"{sps:,.1f}", f"{sps * config.seq_len:,.0f}", mfu,
+                f"{result['peak_reserved_gib']:.1f}"]  # fmt: skip
 
     header = ("Run", "micro-batch", "samples/s", "tokens/s", "MFU", "peak reserved GiB")
-    # the expert's sweep (its time is not in the comparison); each size's run is its calibration too
     rows.table(*header)
-    sweep: dict[int, tuple[Cost, dict[str, Any]]] = {}
-    micro = args.sweep_from
-    while micro <= effective:
-        measure = max(1, args.sweep_steps // 2)
-        cost, result = calibrate(
-            rows,
-            "hand_tuned",
-            lambda n, m=micro, k=measure: fit("hand_tuned", micro=m, steps=n, measure=k, **common),
-            steps=args.sweep_steps,
-            micro_batch=micro,
-        )
-        sweep[micro] = cost, result
-        rows.add("sweep", {"micro_batch": micro, **result}, cells(f"sweep: hand-tuned at {micro}", result))
-        if result.get("oom") or rows.left() <= 0:
-            break
-        micro *= 2
-    fitting = [m for m, (_, r) in sweep.items() if not r.get("oom")]
-    if not fitting:
-        raise RuntimeError(f"no micro-batch from {args.sweep_from} fits on this device")
-    best = max(fitting, key=lambda m: sweep[m][1]["samples_per_sec"])
+    sweep: dict[int, dict[str, Any]] = {}
+    micros: dict[str, int] = {"lightning_tune": args.start_micro}
+    runs: dict[str, list[dict[str, Any]]] = {kind: [] for kind in LABELS}
 
-    # plain Lightning: the hand-tuned micro-batch, or the largest power-of-two fraction of it that fits in fp32
-    plain_micro = best
-    while True:
-        plain_cost, result = calibrate(
-            rows,
-            "plain",
-            lambda n, m=plain_micro: fit("plain", micro=m, steps=n, measure=1, **common),
-            micro_batch=plain_micro,
-        )
-        if not result.get("oom") or plain_micro == 1:
-            break
-        plain_micro //= 2
-    tune_cost, _ = calibrate(
-        rows,
-        "lightning_tune",
-        lambda n: fit("lightning_tune", micro=args.start_micro, steps=n, measure=1, **common),
-        steps=2,
-        micro_batch=args.start_micro,
-    )
-    costs = {"plain": plain_cost, "hand_tuned": sweep[best][0], "lightning_tune": tune_cost}
-    settle = max(0, args.tune_steps - args.steps)  # lightning_tune's extra steps to settle before it is timed
-    measure, rounds = plan(
-        rows.left() - tune_cost.step * settle * args.rounds,
-        list(costs.values()),
-        lo=1,
-        hi=args.measure,
-        max_rounds=args.rounds,
-    )
-    warm = args.steps - args.measure
-    rows.choose(
-        hand_tuned_micro_batch=best,
-        plain_micro_batch=plain_micro,
-        timed_steps=measure,
-        warmup_steps=warm,
-        settle_steps=settle,
-        rounds=rounds,
-    )
-    # lightning_tune first: a cut by time takes the last run of a round
-    micros = {"lightning_tune": args.start_micro, "hand_tuned": best, "plain": plain_micro}
-    runs: dict[str, list[dict[str, Any]]] = {kind: [] for kind in micros}
-    rows.table(*header)
-    for index in range(rounds):
-        order = list(micros) if index % 2 == 0 else list(reversed(micros))
-        for kind in order:
+    def sweep_run(micro: int) -> dict[str, Any] | None:
+        if any(r.get("oom") for r in sweep.values()):
+            return None  # a smaller micro-batch already ran out of memory
+        sweep[micro] = fit("hand_tuned", micro=micro, steps=args.sweep_steps, measure=max(1, args.sweep_steps // 2),
+                           **common)  # fmt: skip
+        rows.add("sweep", {"micro_batch": micro, **sweep[micro]}, cells(f"sweep: hand-tuned at {micro}", sweep[micro]))
+        return sweep[micro]
+
+    def best() -> int:
+        fitting = [m for m, r in sweep.items() if not r.get("oom")]
+        return max(fitting, key=lambda m: sweep[m]["samples_per_sec"]) if fitting else args.start_micro
+
+    def run(kind: str, index: int) -> dict[str, Any]:
+        while True:  # plain Lightning: the hand-tuned micro-batch, or the largest power-of-two fraction that fits fp32
+            micro = micros.setdefault(kind, best())
             steps = warm + measure + (settle if kind == "lightning_tune" else 0)
-            if not rows.fits(costs[kind](steps), f"round {index + 1}, {kind}"):
+            result = fit(kind, micro=micro, steps=steps, measure=measure, **common)
+            if kind != "plain" or not result.get("oom") or micro == 1:
                 break
-            result = fit(kind, micro=micros[kind], steps=steps, measure=measure, **common)
-            runs[kind].append(result)
-            rows.add("run", {"round": index + 1, "kind": kind, **result}, cells(f"round {index + 1}: {kind}", result))
-        else:
-            continue
-        break
+            micros[kind] = micro // 2
+        runs[kind].append(result)
+        rows.add("run", {"round": index + 1, "kind": kind, **result}, cells(f"round {index + 1}: {kind}", result))
+        return result
+
+    roles = {"plain": BASELINE, "hand_tuned": BASELINE, "lightning_tune": SCENARIO}
+    planned = [Row(f"sweep: hand-tuned at {m}", costs["hand_tuned"](args.sweep_steps), partial(sweep_run, m),
+                   BASELINE) for m in sweep_micros]  # fmt: skip
+    for index in range(args.rounds):
+        order = ["plain", "hand_tuned", "lightning_tune"]
+        for kind in order if index % 2 == 0 else reversed(order):
+            steps = warm + measure + (settle if kind == "lightning_tune" else 0)
+            role = roles[kind] if index == 0 else EXTRA
+            planned.append(Row(f"round {index + 1}: {kind}", costs[kind](steps), partial(run, kind, index), role))
+    rows.run_plan(planned)
     rows.table(*header)
     medians: dict[str, float] = {}
     for kind, results in runs.items():
@@ -323,7 +320,7 @@ def part(rows: Rows, args: argparse.Namespace) -> str:
 def suite_part(rows: Rows, *, smoke: bool) -> str:
     """The suite's part: the GPU sizes (this script's defaults), or tiny ones on the CPU with the planner's batch
     made on the ``meta`` device, another device than the one the planner steps on (as a CPU batch is on a GPU)."""
-    argv = "--sweep-steps 4 --tune-steps 20"  # the script's GPU sizes, with a shorter sweep and settling
+    argv = "--sweep-steps 4 --tune-steps 20 --gpu"  # the script's GPU sizes, with a shorter sweep and settling
     if smoke:
         argv = "--accelerator cpu --batch-device meta --vocab-size 64 --seq-len 16 --d-model 32 --n-layers 1 "
         argv += "--n-heads 2 --effective-batch 8 --sweep-from 4 --sweep-steps 2 --start-micro 2 --adjust-every 1 "
@@ -334,6 +331,7 @@ def suite_part(rows: Rows, *, smoke: bool) -> str:
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--accelerator", default="cuda" if torch.cuda.is_available() else "cpu")
+    parser.add_argument("--gpu", action="store_true", help="report MFU against the device's bf16 peak")
     parser.add_argument("--vocab-size", type=int, default=32768)
     parser.add_argument("--seq-len", type=int, default=1024)
     parser.add_argument("--d-model", type=int, default=768)
@@ -357,6 +355,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main() -> None:
     args = build_parser().parse_args()
+    args.gpu = args.gpu or args.accelerator == "cuda"
     part(Rows(args.out, run_header("pack", device_name()), "The pack on the demo GPT"), args)
 
 

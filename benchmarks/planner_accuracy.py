@@ -18,11 +18,12 @@ from __future__ import annotations
 
 import argparse
 import gc
+from functools import partial
 from pathlib import Path
 from typing import Any
 
 import torch
-from _results import Rows, calibrate, device_name, header_lines, now, run_header, write_results
+from _results import BASELINE, EXTRA, Row, Rows, device_name, header_lines, run_header, transformer_work, write_results
 
 from lightning_tune.demos import DemoGPT, GPTConfig
 from lightning_tune.plan import TransformerShape, estimate_memory, measure_memory
@@ -167,8 +168,9 @@ def accuracy(
 
 
 def part(rows: Rows, *, smoke: bool) -> str:
-    """The suite's part: per precision, both predictions, then the real peaks at each batch size (the first one
-    timed as the calibration of the rest, a batch's cost taken as proportional to its size), each a row."""
+    """The suite's part: the real peak at the first batch size timed as the calibration (a batch's cost taken as
+    proportional to its size), then the plan: bf16 at every batch size (the baseline rows), then fp32. Each row is
+    the real peaks against both predictions (made once per precision, in its first row)."""
     cuda = torch.cuda.is_available() and not smoke
     device = "cuda" if cuda else "cpu"
     if smoke:
@@ -177,6 +179,14 @@ def part(rows: Rows, *, smoke: bool) -> str:
         config, batch_sizes = GPTConfig(seq_len=1024, d_model=1024, n_layers=12, n_heads=16), [8, 16, 32]
     steps = 3
     rows.choose(batch_sizes=batch_sizes, steps=steps, model=str(config))
+    rows.text(f"Real peaks over {steps} steps after one warm-up step (not counted).")
+    with torch.device("meta"):
+        params = sum(p.numel() for p in DemoGPT(config).parameters())
+    first = (config, batch_sizes[0], "bf16-mixed")
+    work = transformer_work(params=params, layers=config.n_layers, width=config.d_model, seq=config.seq_len,
+                            vocab=config.vocab_size, samples=batch_sizes[0], micro=batch_sizes[0])  # fmt: skip
+    cost, _ = rows.calibrate("real peak", lambda n: real_peak(*first, n, device), steps=steps + 1, work=work,
+                             batch=batch_sizes[0])  # fmt: skip
     rows.table("Precision", "Batch", "allocated GiB", "reserved GiB", "measure_memory GiB", "vs allocated",
                "vs reserved", "estimate_memory GiB", "vs allocated", "vs reserved")  # fmt: skip
 
@@ -187,43 +197,36 @@ def part(rows: Rows, *, smoke: bool) -> str:
         return "n/a" if value is None else f"{value:+.1%}"
 
     errors = []
-    cost = None
-    for precision in ("bf16-mixed", "32-true"):
-        start = now()
-        measured = measure_memory(
-            DemoGPT(config), token_batch(1, config.seq_len, config.vocab_size), precision=precision
-        )
-        analytic = estimate_memory(_shape(config), sequence_length=config.seq_len, precision=precision)
-        predict_s = now() - start
-        for batch_size in batch_sizes:
-            if cost is None:
-                first = (config, batch_size, precision)
-                cost, peaks = calibrate(
-                    rows,
-                    "real peak",
-                    lambda n, first=first: real_peak(*first, n, device),
-                    steps=steps,
-                    batch=batch_size,
-                )
-            elif not rows.fits(
-                cost(steps) * batch_size / batch_sizes[0] + predict_s, f"{precision}, batch {batch_size}"
-            ):
-                return f"cut: {len(errors)} rows kept"
-            else:
-                peaks = real_peak(config, batch_size, precision, steps, device)
-            predict_s = 0.0
-            allocated, reserved = peaks if peaks is not None else (None, None)
-            row: dict[str, Any] = {"precision": precision, "batch_size": batch_size, "allocated_bytes": allocated,
-                                   "reserved_bytes": reserved, "measured_bytes": measured.total_bytes(batch_size),
-                                   "analytic_bytes": analytic.total_bytes(batch_size)}  # fmt: skip
-            for source in ("measured", "analytic"):
-                row[f"{source}_error_allocated"] = _error(row[f"{source}_bytes"], allocated)
-                row[f"{source}_error_reserved"] = _error(row[f"{source}_bytes"], reserved)
-            errors.append(row["measured_error_allocated"])
-            rows.add("peak", row, [
-                precision, batch_size, gib(allocated), gib(reserved), gib(row["measured_bytes"]),
-                pct(row["measured_error_allocated"]), pct(row["measured_error_reserved"]), gib(row["analytic_bytes"]),
-                pct(row["analytic_error_allocated"]), pct(row["analytic_error_reserved"])])  # fmt: skip
+    predictions: dict[str, tuple[Any, Any]] = {}
+
+    def measure(precision: str, batch_size: int) -> dict[str, Any]:
+        if precision not in predictions:
+            predictions[precision] = (
+                measure_memory(DemoGPT(config), token_batch(1, config.seq_len, config.vocab_size), precision=precision),
+                estimate_memory(_shape(config), sequence_length=config.seq_len, precision=precision),
+            )
+        measured, analytic = predictions[precision]
+        peaks = real_peak(config, batch_size, precision, steps, device)
+        allocated, reserved = peaks if peaks is not None else (None, None)
+        row: dict[str, Any] = {"precision": precision, "batch_size": batch_size, "allocated_bytes": allocated,
+                               "reserved_bytes": reserved, "measured_bytes": measured.total_bytes(batch_size),
+                               "analytic_bytes": analytic.total_bytes(batch_size)}  # fmt: skip
+        for source in ("measured", "analytic"):
+            row[f"{source}_error_allocated"] = _error(row[f"{source}_bytes"], allocated)
+            row[f"{source}_error_reserved"] = _error(row[f"{source}_bytes"], reserved)
+        errors.append(row["measured_error_allocated"])
+        rows.add("peak", row, [
+            precision, batch_size, gib(allocated), gib(reserved), gib(row["measured_bytes"]),
+            pct(row["measured_error_allocated"]), pct(row["measured_error_reserved"]), gib(row["analytic_bytes"]),
+            pct(row["analytic_error_allocated"]), pct(row["analytic_error_reserved"])])  # fmt: skip
+        return row
+
+    slower = {"bf16-mixed": 1.0, "32-true": 8.0}  # fp32 steps, as the rehearsal prices them
+    rows.run_plan([
+        Row(f"{precision}, batch {b}", cost(steps + 1) * b / batch_sizes[0] * slower[precision],
+            partial(measure, precision, b), BASELINE if precision == "bf16-mixed" else EXTRA)
+        for precision in slower for b in batch_sizes
+    ])  # fmt: skip
     if not cuda:
         return f"{len(errors)} rows (no CUDA device: no real peak)"
     return f"measure_memory vs allocated: worst {max(errors, key=abs):+.1%} over {len(errors)} rows"

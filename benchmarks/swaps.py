@@ -25,15 +25,33 @@ import dataclasses
 import gc
 import statistics
 import time
+from functools import partial
 from pathlib import Path
 from typing import Any
 
 import lightning.pytorch as pl
 import torch
-from _results import QUIET_TRAINER, Rows, calibrate, device_name, header_lines, now, plan, run_header, write_results
+from _results import (
+    BASELINE,
+    EXTRA,
+    MARGIN,
+    QUIET_TRAINER,
+    SCENARIO,
+    Cost,
+    Row,
+    Rows,
+    Work,
+    device_name,
+    header_lines,
+    plan,
+    run_header,
+    transformer_work,
+    write_results,
+)
 from lightning.pytorch.callbacks import Callback
 
 import lightning_tune as lt
+from lightning_tune._imports import is_available
 from lightning_tune.demos import DemoGPT, GPTConfig, SyntheticTokenDataModule
 from lightning_tune.swaps.optimizer import optimizer_state_bytes
 
@@ -335,61 +353,77 @@ def _cells(label: str, result: dict[str, Any]) -> list[Any]:
 def _measured_rows(
     rows: Rows,
     labels: dict[str, str],
-    settings: dict[str, dict[str, Any]],
+    settings: dict[tuple[Any, str], dict[str, Any]],
+    roles: dict[str, str],
     *,
-    what: str,
     lo: int,
     hi: int,
     max_rounds: int,
-    seconds: float,
-    **kwargs: Any,
-) -> dict[str, dict[str, Any]]:
-    """Calibrate each setting (one 3-step run), pick steps and rounds for ``seconds``, then run interleaved rounds,
-    each run a row as it ends; returns the medians of the settings that ran (``{"oom": True}`` for those that did not
-    fit in memory)."""
-    begin = now()
+    works: dict[Any, Work],
+    kwargs: dict[Any, dict[str, Any]],
+) -> dict[tuple[Any, str], dict[str, Any]]:
+    """Calibrate the first setting of each group (one 3-step run; the others are priced at :data:`SLOWER` times
+    it), pick steps for the share, then plan rounds, each (group, setting) run a row as it ends: round 1's rows take
+    ``roles`` (the first group's; later groups' are extras), later rounds are extras. Returns the medians of the
+    settings that ran (``{"oom": True}`` for those that did not fit in memory)."""
+    groups = list(dict.fromkeys(group for group, _ in settings))
     costs = {}
-    summary: dict[str, dict[str, Any]] = {}
-    for name, setting in settings.items():
-        if not rows.fits(0.0, f"{what} {name}: calibration"):
-            break
-        cost, result = calibrate(rows, f"{what} {name}", lambda n, s=setting: run(s, **kwargs, steps=n, warmup=1))
-        if result.get("oom"):
-            summary[name] = {"oom": True}
-        else:
-            costs[name] = cost
-    if not costs:
-        return summary
-    steps, rounds = plan(seconds - (now() - begin), list(costs.values()), lo=lo, hi=hi,
-                         max_rounds=max_rounds)  # fmt: skip
+    for group in groups:
+        first = next(name for g, name in settings if g == group)
+        run_first = lambda n, g=group, s=settings[group, first]: run(s, **kwargs[g], steps=n, warmup=1)  # noqa: E731
+        costs[group] = rows.calibrate(f"{group} {first}", run_first, work=works[group])[0]
+    total = sum(costs[g].overhead * SLOWER for g, _ in settings), sum(costs[g].step * SLOWER for g, _ in settings)
+    steps, rounds = plan(rows.left() / MARGIN, [Cost(*total)], lo=lo, hi=hi, max_rounds=max_rounds)
     warmup = max(1, min(5, steps // 4))
-    rows.choose(**{f"{what} steps": steps, f"{what} warm-up steps": warmup, f"{what} rounds": rounds})
+    rows.choose(steps=steps, warmup_steps=warmup, rounds=rounds)
+    rows.text(f"Each run's first {warmup} of {steps} steps are warm-up, not timed (cuBLAS start-up, any compile).")
     rows.table("Setting", "ms/step", "peak allocated GiB", "peak reserved GiB", "loss", "kernel")
-    runs: dict[str, list[dict[str, Any]]] = {name: [] for name in costs}
-    for index in range(rounds):
-        order = list(costs) if index % 2 == 0 else list(reversed(costs))
-        for name in order:
-            if not rows.fits(costs[name](steps), f"{what}, round {index + 1}, {name}"):
-                break
-            result = run(settings[name], **kwargs, steps=steps, warmup=warmup)
-            runs[name].append(result)
-            rows.add("run", {"what": what, "round": index + 1, "setting": name, **result}, _cells(labels[name], result))
-        else:
-            continue
-        break
-    for name, results in runs.items():
+    runs: dict[tuple[Any, str], list[dict[str, Any]]] = {key: [] for key in settings}
+
+    def measure(key: tuple[Any, str], index: int) -> dict[str, Any]:
+        result = run(settings[key], **kwargs[key[0]], steps=steps, warmup=warmup)
+        runs[key].append(result)
+        rows.add("run", {"what": key[0], "round": index + 1, "setting": key[1], **result},
+                 _cells(f"{key[0]}: {labels[key[1]]}", result))  # fmt: skip
+        return result
+
+    planned = []
+    for index in range(max(rounds, 1 if max_rounds == 1 else 2)):
+        order = list(settings) if index % 2 == 0 else list(reversed(settings))
+        for key in order:
+            role = roles[key[1]] if index == 0 and key[0] == groups[0] else EXTRA
+            seconds = costs[key[0]](steps) * (1.0 if key[1] == next(iter(roles)) else SLOWER)
+            planned.append(Row(f"{key[0]}, round {index + 1}: {key[1]}", seconds, partial(measure, key, index), role))
+    rows.run_plan(planned)
+    summary: dict[tuple[Any, str], dict[str, Any]] = {}
+    for key, results in runs.items():
         ok = [r for r in results if not r.get("oom")]
         if ok:
-            summary[name] = {k: statistics.median(r[k] for r in ok) for k in ok[0] if k != "kernel"}
-            summary[name].update(kernel=ok[0]["kernel"], runs=len(ok), oom_runs=len(results) - len(ok))
+            summary[key] = {k: statistics.median(r[k] for r in ok) for k in ok[0] if k != "kernel"}
+            summary[key].update(kernel=ok[0]["kernel"], runs=len(ok), oom_runs=len(results) - len(ok))
         elif results:
-            summary[name] = {"oom": True}
+            summary[key] = {"oom": True}
     return summary
 
 
+#: a setting that was not calibrated is priced at this many times its group's calibrated one (AdamW8bit took 1.29x
+#: AdamW's step and PagedAdamW8bit 1.37x on the H200)
+SLOWER = 1.5
+ATTENTION_ROLES = {"sdpa_untouched": BASELINE, "eager": BASELINE, "swap_sdpa": SCENARIO, "swap_flash": SCENARIO}
+OPTIMIZER_ROLES = {"adamw": BASELINE, "adamw8bit": SCENARIO, "adamw_fused": EXTRA, "paged_adamw8bit": EXTRA}
+
+
+def _work(config: GPTConfig, batch: int) -> Work:
+    with torch.device("meta"):
+        params = sum(p.numel() for p in DemoGPT(config).parameters())
+    return transformer_work(params=params, layers=config.n_layers, width=config.d_model, seq=config.seq_len,
+                            vocab=config.vocab_size, samples=batch, micro=batch)  # fmt: skip
+
+
 def attention_part(rows: Rows, *, smoke: bool) -> str:
-    """The suite's attention part: at each sequence, each setting calibrated, then rounds for that sequence's half of
-    the share; every (sequence, setting) run is a row written as it ends, so a cut keeps what was measured."""
+    """The suite's attention part: the model as written (SDPA) calibrated at each sequence, then one plan: round 1 at
+    the first sequence (eager and SDPA first, then the swaps), the second sequence and later rounds after; every
+    (sequence, setting) run is a row written as it ends, so a cut keeps what was measured."""
     if smoke:
         sizes = {"seq_lens": [32, 64], "batch_tokens": 128, "d_model": 32, "n_layers": 1, "n_heads": 2}
         precision, accelerator = "32-true", "cpu"
@@ -397,77 +431,75 @@ def attention_part(rows: Rows, *, smoke: bool) -> str:
         sizes = {"seq_lens": [2048, 4096], "batch_tokens": 8192, "d_model": 1024, "n_layers": 8, "n_heads": 16}
         precision, accelerator = "bf16-mixed", "cuda"
     labels = {name: label for name, (label, _) in ATTENTION_ROWS.items()}
-    headline = []
-    seq_lens = sizes["seq_lens"]
-    for index, seq in enumerate(seq_lens):
+    hi = 4 if smoke else 40
+    settings, kwargs, works, notes = {}, {}, {}, {}
+    for seq in sizes["seq_lens"]:
         config = GPTConfig(seq_len=seq, d_model=sizes["d_model"], n_layers=sizes["n_layers"], n_heads=sizes["n_heads"])
         batch = max(1, sizes["batch_tokens"] // seq)
-        hi = 4 if smoke else 40
         data = SyntheticTokenDataModule(
             batch, seq_len=seq, vocab_size=config.vocab_size, train_sequences=batch * hi, val_sequences=1
         )
-        settings = {name: setting for name, (_, setting) in ATTENTION_ROWS.items()}
-        flash_note = _flash_check(config, accelerator, precision)
-        if flash_note is not None:
-            del settings["swap_flash"]
+        kwargs[seq] = {"config": config, "data": data, "precision": precision, "accelerator": accelerator}
+        works[seq] = _work(config, batch)
+        if rows.device is None:
+            notes[seq] = _flash_check(config, accelerator, precision)
+        else:  # a rehearsal cannot run the swap: the row is planned when flash-attn-4 is installed here
+            notes[seq] = None if is_available("flash_attn.cute") else "flash-attn-4 is not installed"
+        for name in ATTENTION_ROLES:  # the model as written first: it is calibrated
+            if name != "swap_flash" or notes[seq] is None:
+                settings[seq, name] = ATTENTION_ROWS[name][1]
         rows.text(f"Sequence {seq}, batch {batch}, {precision}, {config}.")
-        seconds = rows.left() / (len(seq_lens) - index)
-        summary = _measured_rows(
-            rows, labels, settings, what=f"sequence {seq}", lo=3, hi=hi, max_rounds=1 if smoke else 3,
-            seconds=seconds, config=config, data=data, precision=precision, accelerator=accelerator,
-        )  # fmt: skip
-        base = summary.get("sdpa_untouched", {})
-        rows.table("Attention", "median ms/step", "vs model as written", "peak reserved GiB", "rounds")
-        for name, row in summary.items():
+    summary = _measured_rows(rows, labels, settings, ATTENTION_ROLES, lo=3, hi=hi, max_rounds=1 if smoke else 3,
+                             works=works, kwargs=kwargs)  # fmt: skip
+    headline = []
+    rows.table("Attention", "median ms/step", "vs model as written", "peak reserved GiB", "rounds")
+    for seq in sizes["seq_lens"]:
+        base = summary.get((seq, "sdpa_untouched"), {})
+        for (at, name), row in summary.items():
+            if at != seq:
+                continue
             ok = not row.get("oom") and not base.get("oom") and base
-            rows.add("median", {"seq_len": seq, "batch": batch, "setting": name, **row}, [
-                labels[name], "out of memory" if row.get("oom") else f"{row['ms_per_step']:.1f}",
+            rows.add("median", {"seq_len": seq, "setting": name, **row}, [
+                f"{seq}: {labels[name]}", "out of memory" if row.get("oom") else f"{row['ms_per_step']:.1f}",
                 f"{row['ms_per_step'] / base['ms_per_step']:.2f}x" if ok else "-",
                 "" if row.get("oom") else f"{row['peak_reserved_gib']:.2f}", row.get("runs", 0)])  # fmt: skip
-        if flash_note is not None:
-            rows.add("flash_note", {"seq_len": seq, "flash_note": flash_note})
-            rows.text(f"flash-attn: not measured. {flash_note}.")
-        if "swap_sdpa" in summary and base and not base.get("oom") and not summary["swap_sdpa"].get("oom"):
-            headline.append(f"{seq}: swap_sdpa {summary['swap_sdpa']['ms_per_step'] / base['ms_per_step']:.2f}x")
+        if notes[seq] is not None:
+            rows.add("flash_note", {"seq_len": seq, "flash_note": notes[seq]})
+            rows.text(f"flash-attn at {seq}: not measured. {notes[seq]}.")
+        swapped = summary.get((seq, "swap_sdpa"), {})
+        if swapped and base and not base.get("oom") and not swapped.get("oom"):
+            headline.append(f"{seq}: swap_sdpa {swapped['ms_per_step'] / base['ms_per_step']:.2f}x")
     return "; ".join(headline) or "no sequence measured"
 
 
 def optimizers_part(rows: Rows, *, smoke: bool) -> str:
-    """The suite's optimizers part: each optimizer calibrated, then rounds for the share, each run a row."""
-    from lightning_tune import _imports
-
+    """The suite's optimizers part: AdamW calibrated, then rounds for the share (AdamW first, then AdamW8bit, then the
+    others), each run a row."""
     if smoke:
-        config, batch, precision, accelerator = (
-            GPTConfig(seq_len=16, d_model=64, n_layers=1, n_heads=2),
-            4,
-            "32-true",
-            "cpu",
-        )
+        config, batch = GPTConfig(seq_len=16, d_model=64, n_layers=1, n_heads=2), 4
+        precision, accelerator = "32-true", "cpu"
     else:
-        config, batch, precision, accelerator = (
-            GPTConfig(seq_len=512, d_model=1024, n_layers=12, n_heads=16),
-            16,
-            "bf16-mixed",
-            "cuda",
-        )
-    settings = {name: setting for name, (_, setting) in OPTIMIZER_ROWS.items()}
-    if not _imports.is_available("bitsandbytes"):
-        del settings["adamw8bit"], settings["paged_adamw8bit"]
+        config, batch = GPTConfig(seq_len=512, d_model=1024, n_layers=12, n_heads=16), 16
+        precision, accelerator = "bf16-mixed", "cuda"
+    names = list(OPTIMIZER_ROLES)
+    if not is_available("bitsandbytes"):
+        names = [n for n in names if "8bit" not in n]
         rows.text("bitsandbytes is not installed: the 8-bit rows were not measured.")
     hi = 4 if smoke else 80
     data = SyntheticTokenDataModule(
         batch, seq_len=config.seq_len, vocab_size=config.vocab_size, train_sequences=batch * hi, val_sequences=1
     )
-    params = sum(p.numel() for p in DemoGPT(config).parameters())
-    rows.text(f"{precision}, {params / 1e6:.1f} M parameters ({config}), batch {batch}.")
+    work = _work(config, batch)
+    rows.text(f"{precision}, {work.params / 1e6:.1f} M parameters ({config}), batch {batch}.")
     labels = {name: label for name, (label, _) in OPTIMIZER_ROWS.items()}
     summary = _measured_rows(
-        rows, labels, settings, what="optimizers", lo=3, hi=hi, max_rounds=1 if smoke else 3, seconds=rows.left(),
-        config=config, data=data, precision=precision, accelerator=accelerator,
+        rows, labels, {("optimizers", n): OPTIMIZER_ROWS[n][1] for n in names}, OPTIMIZER_ROLES, lo=3, hi=hi,
+        max_rounds=1 if smoke else 3, works={"optimizers": work},
+        kwargs={"optimizers": {"config": config, "data": data, "precision": precision, "accelerator": accelerator}},
     )  # fmt: skip
-    base = summary.get("adamw", {})
+    base = summary.get(("optimizers", "adamw"), {})
     rows.table("Optimizer", "state MiB", "vs AdamW", "median ms/step", "vs AdamW", "loss after the last step")
-    for name, row in summary.items():
+    for (_, name), row in summary.items():
         if row.get("oom") or not base or base.get("oom"):
             rows.add("median", {"setting": name, **row}, [labels[name], "out of memory" if row.get("oom") else "-"])
             continue
@@ -475,7 +507,7 @@ def optimizers_part(rows: Rows, *, smoke: bool) -> str:
             labels[name], f"{row['optimizer_state_mib']:.1f}",
             f"{row['optimizer_state_mib'] / base['optimizer_state_mib']:.3f}", f"{row['ms_per_step']:.1f}",
             f"{row['ms_per_step'] / base['ms_per_step']:.2f}x", f"{row['loss']:.4f}"])  # fmt: skip
-    eight = summary.get("adamw8bit")
+    eight = summary.get(("optimizers", "adamw8bit"))
     if eight and not eight.get("oom") and base and not base.get("oom"):
         return f"AdamW8bit state {eight['optimizer_state_mib'] / base['optimizer_state_mib']:.3f} of AdamW's"
     return f"{len(summary)} optimizers measured"

@@ -30,6 +30,7 @@ import argparse
 import gc
 import sys
 import tempfile
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -40,7 +41,21 @@ from torch.utils.data import DataLoader, Dataset, RandomSampler
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from _results import QUIET_TRAINER, Cost, Rows, calibrate, device_name, now, plan, run_header  # noqa: E402
+from _results import (  # noqa: E402
+    BASELINE,
+    EXTRA,
+    MARGIN,
+    QUIET_TRAINER,
+    SCENARIO,
+    Cost,
+    Row,
+    Rows,
+    device_name,
+    now,
+    plan,
+    run_header,
+    transformer_work,
+)
 
 import lightning_tune as lt  # noqa: E402
 
@@ -232,33 +247,41 @@ HEADER = (
 )
 
 
+ROLES = {"fixed": BASELINE, "dynamic": SCENARIO, "grouped": EXTRA}
+
+
 def compare(rows: Rows, args: argparse.Namespace, *, calibrate_first: bool = False, max_steps: int = 40) -> str:
-    """The three runs at the same effective batch, each a row as it ends. With ``calibrate_first``, two short runs of
-    sequences at ``--max-len`` (micro-batches of 1 and 2) size the user's micro-batch (the largest whose longest
-    padded batch fits in the target), the effective batch (``--accumulate`` of them) and the steps, for the time
-    left; on a GPU the memory per padded token is the device's own."""
+    """The three runs at the same effective batch, the user's fixed one first, each a row as it ends. With
+    ``calibrate_first``, two short runs of sequences at ``--max-len`` (micro-batches of 1 and 2) size the user's
+    micro-batch (the largest whose longest padded batch fits in the target), the effective batch (``--accumulate`` of
+    them) and the steps, for the time left; on a GPU the memory per padded token is the device's own."""
+    step_s, overhead = 0.0, 0.0
     if calibrate_first:
         longest = [args.max_len] * 4
-        costs = {}
-        peaks = {}
+        costs, peaks = {}, {}
+        params = _params(args)
         for micro in (1, 2):
             step_args = argparse.Namespace(**(vars(args) | {"batch_size": micro, "accumulate": 1, "warmup": 0}))
-            costs[micro], result = calibrate(
-                rows,
+            work = transformer_work(params=params, layers=args.layers, width=args.d_model, seq=args.max_len,
+                                    vocab=args.vocab_size, samples=micro, micro=micro)  # fmt: skip
+            costs[micro], result = rows.calibrate(
                 "fixed at --max-len",
                 lambda n, a=step_args: run(a, longest, "fixed", n),
                 steps=2,
+                work=work,
+                like=lambda peak, total: {"peak_reserved_over_target": peak / total / args.target},
                 micro_batch=micro,
             )
             peaks[micro] = (result["peak_reserved_over_target"] or 0.0) * args.target
-        if torch.cuda.is_available():
-            per_sample = max(peaks[2] - peaks[1], 1e-9)
+        if peaks[2] > peaks[1]:  # a real device's (or a rehearsal's priced) memory
+            per_sample = peaks[2] - peaks[1]
             args.batch_size = max(1, int((args.target - (peaks[1] - per_sample)) / per_sample))
         token_s = costs[2].step / (2 * args.max_len)
         effective = args.batch_size * args.accumulate
         step_s = token_s * effective * args.max_len / 2  # fixed micro-batches padded to about half the longest
-        steps, _ = plan(rows.left(), [Cost(costs[2].overhead, step_s)] * len(MODES), lo=args.warmup + 3, hi=max_steps)
-        args.steps = steps
+        overhead = costs[2].overhead
+        args.steps, _ = plan(rows.left() / MARGIN, [Cost(overhead, step_s)] * len(MODES), lo=args.warmup + 3,
+                             hi=max_steps)  # fmt: skip
     rows.choose(
         user_micro_batch=args.batch_size,
         accumulate=args.accumulate,
@@ -268,14 +291,17 @@ def compare(rows: Rows, args: argparse.Namespace, *, calibrate_first: bool = Fal
         lengths=f"lognormal median {args.median} max {args.max_len}",
         vocab=args.vocab_size,
     )
+    rows.text(f"Rates over the optimizer steps after the first {args.warmup} (warm-up, not timed).")
     lengths = lengths_for(args, args.steps * args.batch_size * args.accumulate)
     rows.table(*HEADER)
     results = {}
-    for mode in MODES:
-        if calibrate_first and not rows.fits(costs[2].overhead + args.steps * step_s, LABELS[mode]):
-            continue
+
+    def measure(mode: str) -> dict[str, Any]:
         results[mode] = run(args, lengths, mode, args.steps)
         rows.add("run", results[mode], _cells(results[mode]))
+        return results[mode]
+
+    rows.run_plan([Row(LABELS[m], overhead + args.steps * step_s, partial(measure, m), ROLES[m]) for m in MODES])
     if "fixed" not in results or "dynamic" not in results:
         return f"{len(results)} of 3 runs measured"
     ratio = results["dynamic"]["real_tokens_per_sec"] / results["fixed"]["real_tokens_per_sec"]
@@ -287,6 +313,12 @@ def compare(rows: Rows, args: argparse.Namespace, *, calibrate_first: bool = Fal
         f"DynamicBatchSize real tokens/s {ratio:.2f}x fixed{against}; padding {results['fixed']['padding_frac']:.0%} "
         f"fixed, {results['dynamic']['padding_frac']:.0%} dynamic"
     )
+
+
+def _params(args: argparse.Namespace) -> int:
+    """Parameters of the fine-tuned GPT-2 (built on the meta device: nothing allocated)."""
+    with torch.device("meta"):
+        return sum(p.numel() for p in FineTune(args, [], "fixed").parameters())
 
 
 def part(rows: Rows, *, smoke: bool) -> str:

@@ -30,6 +30,7 @@ def _load(path: Path, name: str) -> ModuleType:
     spec = importlib.util.spec_from_file_location(name, path)
     assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module  # dataclasses look their module up there
     spec.loader.exec_module(module)
     return module
 
@@ -85,7 +86,7 @@ def test_smoke_suite_calibrates_and_writes_every_part_row_by_row(tmp_path: Path)
         _check_header(record, name)
         assert record["smoke"] is True and "error" not in record and "suite.py" in record["command"]
         rows[name] = _jsonl(out / f"{name}.jsonl")
-        measured = [r["row"] for r in rows[name][1:] if r["row"] not in ("text", "table", "cut")]
+        measured = [r["row"] for r in rows[name][1:] if r["row"] not in ("text", "table", "cut", "plan")]
         assert rows[name][0]["row"] == "header" and measured == [r["row"] for r in record["rows"]]  # as measured
         report = (out / f"{name}.md").read_text()
         assert record["commit"][:12] in report and record["device"] in report and "Command: `" in report
@@ -97,7 +98,17 @@ def test_smoke_suite_calibrates_and_writes_every_part_row_by_row(tmp_path: Path)
     with tarfile.open(out / "suite-results.tar.gz") as tar:
         archived = {Path(n).name for n in tar.getnames()}
     assert archived == {p.name for p in out.iterdir()} - {"suite-results.tar.gz"}
-    assert "skipped" in (out / "gpu-tests.log").read_text()  # no GPU here: the gpu tests ran and skipped
+    # the GPU tests ran from the files that hold them, one line a test, and skipped here (no GPU)
+    log = (out / "gpu-tests.log").read_text()
+    assert log.count(" SKIPPED") >= 10 and "tests/test_flops.py::" in log and " error" not in log.lower()
+    assert rows["gpu-tests"][-1]["text"] == "Full output: `gpu-tests.log`."
+    # every part wrote its plan before its first planned row ran, and at this budget kept every planned row
+    for name in parts:
+        kinds = [r["row"] for r in rows[name]]
+        plan = json.loads((out / f"{name}.json").read_text())["plan"]
+        assert plan and all(entry["kept"] for entry in plan), name
+        before = ("header", "text", "table", "calibration", "skipped", "plan")
+        assert kinds.index("plan") < min(i for i, k in enumerate(kinds) if k not in before), name
 
     def kind(name: str, row: str) -> list[dict[str, Any]]:
         return [r for r in rows[name] if r["row"] == row]
@@ -140,45 +151,128 @@ def test_smoke_suite_calibrates_and_writes_every_part_row_by_row(tmp_path: Path)
     assert {r["kind"] for r in kind("pack", "median")} == {"plain", "hand_tuned", "lightning_tune"}
 
 
-def test_a_part_stopped_by_the_budget_keeps_its_rows(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """Each optimizer step of a calibration run takes one second on the suite's clock (nothing else takes any): the
-    planner's first run (a warm-up step and 3 steps) calibrates 1 s a step + 1 s of start-up, so with 13 s for the
-    part (18 s less 5 s kept for the archive) the second batch size (twice the first: 8 s) runs, and the third (16 s,
-    9 s left) is cut, with the reason; the rows measured before it are kept."""
+def _run_part(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, part: Any, budget: float) -> dict[str, Any]:
+    """Run ``part`` as the suite's only part with ``budget`` seconds, on a stand-in clock; its entry in suite.json."""
     suite = _suite()
     import _results
 
-    clock = [0.0]
-    hook = _results.StepTimes._hook
-
-    def one_second_a_step(self: Any, *args: Any) -> None:
-        clock[0] += 1.0
-        hook(self, *args)
-
-    monkeypatch.setattr(_results, "now", lambda: clock[0])
-    monkeypatch.setattr(_results.StepTimes, "_hook", one_second_a_step)
+    monkeypatch.setattr(_results, "_clock", _results.StandInClock())
+    monkeypatch.setattr(suite, "RUNNERS", {"monitor": part})
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")
     threads = torch.get_num_threads()
     try:
-        assert suite.main(["--smoke", "--out", str(tmp_path), "--only", "planner", "--budget-s", "18"]) == 0
+        suite.main(["--smoke", "--out", str(tmp_path), "--only", "monitor", "--budget-s", str(budget)])
     finally:
         torch.set_num_threads(threads)
-    entry = json.loads((tmp_path / "suite.json").read_text())["parts"]["planner"]
-    assert entry["status"] == "cut" and entry["rows"] == 3  # the calibration run's row and the next one
-    assert entry["cut"] == [
-        {"what": "bf16-mixed, batch 4", "reason": "needs about 16.0 s, 9.0 s of the part's share left"}
+    return json.loads((tmp_path / "suite.json").read_text())["parts"]["monitor"]
+
+
+def test_a_plan_that_cannot_fit_drops_extras_then_scenarios_never_a_baseline_and_says_so_first(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A 45 s budget leaves the only part 40 s: with a 15 % margin, 34.8 s of rows. The baseline (20 s) and the short
+    scenario (10 s) fit; the long scenario (20 s) and the extra are dropped before anything runs, and the baseline,
+    listed last, runs first."""
+    _suite()
+    from _results import BASELINE, EXTRA, SCENARIO, Row, now
+
+    ran: list[tuple[str, float]] = []
+
+    def part(rows: Any, *, smoke: bool) -> str:
+        def row(name: str, seconds: float) -> Row:
+            return Row(name, seconds, lambda: ran.append((name, now())) or rows.add("value", {"name": name}))
+
+        plan = [row("long scenario", 20.0), row("extra", 5.0), row("short scenario", 10.0), row("baseline", 20.0)]
+        for entry, role in zip(plan, (SCENARIO, EXTRA, SCENARIO, BASELINE), strict=True):
+            entry.role = role
+        rows.run_plan(plan)
+        return "planned"
+
+    entry = _run_part(tmp_path, monkeypatch, part, 45)
+    assert [name for name, _ in ran] == ["baseline", "short scenario"]
+    assert [c["what"] for c in entry["cut"]] == ["long scenario", "extra"]
+    assert all(c["reason"].startswith("dropped by the plan") for c in entry["cut"])
+    assert [(e["what"], e["role"], e["kept"]) for e in entry["plan"]] == [
+        ("baseline", "baseline", True),
+        ("long scenario", "scenario", False),
+        ("short scenario", "scenario", True),
+        ("extra", "extra", False),
     ]
-    kept = [r for r in _jsonl(tmp_path / "planner.jsonl") if r["row"] in ("calibration", "peak", "cut")]
-    assert [(r["row"], r.get("batch_size")) for r in kept] == [
-        ("calibration", None),
-        ("peak", 1),
-        ("peak", 2),
-        ("cut", None),
-    ]
-    assert kept[0]["step_s"] == 1.0 and kept[0]["overhead_s"] == 1.0
-    report = (tmp_path / "planner.md").read_text()
-    assert report.count("| bf16-mixed |") == 2 and "cut by the time budget: bf16-mixed, batch 4" in report
-    assert "| planner | cut |" in (tmp_path / "summary.md").read_text()
+    kinds = [r["row"] for r in _jsonl(tmp_path / "monitor.jsonl")]
+    assert kinds.index("plan") < kinds.index("cut") < kinds.index("value")  # said before anything ran
+    assert "cannot hold every row" in (tmp_path / "monitor.md").read_text()
+
+
+def test_an_overrunning_row_is_stopped_within_its_share_and_keeps_what_it_measured(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A row planned at 10 s takes optimizer steps of 1 s each on the stand-in clock and never ends by itself: the
+    watchdog stops it at its first step past the part's 40 s share plus the 5 s grace, and it is recorded as cut with
+    the steps it took and their time; the row after it is not started."""
+    _suite()
+    from _results import BASELINE, SCENARIO, Row, StandInClock
+
+    stopped_at: list[float] = []
+
+    def part(rows: Any, *, smoke: bool) -> str:
+        import _results
+
+        clock = _results._clock
+        assert isinstance(clock, StandInClock)
+        model = torch.nn.Linear(2, 1)
+        optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+
+        def forever() -> None:
+            try:
+                while True:
+                    clock.advance(1.0)
+                    optimizer.step()
+            finally:
+                stopped_at.append(clock())
+
+        rows.run_plan([Row("forever", 10.0, forever, BASELINE), Row("after", 5.0, lambda: None, SCENARIO)])
+        return "stopped"
+
+    entry = _run_part(tmp_path, monkeypatch, part, 45)
+    share = entry["share_s"]
+    assert share == 40 and share < stopped_at[0] <= share + 10
+    assert entry["status"] == "cut" and entry["ran"] == []
+    forever, after = entry["cut"]
+    assert forever["what"] == "forever" and "stopped by the watchdog" in forever["reason"]
+    assert forever["steps_done"] == stopped_at[0] and forever["step_s"] == 1.0
+    assert after["what"] == "after" and after["reason"].startswith("needs about 5.0 s")
+    assert "| monitor | cut |" in (tmp_path / "summary.md").read_text()
+
+
+@pytest.mark.slow
+def test_rehearsal_on_an_h100_keeps_every_goal_row_at_420_s_and_every_baseline_at_300_s(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The whole suite planned on the CPU at H100 prices (nothing trained): at 420 s every baseline and scenario row
+    of every part runs and the rehearsed run, imports included, ends within the budget; at 300 s every baseline still
+    runs. The scenario rows named by the parts' goals are in the plans."""
+    suite = _suite()
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")
+    for budget, kept_roles in ((420, ("baseline", "scenario")), (300, ("baseline",))):
+        out = tmp_path / str(budget)
+        assert suite.main(["--rehearse", "H100", "--budget-s", str(budget), "--out", str(out)]) == 0
+        status = json.loads((out / "suite.json").read_text())
+        assert status["import_s"] == 10.0 and status["wall_s"] <= budget
+        assert f"Wall time {status['wall_s']:.1f} s of the {budget} s budget" in (out / "summary.md").read_text()
+        for name, entry in status["parts"].items():
+            goal_rows = [e["what"] for e in entry["plan"] if e["role"] in kept_roles]
+            assert goal_rows and set(goal_rows) <= set(entry["ran"]), (budget, name, entry["cut"])
+        if budget == 420:
+            plans = {name: {e["what"]: e["role"] for e in entry["plan"]} for name, entry in status["parts"].items()}
+            assert plans["dynamic-batch"]["DynamicBatchSize, sequences doubling"] == "scenario"
+            assert plans["dynamic-batch"]["BatchSizeFinder's pick kept, sequences doubling"] == "scenario"
+            assert plans["dynamic-batch"]["fixed micro-batch 8"] == "baseline"
+            assert plans["varlen"]['DynamicBatchSize (token budget, `loss_weight="tokens"`)'] == "scenario"
+            assert plans["loss"]['swap_loss("chunked")'] == "scenario" and plans["loss"]["no swap (the model's logits)"]
+            assert status["parts"]["loss"]["sizes"]["vocab"] == 128_256
+            assert plans["pack"]["round 1: plain"] == "baseline" and plans["pack"]["round 1: lightning_tune"]
+            assert plans["optimizers"]["optimizers, round 1: adamw"] == "baseline"
+            assert plans["attention"]["2048, round 1: eager"] == "baseline"
 
 
 def test_a_failing_part_keeps_its_rows_and_the_others(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -278,7 +372,13 @@ def test_the_commit_is_the_projects_own_whatever_repository_holds_the_current_di
     (export / "benchmarks").mkdir(parents=True)
     shutil.copy(ROOT / "pyproject.toml", export / "pyproject.toml")
     shutil.copy(ROOT / "benchmarks" / "_results.py", export / "benchmarks" / "_results.py")
-    assert _load(export / "benchmarks" / "_results.py", "exported_results").git_commit() == "unknown"
+    exported = _load(export / "benchmarks" / "_results.py", "exported_results")
+    assert exported.git_commit() == "unknown"
+    # ... unless the commit is written beside the tree, or named in the environment (which wins)
+    (export / "COMMIT").write_text("5d2ad385f3b95c05a6425e5e8a86d522f2986536\n")
+    assert exported.git_commit() == "5d2ad385f3b95c05a6425e5e8a86d522f2986536"
+    monkeypatch.setenv("LIGHTNING_TUNE_COMMIT", "abc1234")
+    assert exported.git_commit() == "abc1234"
 
 
 def test_the_source_is_identified_by_its_files(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -358,3 +458,125 @@ def test_a_split_wheel_is_joined_only_when_whole(tmp_path: Path) -> None:
     pieces[1].write_bytes(b"not the piece")
     joined, missing = wheels.join({p.name: p for p in folder.iterdir()}, tmp_path)
     assert joined == [] and missing == ["big-1.0-py3-none-any.whl: the joined pieces do not match its sha256"]
+
+
+@pytest.mark.parametrize(
+    ("source", "message"),
+    [
+        pytest.param("import not_a_module_here\n", "pytest exited 2", id="import-error-at-collection"),
+        pytest.param("def test_on_the_cpu():\n    pass\n", "pytest exited 5", id="no-gpu-test-collected"),
+    ],
+)
+def test_gpu_tests_that_collect_nothing_or_fail_to_import_are_an_error(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, source: str, message: str
+) -> None:
+    suite = _suite()
+    test_file = tmp_path / "tests" / "test_marked.py"
+    test_file.parent.mkdir()
+    test_file.write_text(source)
+    monkeypatch.setattr(suite, "gpu_test_files", lambda: [str(test_file)])
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")
+    threads = torch.get_num_threads()
+    try:
+        assert suite.main(["--smoke", "--out", str(tmp_path / "out"), "--only", "gpu-tests"]) == 1
+    finally:
+        torch.set_num_threads(threads)
+    entry = json.loads((tmp_path / "out" / "suite.json").read_text())["parts"]["gpu-tests"]
+    assert entry["status"] == "error" and message in entry["error"]
+
+
+def test_the_gpu_tests_are_the_files_that_hold_them() -> None:
+    files = _suite().gpu_test_files()
+    assert "tests/test_flops.py" in files and "tests/test_plugin_gpu.py" in files
+    assert "tests/upstream/test_accelerate_memory.py" not in files
+    assert all("mark.gpu" in (ROOT / f).read_text() for f in files)
+
+
+#: a meta path finder in a fresh interpreter, as if the optional packages were not installed: ``None`` in
+#: ``sys.modules`` makes their import fail and ``find_spec`` say absent (peft requires accelerate: without accelerate
+#: there is no peft either)
+_WITHOUT_OPTIONAL = """
+import sys
+for name in ("accelerate", "peft", "liger_kernel", "flash_attn", "bitsandbytes"):
+    sys.modules[name] = None
+import pytest
+sys.exit(pytest.main(["-m", "gpu", "--collect-only", "-q", "-p", "no:cacheprovider"]))
+"""
+
+
+@pytest.mark.slow
+def test_gpu_tests_collect_without_the_optional_packages() -> None:
+    done = subprocess.run([sys.executable, "-c", _WITHOUT_OPTIONAL], cwd=ROOT, capture_output=True, text=True)
+    assert done.returncode == 0, done.stdout[-3000:]
+    assert "error" not in done.stdout.splitlines()[-1] and " collected" in done.stdout.splitlines()[-1]
+
+
+#: flash-attn-4 4.0.0b36's set as the package index serves it: each wheel's own Requires-Dist (trimmed of extras
+#: that decide nothing here)
+_FLASH_ATTN_4 = {
+    "flash-attn-4": ["nvidia-cutlass-dsl>=4.6.2", "torch", "einops", "typing_extensions", "apache-tvm-ffi<0.2,>=0.1.11",
+                     "torch-c-dlpack-ext", "quack-kernels>=0.5.3", 'nvidia-cutlass-dsl[cu13]>=4.6.2; extra == "cu13"',
+                     'pytest; extra == "dev"'],
+    "nvidia-cutlass-dsl": ["nvidia-cutlass-dsl-libs-base==4.8.1", "nvidia-cutlass-dsl-libs-cu12==4.8.1",
+                           'nvidia-cutlass-dsl-libs-cu13==4.8.1; extra == "cu13"',
+                           'nvidia-cutlass-dsl-libs-qnx-cu12==4.8.1; extra == "qnx"'],
+    "nvidia-cutlass-dsl-libs-base": ["typing-extensions>=4.10.0", "cuda-bindings>=12.8", "protobuf>=4.21.12",
+                                     'backports.strenum; python_version < "3.11"',
+                                     "nvidia-cutlass-dsl-libs-core==4.8.1",
+                                     'nvidia-cuda-nvdisasm<14,>=13.4.0rc1; extra == "sass"'],
+    "nvidia-cutlass-dsl-libs-core": ["typing-extensions>=4.10.0", "cuda-bindings>=12.8", "protobuf>=4.21.12"],
+    "quack-kernels": ["nvidia-cutlass-dsl>=4.7", "torch", "apache-tvm-ffi<0.2,>=0.1.6", "torch-c-dlpack-ext",
+                      "einops", 'nvidia-cutlass-dsl[cu13]>=4.7; extra == "cu13"', 'jax; extra == "jax"'],
+    "cuda-bindings": ["cuda-pathfinder>=1.4.2", 'cuda-toolkit==13.*; extra == "all"'],
+}  # fmt: skip
+
+
+def test_the_flash_attn_4_set_resolves_every_requirement(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Fetched for CUDA 13 and Python 3.12 (wheels made from the metadata above instead of downloaded): everything
+    flash-attn-4 needs that a CUDA PyTorch install lacks, the library holding the ``cutlass`` package included; not
+    the CUDA 12 or QNX libraries, nor what PyTorch brings."""
+    wheels = _load(ROOT / "benchmarks" / "_wheels.py", "wheels")
+
+    def download(requirement: str, dest: Path, python: str) -> Path:
+        from packaging.requirements import Requirement
+
+        name = wheels._normalise(Requirement(requirement).name)
+        wheel = dest / f"{name.replace('-', '_')}-1.0-py3-none-any.whl"
+        requires = "".join(f"Requires-Dist: {line}\n" for line in _FLASH_ATTN_4.get(name, []))
+        with zipfile.ZipFile(wheel, "w") as archive:
+            archive.writestr(f"{name}-1.0.dist-info/METADATA", f"Metadata-Version: 2.1\nName: {name}\n{requires}")
+        return wheel
+
+    monkeypatch.setattr(wheels, "_download", download)
+    fetched = wheels.resolve(["flash-attn-4>=4.0.0b0"], tmp_path, python="3.12", cuda="13")
+    assert sorted(w.name.split("-1.0-")[0].replace("_", "-") for w in fetched) == [
+        "apache-tvm-ffi",
+        "cuda-bindings",
+        "cuda-pathfinder",
+        "einops",
+        "flash-attn-4",
+        "nvidia-cutlass-dsl",
+        "nvidia-cutlass-dsl-libs-base",
+        "nvidia-cutlass-dsl-libs-core",
+        "nvidia-cutlass-dsl-libs-cu13",
+        "protobuf",
+        "quack-kernels",
+        "torch-c-dlpack-ext",
+    ]
+
+
+def test_install_says_installed_only_when_the_package_imports(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A flash-attn-4 whose ``flash_attn.cute`` is found but cannot import (its ``cutlass`` package missing, as when
+    ``nvidia-cutlass-dsl-libs-core`` was left out) is reported unusable, with the import's error."""
+    wheels = _load(ROOT / "benchmarks" / "_wheels.py", "wheels")
+    package = tmp_path / "site" / "flash_attn" / "cute"
+    package.mkdir(parents=True)
+    (package / "__init__.py").write_text("import cutlass.cute\n")
+    monkeypatch.setenv("PYTHONPATH", str(tmp_path / "site"))  # found here and in a fresh interpreter
+    monkeypatch.syspath_prepend(tmp_path / "site")
+    monkeypatch.delitem(wheels.ENABLES, "bitsandbytes")
+    wheels.install([tmp_path / "no-wheels-here"])
+    line = next(line for line in capsys.readouterr().out.splitlines() if line.startswith("flash-attn-4:"))
+    assert line.startswith("flash-attn-4: not usable (ModuleNotFoundError: No module named 'cutlass')")

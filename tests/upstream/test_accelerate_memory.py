@@ -14,10 +14,13 @@ from pathlib import Path
 
 import pytest
 import torch
-from accelerate.utils.memory import should_reduce_batch_size
 from lightning.pytorch.utilities.memory import is_oom_error
 
 from lightning_tune.batch import MicroBatchRunner, cut_step, is_allocation_failure
+
+should_reduce_batch_size = pytest.importorskip(
+    "accelerate.utils.memory", reason="the reference is accelerate's own (pip install accelerate)"
+).should_reduce_batch_size
 
 # What each device's allocator raises when it runs out (the wording of each source, sizes filled in).
 DEVICE_MESSAGES = [
