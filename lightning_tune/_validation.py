@@ -216,6 +216,16 @@ def check_finite_result(name: str, value: float, inputs: str) -> float:
     return value
 
 
+def changed_arguments(saved: Mapping[str, Any], now: Mapping[str, Any], *, ignore: Collection[str] = ()) -> list[str]:
+    """``["patience 5 -> 2", ...]``: the arguments a checkpoint recorded that this run gives other values.
+
+    A callback that records its arguments in its checkpoint warns with these on resume, in one wording: ``"<Name>:
+    resumed with other arguments than the checkpoint's, which are used from here on: " + ", ".join(changed)``.
+    Arguments the checkpoint does not record (it predates them), and those in ``ignore``, are left out.
+    """
+    return [f"{k} {saved[k]!r} -> {v!r}" for k, v in now.items() if k in saved and saved[k] != v and k not in ignore]
+
+
 def check_writable_dir(directory: str | os.PathLike[str], problem: str) -> None:
     """Create ``directory`` if needed and make sure a file can be written in it, else a ValueError: ``problem``, why."""
     try:

@@ -20,6 +20,8 @@ import os
 import re
 import secrets
 import statistics
+import struct
+import warnings
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -38,6 +40,7 @@ __all__ = [
     "MIN_DPI",
     "PANEL_TITLES",
     "ReportError",
+    "ReportWarning",
     "Runs",
     "Series",
     "check_output",
@@ -71,7 +74,13 @@ _VRAM = (keys.VRAM_USED_FRAC, keys.VRAM_ALLOCATED_GIB, keys.VRAM_RESERVED_GIB, k
 _PLOTTED = frozenset(  # the keys some panel draws (besides tune/lr/pg{i} and the losses)
     (keys.SAMPLES_PER_SEC, keys.TOKENS_PER_SEC, *_STEP_MS, keys.STEP_MS_MAX, *_VAL_MS, keys.MFU, keys.DATA_WAIT_FRAC)
     + (keys.GPU_UTIL_PCT, keys.LR, keys.BATCH_SIZE, keys.EFFECTIVE_BATCH_SIZE, *_VRAM)
-    + (keys.MICRO_BATCH_TOKENS, keys.PADDING_FRAC)
+    + (
+        keys.MICRO_BATCH_TOKENS,
+        keys.PADDING_FRAC,
+        keys.OOM_RECOVERIES,
+        keys.PLATEAU_REDUCTIONS,
+        keys.PREDICTED_VRAM_FRAC,
+    )
 )
 #: Below this share of the time spent waiting for data, and without MFU or GPU readings, the utilisation panel
 #: would be a flat line at 0 %: it is left out.
@@ -79,10 +88,16 @@ _MIN_DATA_WAIT = 0.01
 _PERCENTILE_STYLES = ("-", "--", "-.")  # p50, p95, p99
 _STYLES = ("-", "--", "-.", ":")  # the series of a panel, in turn
 _MAX_STYLE = ":"
+_OOM_MARKER, _PLATEAU_MARKER = "x", "v"  # events, marked on a line: an out-of-memory recovery, an LR reduction
+_MARKERS = (_OOM_MARKER, _PLATEAU_MARKER)
 
 
 class ReportError(ValueError):
     """The logs cannot be reported on (missing directory, no event files, nothing to plot) or the output is bad."""
+
+
+class ReportWarning(UserWarning):
+    """Some event files (or names of them) were left out of the report: not regular files, or not readable."""
 
 
 # --------------------------------------------------------------------------------------------------- reading
@@ -93,7 +108,11 @@ def read_scalars(logdir: str | os.PathLike[str]) -> Runs:
 
     Each directory under ``logdir`` (``logdir`` itself included) that holds ``events.out.tfevents.*`` files is one
     run, named by its path relative to ``logdir`` (``"version_0"``, ``"."`` for ``logdir`` itself). Symbolic links
-    to directories are followed, each directory read once.
+    to directories are followed, each directory read once. A run's files are read in name order (the order they were
+    written), each once, so the time grows with the number of files, not its square. A name that is not a regular
+    file (a named pipe, a device) is skipped, and so is the rest of a file from a record that cannot be read on (a
+    last record that runs past the end is one still being written, left out silently): one :class:`ReportWarning`
+    names them.
 
     Args:
         logdir: The log directory, e.g. ``lightning_logs``.
@@ -104,7 +123,7 @@ def read_scalars(logdir: str | os.PathLike[str]) -> Runs:
 
     Raises:
         TypeError: If ``logdir`` is not a path.
-        ReportError: If ``logdir`` is empty, missing or not a directory, holds no event files, an event file cannot be
+        ReportError: If ``logdir`` is empty, missing or not a directory, holds no event files, none of them can be
             read, or no run has a ``perf/`` or ``tune/`` scalar.
     """
     root = _as_path("logdir", logdir)
@@ -112,13 +131,19 @@ def read_scalars(logdir: str | os.PathLike[str]) -> Runs:
         raise ReportError(f"`logdir` {str(root)!r} does not exist; TensorBoard logs are usually under ./lightning_logs")
     if not root.is_dir():
         raise ReportError(f"`logdir` must be a directory of TensorBoard logs, got the file {str(root)!r}")
-    run_dirs = _find_run_dirs(root)
-    if not run_dirs:
+    run_files, skipped = _find_event_files(root)
+    runs: Runs = {}
+    for directory, files in run_files.items():
+        runs[directory.relative_to(root).as_posix()] = _read_run(files, root, skipped)
+    if skipped and not any(runs.values()):
+        raise ReportError(f"no scalars could be read under {str(root)!r}: {_listed(skipped)}")
+    if not runs:
         raise ReportError(
             f"no TensorBoard event files ({_EVENT_FILE_PREFIX}*) in {str(root)!r} or its subdirectories; "
             "TensorBoard logs are usually under ./lightning_logs"
         )
-    runs: Runs = {directory.relative_to(root).as_posix(): _read_run(directory) for directory in run_dirs}
+    if skipped:
+        warnings.warn(ReportWarning(f"left out of the report, under {str(root)!r}: {_listed(skipped)}"), stacklevel=2)
     names = sorted({key for scalars in runs.values() for key in scalars})
     if not any(key.startswith(keys.PREFIXES) for key in names):
         shown = ", ".join(names[:10]) + (f" and {len(names) - 10} more" if len(names) > 10 else "")
@@ -128,6 +153,11 @@ def read_scalars(logdir: str | os.PathLike[str]) -> Runs:
             "they are logged by the lightning_tune callbacks"
         )
     return runs
+
+
+def _listed(skipped: list[str], shown: int = 3) -> str:
+    more = f"; and {len(skipped) - shown:,} more" if len(skipped) > shown else ""
+    return "; ".join(skipped[:shown]) + more
 
 
 def _as_path(name: str, value: Any) -> Path:
@@ -143,34 +173,77 @@ def _natural_key(text: str) -> list[tuple[int, int | str]]:
     return [(0, int(part)) if part.isdigit() else (1, part) for part in re.split(r"(\d+)", text) if part]
 
 
-def _find_run_dirs(root: Path) -> list[Path]:
-    found, seen = [], set()
+def _find_event_files(root: Path) -> tuple[dict[Path, list[Path]], list[str]]:
+    """Each run directory's event files, in name order, and a line for each event name that is not a regular file."""
+    found: dict[Path, list[Path]] = {}
+    seen: set[str] = set()
+    skipped = []
     for dirpath, dirnames, filenames in os.walk(root, followlinks=True):  # a run may be a link to elsewhere
         real = os.path.realpath(dirpath)
         if real in seen:  # a link back up the tree: read each directory once
             dirnames.clear()
             continue
         seen.add(real)
-        dirnames.sort(key=_natural_key)
         directory = Path(dirpath)
-        if any(f.startswith(_EVENT_FILE_PREFIX) and (directory / f).is_file() for f in filenames):
-            found.append(directory)
-    return sorted(found, key=lambda d: _natural_key(d.relative_to(root).as_posix()))
+        for name in sorted(f for f in filenames if f.startswith(_EVENT_FILE_PREFIX)):
+            if (directory / name).is_file():  # a named pipe would block the read; a device would never end
+                found.setdefault(directory, []).append(directory / name)
+            else:
+                skipped.append(f"{_shown_path(directory / name, root)} (not a regular file)")
+    order = sorted(found, key=lambda d: _natural_key(d.relative_to(root).as_posix()))
+    return {directory: found[directory] for directory in order}, skipped
 
 
-def _read_run(directory: Path) -> dict[str, Series]:
-    from tensorboard.backend.event_processing.event_accumulator import SCALARS, EventAccumulator
+def _shown_path(path: Path, root: Path) -> str:
+    text = path.relative_to(root).as_posix()
+    return repr(text if len(text) <= 120 else f"{text[:50]}...{text[-50:]}")
 
-    accumulator = EventAccumulator(str(directory), size_guidance={SCALARS: 0})  # 0: keep every point
+
+def _read_run(files: list[Path], root: Path, skipped: list[str]) -> dict[str, Series]:
+    """The scalars of one run's event files; a file that cannot be read (from some byte on) joins ``skipped``."""
+    series: dict[str, Series] = {}
+    for file in files:
+        points, stopped = _read_event_file(file)
+        if stopped is not None:
+            skipped.append(f"{_shown_path(file, root)} ({stopped})")
+        for tag, step, value in points:
+            series.setdefault(tag, []).append((step, value))
+    return {tag: sorted(series[tag], key=lambda p: p[0]) for tag in sorted(series)}
+
+
+def _read_event_file(path: Path) -> tuple[list[tuple[str, int, float]], str | None]:
+    """The scalar points of one event file, and why it could not be read to the end (``None``: it could).
+
+    TFRecord framing: a little-endian uint64 length, its masked CRC-32C, the serialised ``Event``, the data's CRC.
+    The header's checksum is checked (it tells another kind of file at its first bytes); the data is checked by
+    parsing it. A last record that runs past the end is one being written, and ends the file as TensorBoard ends it.
+    """
+    from google.protobuf.message import DecodeError
+    from tensorboard.compat.proto.event_pb2 import Event
+    from tensorboard.compat.tensorflow_stub.pywrap_tensorflow import masked_crc32c
+
     try:
-        accumulator.Reload()
-        tags = sorted(accumulator.Tags()[SCALARS])
-        return {
-            tag: sorted(((int(e.step), float(e.value)) for e in accumulator.Scalars(tag)), key=lambda p: p[0])
-            for tag in tags
-        }
-    except Exception as err:  # corrupt or unreadable files: name the directory instead of a reader traceback
-        raise ReportError(f"could not read the TensorBoard event files in {str(directory)!r}: {err}") from err
+        data = path.read_bytes()
+    except OSError as err:
+        return [], f"cannot be read: {err.strerror or err}"
+    points: list[tuple[str, int, float]] = []
+    offset = 0
+    while offset + 12 <= len(data):
+        (length,), (crc,) = struct.unpack_from("<Q", data, offset), struct.unpack_from("<I", data, offset + 8)
+        if masked_crc32c(data[offset : offset + 8]) != crc:
+            what = "not a TensorBoard event file" if offset == 0 else f"a damaged record at byte {offset:,}"
+            return points, what
+        if offset + 16 + length > len(data):
+            break
+        try:
+            event = Event.FromString(data[offset + 12 : offset + 12 + length])
+        except DecodeError:
+            return points, f"a record at byte {offset:,} is not a TensorBoard event"
+        points += [
+            (v.tag, int(event.step), float(v.simple_value)) for v in event.summary.value if v.HasField("simple_value")
+        ]
+        offset += 16 + length
+    return points, None
 
 
 # --------------------------------------------------------------------------------------------------- summary
@@ -208,9 +281,12 @@ _COLUMNS: tuple[_Column, ...] = (
     _Column(_STEP_GROUP, "p95", _STEP_MS[1], statistics.median, _ms),
     _Column(_STEP_GROUP, "p99", _STEP_MS[2], statistics.median, _ms),
     _Column("VRAM frac", "peak", keys.VRAM_USED_FRAC, max, "{:.2f}".format),
+    _Column("VRAM frac", "predicted", keys.PREDICTED_VRAM_FRAC, _last, "{:.2f}".format),
     _Column("LR", "final", keys.LR, _last, "{:.2e}".format),
+    _Column("LR", "reductions", keys.PLATEAU_REDUCTIONS, _last, "{:.0f}".format),
     _Column("batch size", "last", keys.BATCH_SIZE, _last, "{:.0f}".format),
     _Column("batch size", "effective", keys.EFFECTIVE_BATCH_SIZE, _last, "{:.0f}".format),
+    _Column("batch size", "OOM recoveries", keys.OOM_RECOVERIES, _last, "{:.0f}".format),
     _Column("token budget", "last", keys.MICRO_BATCH_TOKENS, _last, "{:,.0f}".format),
     _Column("padding %", "median", keys.PADDING_FRAC, statistics.median, lambda v: f"{100 * v:.1f}"),
 )
@@ -220,8 +296,9 @@ def summarise(runs: Mapping[str, Mapping[str, Sequence[tuple[int, float]]]]) -> 
     """Summarise runs as a text table, one row per run and only the columns some run has data for.
 
     Columns: last and median samples/s and tokens/s, median over the run of the p50/p95/p99 step time (ms), peak
-    VRAM used fraction, final learning rate, last batch size and effective batch size, last token budget of a
-    micro-batch and median padding share (%), under two header lines
+    VRAM used fraction and the last predicted one (``DynamicBatchSize``'s), final learning rate and the plateau
+    reductions, last batch size and effective batch size and the out-of-memory errors recovered, last token budget of
+    a micro-batch and median padding share (%), under two header lines
     (a group such as ``samples/s`` over ``last`` and ``median``); ``-`` marks a run without that scalar.
 
     Args:
@@ -343,6 +420,22 @@ class _Canvas:
         """Draw ``key`` of every run (see :meth:`line`); whether some run had it to draw."""
         return any([self.line(ax, run, key, style=style, scale=scale, steps=steps) for run in self.runs])
 
+    def events(self, ax: Axes, count: str, on: Callable[[str], str], marker: str) -> int:
+        """Mark where the counter ``count`` rose, on the line of each run's ``on(run)`` key; the rises counted.
+
+        A counter logged every few steps rose at the first logged step after the event.
+        """
+        total = 0
+        for run, scalars in self.runs.items():
+            line, before = [(s, v) for s, v in scalars.get(on(run), ()) if math.isfinite(v)], 0.0
+            for step, value in [(s, v) for s, v in scalars.get(count, ()) if math.isfinite(v)]:
+                if value > before and line:
+                    held = [v for s, v in line if s <= step] or [line[0][1]]
+                    ax.plot([step], [held[-1]], marker, color=self.colours[run], markersize=11, markeredgewidth=2.2)
+                    total += int(value - before)
+                before = max(before, value)
+        return total
+
 
 def render_report(
     runs: Mapping[str, Mapping[str, Sequence[tuple[int, float]]]],
@@ -368,7 +461,7 @@ def render_report(
     Args:
         runs: Run name -> scalar key -> ``(step, value)`` points, as :func:`read_scalars` returns.
         output: Path of the PNG to write; must end in ``.png``.
-        title: Figure title; ``None`` gives ``"lightning_tune report"``.
+        title: Figure title, drawn as written (``$`` starts no mathtext); ``None`` gives ``"lightning_tune report"``.
         dpi: Resolution; the figure is 16 inches wide, so the default 100 gives 1600 pixels.
 
     Returns:
@@ -450,7 +543,7 @@ def _figure(canvas: _Canvas, panels: list[tuple[str, Callable[[Axes, _Canvas], N
         ax.xaxis.set_major_locator(MaxNLocator(integer=True))
         ax.xaxis.set_major_formatter(EngFormatter(sep=""))
         draw(ax, canvas)
-    head.text(0.5, 1 - 0.32 / header_in, title, fontsize=16, fontweight="bold", ha="center", va="center")
+    head.text(0.5, 1 - 0.32 / header_in, _plain(title), fontsize=16, fontweight="bold", ha="center", va="center")
     handles = [Line2D([], [], color=canvas.colours[run], linewidth=3) for run in drawn_runs]
     head.legend(
         handles,
@@ -475,7 +568,12 @@ def _is_plotted(key: str) -> bool:
 
 
 def _run_label(run: str) -> str:
-    return "(log directory itself)" if run == "." else run
+    return "(log directory itself)" if run == "." else _plain(run)
+
+
+def _plain(text: str) -> str:
+    """``text`` drawn as written: matplotlib reads text between two ``$`` as mathtext, and fails on bad TeX."""
+    return text.replace("$", r"\$")
 
 
 def _style_legend(ax: Axes, entries: Sequence[tuple[str, str]]) -> None:
@@ -486,7 +584,12 @@ def _style_legend(ax: Axes, entries: Sequence[tuple[str, str]]) -> None:
     from matplotlib.lines import Line2D
 
     grey: dict[str, Any] = {"color": _GUIDE_COLOUR, "linewidth": 1.6}
-    handles = [Line2D([], [], **(grey | {"linestyle": style})) for style, _ in entries]
+    handles = [
+        Line2D(
+            [], [], **(grey | ({"linestyle": "none", "marker": style} if style in _MARKERS else {"linestyle": style}))
+        )
+        for style, _ in entries
+    ]
     ax.legend(
         handles,
         [label for _, label in entries],
@@ -557,6 +660,8 @@ def _draw_lr(ax: Axes, canvas: _Canvas) -> None:
     else:
         ax.set_ylabel("learning rate")
         ax.ticklabel_format(axis="y", style="sci", scilimits=(-3, 4))
+    if reduced := canvas.events(ax, keys.PLATEAU_REDUCTIONS, lambda run: keys.LR, _PLATEAU_MARKER):
+        entries.append((_PLATEAU_MARKER, f"reduced on plateau ({reduced})"))
     if len(entries) > 1:
         _style_legend(ax, entries)
 
@@ -565,6 +670,7 @@ def _draw_loss(ax: Axes, canvas: _Canvas) -> None:
     entries = [(_STYLES[i % len(_STYLES)], key) for i, key in enumerate(canvas.loss_keys())]
     for style, key in entries:
         canvas.lines(ax, key, style=style)
+    entries = [(style, _plain(key)) for style, key in entries]
     ax.set_ylabel("loss")
     if len(entries) > 1:
         _style_legend(ax, entries)
@@ -590,6 +696,12 @@ def _draw_batch_size(ax: Axes, canvas: _Canvas) -> None:
         drawn = [canvas.line(ax, run, key, style=style, steps=True) for run in runs]  # every run, not the first
         if any(drawn):
             entries.append((style, label))
+
+    def drawn_size(run: str) -> str:  # the line an out-of-memory recovery is marked on
+        return keys.BATCH_SIZE if canvas.micro_batch_in_samples(run) else keys.EFFECTIVE_BATCH_SIZE
+
+    if recovered := canvas.events(ax, keys.OOM_RECOVERIES, drawn_size, _OOM_MARKER):
+        entries.append((_OOM_MARKER, f"out-of-memory recovery ({recovered})"))
     ax.set_ylabel("samples per batch")
     ax.yaxis.set_major_locator(MaxNLocator(integer=True, steps=[1, 2, 4, 8, 10]))  # batch-friendly ticks
     ax.set_ylim(bottom=0)
@@ -600,7 +712,7 @@ def _draw_batch_size(ax: Axes, canvas: _Canvas) -> None:
 def _draw_memory(ax: Axes, canvas: _Canvas) -> None:
     from matplotlib.lines import Line2D
 
-    if not canvas.has(keys.VRAM_USED_FRAC):  # no device total known: plot GiB
+    if not canvas.has(keys.VRAM_USED_FRAC, keys.PREDICTED_VRAM_FRAC):  # no fraction of the device known: plot GiB
         series = (
             (keys.VRAM_ALLOCATED_GIB, "-", "allocated"),
             (keys.VRAM_RESERVED_GIB, "--", "reserved"),
@@ -612,13 +724,19 @@ def _draw_memory(ax: Axes, canvas: _Canvas) -> None:
         if len(entries) > 1:
             _style_legend(ax, entries)
         return
-    canvas.lines(ax, keys.VRAM_USED_FRAC)
-    top = max([1.0, *canvas.values(keys.VRAM_USED_FRAC)])
+    fractions = (
+        (keys.VRAM_USED_FRAC, "-", "used (all processes)"),
+        (keys.PREDICTED_VRAM_FRAC, "--", "predicted peak of the chosen batch (of what PyTorch can get)"),
+    )
+    entries = [(style, label) for key, style, label in fractions if canvas.lines(ax, key, style=style)]
+    top = max([1.0, *canvas.values(keys.VRAM_USED_FRAC, keys.PREDICTED_VRAM_FRAC)])
     ax.axhline(1.0, color=_GUIDE_COLOUR, linestyle=":", linewidth=1.4)
     ax.set_ylim(0, top * 1.08)
-    ax.set_ylabel("device memory used (fraction)")
-    handles = [Line2D([], [], color=_GUIDE_COLOUR, linestyle=":", linewidth=1.4)]
-    labels = ["device total (1.0)"]
+    ax.set_ylabel("device memory (fraction)")
+    grey: dict[str, Any] = {"color": _GUIDE_COLOUR, "linewidth": 1.6}
+    handles = [Line2D([], [], **(grey | {"linestyle": style})) for style, _ in entries]
+    handles.append(Line2D([], [], color=_GUIDE_COLOUR, linestyle=":", linewidth=1.4))
+    labels = [label for _, label in entries] + ["device total (1.0)"]
     for run in canvas.runs:
         peaks = _finite(canvas.runs[run].get(keys.VRAM_PEAK_GIB, ()))
         if peaks:
@@ -675,7 +793,7 @@ _PANELS: tuple[tuple[str, Callable[[_Canvas], bool], Callable[[Axes, _Canvas], N
     ("Batch size", _samples_decided, _draw_batch_size),
     ("Token budget", lambda c: c.has(keys.MICRO_BATCH_TOKENS), _draw_token_budget),
     ("Padding", lambda c: c.has(keys.PADDING_FRAC), _draw_padding),
-    ("GPU memory", lambda c: c.has(*_VRAM), _draw_memory),
+    ("GPU memory", lambda c: c.has(*_VRAM, keys.PREDICTED_VRAM_FRAC), _draw_memory),
     ("Utilisation", _has_utilisation, _draw_utilisation),
     ("Validation latency", lambda c: c.has(*_VAL_MS), _draw_val_latency),
 )

@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import contextlib
 import csv
 import json
 import os
+import signal
 import subprocess
 import sys
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -155,3 +157,19 @@ def finish_ddp(out: Path, rank: int, payload: Any) -> None:
     if dist.is_initialized():
         dist.barrier()
         dist.destroy_process_group()
+
+
+@contextlib.contextmanager
+def alarm(seconds: int = 10) -> Iterator[None]:
+    """Fail the test, instead of hanging, when the block runs over ``seconds`` (main thread, POSIX)."""
+
+    def expire(*_: object) -> None:
+        raise AssertionError(f"over {seconds} s")  # not an OSError, which a command would report as a usage error
+
+    previous = signal.signal(signal.SIGALRM, expire)
+    signal.alarm(seconds)
+    try:
+        yield
+    finally:
+        signal.alarm(0)
+        signal.signal(signal.SIGALRM, previous)

@@ -544,11 +544,11 @@ BAD = [
         id="onecycle-no-max-lr",
     ),
     pytest.param(
-        {"learning_rate": {"schedule": "cosine_with_warmup", "total_steps": 100}},
+        {"learning_rate": {"schedule": "cosine_with_warmup", "warmup_steps": 10, "warmup_ratio": 0.1}},
         ValueError,
-        "give exactly one of `training.learning_rate.warmup_steps` and `training.learning_rate.warmup_ratio`, got "
-        "warmup_steps=None and warmup_ratio=None",
-        id="cosine-no-warmup",
+        "give at most one of `training.learning_rate.warmup_steps` and `training.learning_rate.warmup_ratio` "
+        "(neither: a warm-up of 2% of the run), got warmup_steps=10 and warmup_ratio=0.1",
+        id="cosine-two-warmups",
     ),
     pytest.param(
         {"learning_rate": {"schedule": "cosine_with_warmup", "warmup_steps": 2000, "total_steps": 1000}},
@@ -862,7 +862,7 @@ def test_the_guides_24gb_block_gets_every_problem_in_one_error(tmp_path: Path, m
     with pytest.raises(ValueError) as info:
         from_config(path)
     lines = str(info.value).splitlines()
-    assert lines[0] == "2 problems in the configuration:"
+    assert lines[0] == f"2 problems in configuration file {str(path)!r}:"  # a file's errors name it
     assert [line.split(" cannot be honoured: ")[0] for line in lines[1:]] == [
         "- `training.gradient_checkpointing.checkpoint_segments`",
         "- `training.optimizer`",
@@ -975,7 +975,11 @@ def test_file_errors(tmp_path: Path) -> None:
         from_config(tmp_path / "missing.yaml")
     broken = tmp_path / "broken.yaml"
     broken.write_text("training:\n  precision: [bf16\n")
-    with pytest.raises(ValueError, match="configuration file '.*broken.yaml' is not valid YAML"):
+    message = (
+        r"configuration file '.*broken.yaml' is not valid YAML at line 3, column 1: expected ',' or '\]', but got "
+        r"'<stream end>' \(while parsing a flow sequence from line 2, column 14\)$"
+    )
+    with pytest.raises(ValueError, match=message):
         from_config(broken)
     listed = tmp_path / "list.yaml"
     listed.write_text("- precision: bf16\n")

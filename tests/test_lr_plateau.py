@@ -9,6 +9,7 @@ from typing import Any
 
 import pytest
 import torch
+from lightning.pytorch import Callback
 from lightning.pytorch.loggers import Logger
 
 import lightning_tune as lt
@@ -189,3 +190,39 @@ def test_a_schedule_and_the_plateau_callback_log_each_lr_once_per_step(
         assert [step for step, _ in logged] == list(range(10)), key  # 9 steps, then where the run ended
         expected = [lrs[group] for lrs in rec.lrs] + [trainer.optimizers[0].param_groups[group]["lr"]]
         assert [value for _, value in logged] == pytest.approx(expected, rel=1e-12), key
+
+
+def test_a_resume_with_another_patience_warns_and_uses_it(tmp_path: Path) -> None:
+    values = [1.0] * 8  # no improvement after the first evaluation
+    first = make_trainer(
+        tmp_path, [lt.AdaptiveLROnPlateau(patience=5)], max_epochs=3, limit_train_batches=2, limit_val_batches=1
+    )
+    first.fit(Regressor(val_losses=values))
+    first.save_checkpoint(tmp_path / "epoch3.ckpt")
+    lrs_after: list[float] = []
+
+    class Probe(Callback):  # after the plateau callback: the LR each epoch ends with
+        def on_train_epoch_end(self, trainer, pl_module):  # type: ignore[no-untyped-def]
+            lrs_after.append(trainer.optimizers[0].param_groups[0]["lr"])
+
+    callbacks = [lt.AdaptiveLROnPlateau(patience=1), Probe()]
+    resumed = make_trainer(tmp_path, callbacks, max_epochs=8, limit_train_batches=2, limit_val_batches=1)
+    with pytest.warns(UserWarning) as record:
+        resumed.fit(Regressor(val_losses=values), ckpt_path=tmp_path / "epoch3.ckpt")
+    ours = [str(w.message) for w in record if "AdaptiveLROnPlateau" in str(w.message)]
+    assert ours == [
+        "AdaptiveLROnPlateau: resumed with other arguments than the checkpoint's, which are used from here on: "
+        "patience 5 -> 1 (2 evaluations without improvement so far)"
+    ]
+    # torch's ReduceLROnPlateau, its patience changed after the same three evaluations
+    opt = torch.optim.SGD([torch.zeros(1, requires_grad=True)], lr=0.05)
+    reference = torch.optim.lr_scheduler.ReduceLROnPlateau(opt, patience=5, factor=0.5, min_lr=1e-6)
+    for value in values[:3]:
+        reference.step(value)
+    reference.patience = 1
+    expected = []
+    for value in values[3:]:
+        reference.step(value)
+        expected.append(opt.param_groups[0]["lr"])
+    assert lrs_after == pytest.approx(expected, rel=1e-12)
+    assert expected[0] == 0.025  # the new patience acts at once: 3 bad evaluations > 1

@@ -1,6 +1,8 @@
 from __future__ import annotations
 
 import math
+import os
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -11,12 +13,14 @@ from lightning_tune.cli import main
 from lightning_tune.report import (
     PANEL_TITLES,
     ReportError,
+    ReportWarning,
     Runs,
     default_title,
     read_scalars,
     render_report,
     summarise,
 )
+from tests.helpers import alarm
 
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 STEPS = list(range(0, 100, 5))
@@ -538,3 +542,175 @@ def test_lr_panel_on_a_log_scale_leaves_a_warm_up_from_zero_out() -> None:
     drawn = [float(v) for v in line.get_ydata()]
     assert math.isnan(drawn[0]) and drawn[1:] == lrs[1:]  # nothing is drawn below the axis
     assert 1e-5 < ax.get_ylim()[0] <= 1e-4
+
+
+# ------------------------------------------------------------------------------------------------ hostile inputs
+
+
+def event_file(path: Path, points: list[tuple[str, int, float]]) -> None:
+    """An event file as TensorBoard frames it (length, its CRC, the Event, its CRC), written without a writer."""
+    import struct
+
+    from tensorboard.compat.proto.event_pb2 import Event
+    from tensorboard.compat.proto.summary_pb2 import Summary
+    from tensorboard.compat.tensorflow_stub.pywrap_tensorflow import masked_crc32c
+
+    records = [Event(wall_time=1.0, file_version="brain.Event:2")]
+    records += [Event(step=s, summary=Summary(value=[Summary.Value(tag=t, simple_value=v)])) for t, s, v in points]
+    out = bytearray()
+    for record in records:
+        data = record.SerializeToString()
+        header = struct.pack("<Q", len(data))
+        out += header + struct.pack("<I", masked_crc32c(header)) + data + struct.pack("<I", masked_crc32c(data))
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_bytes(bytes(out))
+
+
+def report_cli(argv: list[str], capsys: pytest.CaptureFixture[str]) -> tuple[int, str, str]:
+    """``lightning-tune report ...`` within 10 s: exit status, stdout, stderr (no message over 2 KB)."""
+    with alarm(10):
+        status = main(["report", *argv])
+    captured = capsys.readouterr()
+    assert len(captured.err.encode()) < 2048
+    return status, captured.out, captured.err
+
+
+@pytest.mark.skipif(not hasattr(os, "mkfifo"), reason="needs named pipes")
+def test_a_fifo_named_like_an_event_file_is_skipped_not_read(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    beside, alone = tmp_path / "beside", tmp_path / "alone"
+    for logdir in (beside, alone):
+        (logdir / "version_1").mkdir(parents=True)
+        os.mkfifo(logdir / "version_1" / "events.out.tfevents.1")  # reading it would wait for a writer forever
+    event_file(beside / "version_1" / "events.out.tfevents.0", [("tune/lr", 0, 0.5)])  # a run's file beside it
+    status, out, err = report_cli([str(beside), "-o", str(tmp_path / "r.png")], capsys)
+    assert status == 0 and out.endswith("(1 panels: Learning rate)\n")
+    assert err == (
+        f"lightning-tune report: warning: left out of the report, under {str(beside)!r}: "
+        "'version_1/events.out.tfevents.1' (not a regular file)\n"
+    )
+    status, out, err = report_cli([str(alone), "-o", str(tmp_path / "r.png")], capsys)
+    assert (status, out) == (2, "")
+    assert err == (
+        f"lightning-tune report: error: no scalars could be read under {str(alone)!r}: "
+        "'version_1/events.out.tfevents.1' (not a regular file)\n"
+    )
+
+
+def test_a_file_of_random_bytes_is_named_as_unreadable(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    (tmp_path / "version_0").mkdir()
+    (tmp_path / "version_0" / "events.out.tfevents.0").write_bytes(np.random.default_rng(0).bytes(4096))
+    status, out, err = report_cli([str(tmp_path), "-o", str(tmp_path / "r.png")], capsys)
+    assert (status, out) == (2, "")
+    assert err == (
+        f"lightning-tune report: error: no scalars could be read under {str(tmp_path)!r}: "
+        "'version_0/events.out.tfevents.0' (not a TensorBoard event file)\n"
+    )
+    good = tmp_path / "version_1" / "events.out.tfevents.0"
+    event_file(good, [("tune/lr", step, 0.5) for step in range(5)])
+    with (tmp_path / "version_1" / "events.out.tfevents.1").open("wb") as damaged:  # good records, then garbage
+        damaged.write(good.read_bytes() + b"\x00" * 7 + b"garbage" * 10)
+    with pytest.warns(ReportWarning) as record:
+        runs = read_scalars(tmp_path)
+    assert str(record[0].message) == (
+        f"left out of the report, under {str(tmp_path)!r}: 'version_0/events.out.tfevents.0' (not a TensorBoard "
+        f"event file); 'version_1/events.out.tfevents.1' (a damaged record at byte {good.stat().st_size:,})"
+    )
+    assert runs == {"version_0": {}, "version_1": {"tune/lr": [(s, 0.5) for s in range(5) for _ in (0, 1)]}}
+
+
+def test_a_record_still_being_written_ends_the_file_quietly(tmp_path: Path) -> None:
+    path = tmp_path / "events.out.tfevents.0"
+    event_file(path, [("tune/lr", step, 0.5) for step in range(3)])
+    path.write_bytes(path.read_bytes()[:-5])  # the last record cut short, as while a run writes it
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert read_scalars(tmp_path) == {".": {"tune/lr": [(0, 0.5), (1, 0.5)]}}
+
+
+@pytest.mark.parametrize("title", [r"$\frac{", r"cost $x$ and $\frac{$", "$$", "a $5 run"])
+def test_a_title_is_drawn_as_written(title: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    event_file(tmp_path / "run$1$" / "events.out.tfevents.0", [("tune/lr", 0, 0.1), ("val_loss$", 0, 1.0)])
+    status, out, err = report_cli([str(tmp_path), "-o", str(tmp_path / "r.png"), "--title", title], capsys)
+    assert (status, err) == (0, "")
+    assert_png(tmp_path / "r.png", min_width=1000)
+
+
+def test_ten_thousand_event_files_are_read_in_linear_time(tmp_path: Path) -> None:
+    """Each file once: 10,000 files took 191 s when each file read listed the directory again."""
+    event_file(tmp_path / "template", [("tune/lr", 0, 1.0)])
+    template = (tmp_path / "template").read_bytes()
+    run = tmp_path / "version_0"
+    run.mkdir()
+    for index in range(3000):
+        (run / f"events.out.tfevents.{index:05d}").write_bytes(template)
+    with alarm(10):
+        runs = read_scalars(tmp_path)
+    assert runs["version_0"]["tune/lr"] == [(0, 1.0)] * 3000
+
+
+# ------------------------------------------------------------------------------------------------ decisions
+
+
+def demo_decisions(step: int) -> dict[str, float]:
+    """A DynamicBatchSize run that ran out of memory at 32 (step 40) and went on at 16, with the plateau callback."""
+    return {
+        "tune/lr": 1e-3 if step < 60 else 5e-4,
+        "tune/plateau/reductions": 0.0 if step < 60 else 1.0,
+        "tune/batch_size": 32.0 if step < 40 else 16.0,
+        "tune/effective_batch_size": 64.0,
+        "tune/oom_recoveries": 0.0 if step < 40 else 1.0,
+        "tune/predicted_vram_frac": 0.93 if step < 40 else 0.62,
+        "perf/vram_used_frac": 0.7,
+    }
+
+
+def test_oom_recoveries_plateau_reductions_and_the_predicted_memory_are_shown(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import lightning_tune.report as report
+
+    figures: list[Any] = []
+    monkeypatch.setattr(report, "_write_png_atomically", lambda fig, path: figures.append(fig))
+    runs = {"version_0": in_memory(demo_decisions)}
+    assert render_report(runs, tmp_path / "r.png") == ["Learning rate", "Batch size", "GPU memory"]
+    lr, batch, memory = (ax for ax in figures[0].subfigs[1].axes if ax.get_title(loc="left"))
+
+    def legend(ax: Any) -> list[str]:
+        return [text.get_text() for text in ax.get_legend().get_texts()]
+
+    def marks(ax: Any) -> list[tuple[float, float]]:
+        return [(line.get_xdata()[0], line.get_ydata()[0]) for line in ax.get_lines() if line.get_marker() in "xv"]
+
+    assert "out-of-memory recovery (1)" in legend(batch) and marks(batch) == [(40, 16.0)]  # the 32 -> 16 step
+    assert "reduced on plateau (1)" in legend(lr) and marks(lr) == [(60, 5e-4)]
+    assert legend(memory)[:2] == [
+        "used (all processes)",
+        "predicted peak of the chosen batch (of what PyTorch can get)",
+    ]
+    table = summarise(runs).splitlines()
+    assert table[1].split() == [
+        "run",
+        "peak",
+        "predicted",
+        "final",
+        "reductions",
+        "last",
+        "effective",
+        "OOM",
+        "recoveries",
+    ]
+    assert table[2].split() == ["version_0", "0.70", "0.62", "5.00e-04", "1", "16", "64", "1"]
+
+
+def test_a_run_without_decisions_draws_no_markers(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import lightning_tune.report as report
+
+    figures: list[Any] = []
+    monkeypatch.setattr(report, "_write_png_atomically", lambda fig, path: figures.append(fig))
+    runs = {"version_0": in_memory(full_metrics)}
+    render_report(runs, tmp_path / "r.png")
+    for ax in figures[0].subfigs[1].axes:
+        assert not [line for line in ax.get_lines() if line.get_marker() in ("x", "v")], ax.get_title(loc="left")
+    assert "OOM" not in summarise(runs) and "predicted" not in summarise(runs)

@@ -16,7 +16,7 @@ from torch.optim import Optimizer
 from typing_extensions import override
 
 from lightning_tune import keys
-from lightning_tune._validation import check_bool, check_float
+from lightning_tune._validation import changed_arguments, check_bool, check_float
 from lightning_tune.callbacks._logging import LRLogger, log
 from lightning_tune.callbacks.lr_schedule import base_lrs, schedule_lrs
 from lightning_tune.lr.plateau import PlateauDetector, PlateauMode, ThresholdMode
@@ -37,7 +37,8 @@ class AdaptiveLROnPlateau(LRLogger):
     The metric is read after each validation run, or at the end of each training epoch when validation runs once per
     epoch (like ``EarlyStopping``; override with ``check_on_train_epoch_end``). Under DDP every rank uses rank 0's
     value, so all ranks take the same decision. A metric that never appears gets one warning naming the metrics that
-    do exist.
+    do exist. A run resumed with other arguments (another ``patience``, ``factor``, ...) than its checkpoint's uses
+    them from the restored counters on, with one warning naming each change.
 
     Args:
         monitor: Name of the logged metric to watch.
@@ -192,11 +193,25 @@ class AdaptiveLROnPlateau(LRLogger):
         if reduced:
             self.reductions += 1
 
+    def arguments(self) -> dict[str, Any]:
+        """The arguments a checkpoint records, so that a run resumed with other values can say which it uses."""
+        detector = self.detector
+        names = ("patience", "threshold", "threshold_mode", "cooldown")
+        given = {name: getattr(detector, name) for name in names}
+        return {"factor": self.factor, **given, "min_lr": self.min_lr, "eps": self.eps}
+
     @override
     def state_dict(self) -> dict[str, Any]:
-        return {"detector": self.detector.state_dict(), "reductions": self.reductions}
+        return {"detector": self.detector.state_dict(), "reductions": self.reductions, "arguments": self.arguments()}
 
     @override
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         self.detector.load_state_dict(state_dict["detector"])
         self.reductions = int(state_dict["reductions"])
+        if changed := changed_arguments(state_dict.get("arguments", {}), self.arguments()):
+            bad = self.detector.num_bad_evals
+            rank_zero_warn(
+                "AdaptiveLROnPlateau: resumed with other arguments than the checkpoint's, which are used from here on: "
+                f"{', '.join(changed)} ({bad} evaluation{'s' if bad != 1 else ''} without improvement so far)",
+                category=UserWarning,
+            )

@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import argparse
+import sys
+import warnings
 from typing import Any
 
 from lightning_tune import report
-from lightning_tune.commands.args import int_at_least, path, text, usage_error
+from lightning_tune.commands.args import PROG, int_at_least, path, text, usage_error
 
 __all__ = ["add_parser"]
 
@@ -46,7 +48,14 @@ def add_parser(commands: Any) -> None:
 def _run(args: argparse.Namespace) -> int:
     try:
         output = report.check_output(args.output)  # refuse a bad output before reading any log
-        runs = report.read_scalars(args.logdir)
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always", report.ReportWarning)
+            runs = report.read_scalars(args.logdir)
+        for warning in caught:  # files left out: one line each, the report goes on
+            if issubclass(warning.category, report.ReportWarning):
+                print(f"{PROG} report: warning: {warning.message}", file=sys.stderr)
+            else:
+                warnings.warn_explicit(warning.message, warning.category, warning.filename, warning.lineno)
         title = args.title or report.default_title(args.logdir)
         panels = report.render_report(runs, output, title=title, dpi=args.dpi)
     except report.ReportError as err:

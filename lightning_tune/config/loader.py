@@ -11,6 +11,7 @@ import difflib
 import inspect
 import os
 import re
+import reprlib
 import warnings
 from collections import defaultdict
 from collections.abc import Callable, Collection, Iterator, Mapping
@@ -178,6 +179,34 @@ REFUSED: Final[dict[str, str]] = {
         for key in ("tensor_split", "auto_balance", "balance_metric")
     },
 }
+#: The largest value of each number key: far above any real run, so that a slip (``1e32``, digits run together) is
+#: refused here and not in the DataLoader or hours into training. The callbacks check the lower ends.
+LIMITS: Final[dict[str, int | float]] = {
+    **dict.fromkeys(  # samples of a batch, tokens of a sequence
+        ("batch_size", "micro_batch_size", "sequence_length")
+        + tuple(f"dynamic_batch_size.{k}" for k in ("min_batch_size", "max_batch_size", "multiple_of")),
+        2**24,
+    ),
+    **dict.fromkeys(  # optimizer steps, evaluations
+        ("gradient_accumulation_steps", "dynamic_batch_size.adjustment_interval", "checkpoint.save_interval")
+        + ("learning_rate.warmup_steps", "learning_rate.total_steps", "mixed_precision.loss_scale_window")
+        + ("mixed_precision.hysteresis", "learning_rate.adaptive.patience", "learning_rate.adaptive.cooldown"),
+        10**9,
+    ),
+    **dict.fromkeys(  # processes and devices
+        ("dataloader.num_workers", "dataloader.prefetch_factor", "multi_gpu.devices")
+        + ("model_parallel.tensor_parallel_size", "model_parallel.pipeline_parallel_size"),
+        1024,
+    ),
+    **dict.fromkeys(  # learning rates
+        ("learning_rate.initial", "learning_rate.max_lr", "learning_rate.min_lr", "learning_rate.adaptive.min_lr"),
+        100.0,
+    ),
+    "learning_rate.div_factor": 1e9,
+    "learning_rate.final_div_factor": 1e9,
+    "learning_rate.adaptive.threshold": 1.0,  # relative: 0.01 is 1 %
+    "mixed_precision.loss_scale": 2.0**32,
+}
 _SECTIONS: Final = frozenset(path.rsplit(".", 1)[0] for path in [*KEYS, *REFUSED] if "." in path)
 _MODEL_PARALLEL = (
     "tensor and pipeline parallelism need a model written for them (Lightning's ModelParallelStrategy); "
@@ -185,8 +214,58 @@ _MODEL_PARALLEL = (
 )
 
 
+#: An error message holds at most this many characters: a problem in full, then as many more as fit.
+MAX_MESSAGE: Final = 1500
+_MAX_PROBLEM: Final = 500  # characters of one problem
+_MAX_NAMED: Final = 5  # unknown keys named in one problem
+_REPR = reprlib.Repr()
+_REPR.maxstring, _REPR.maxother, _REPR.maxlevel = 160, 80, 3
+
+
+def _shown(value: Any) -> str:
+    """``repr(value)``, shortened: a value in a message is a few dozen characters, however large it is."""
+    return _REPR.repr(value)
+
+
+def _capped(message: str, limit: int = _MAX_PROBLEM) -> str:
+    return message if len(message) <= limit else f"{message[: limit - 40]}... ({len(message):,} characters, cut)"
+
+
+def _raise(problems: list[Exception], source: str | None) -> None:
+    """Raise the problems found as one error of at most :data:`MAX_MESSAGE` characters, naming the file if any."""
+    if len(problems) == 1:
+        message = _capped(f"{source}: {problems[0]}" if source else str(problems[0]))
+        if message == str(problems[0]):
+            raise problems[0]
+        raise (TypeError if isinstance(problems[0], TypeError) else ValueError)(message) from None
+    lines = [f"{len(problems):,} problems in {source or 'the configuration'}:"]
+    for index, problem in enumerate(problems):
+        line = f"- {_capped(str(problem))}"
+        if sum(map(len, lines)) + len(line) > MAX_MESSAGE - 40:
+            lines.append(f"- and {len(problems) - index:,} more")
+            break
+        lines.append(line)
+    raise (TypeError if all(isinstance(p, TypeError) for p in problems) else ValueError)("\n".join(lines))
+
+
+def _line(mark: Any) -> str:
+    return "an unknown line" if mark is None else f"line {mark.line + 1}, column {mark.column + 1}"
+
+
+def _within(path: str, value: Any, limit: float | None) -> None:
+    """Refuse a number (or a list's number) above the key's limit."""
+    for number in value if isinstance(value, (list, tuple)) else (value,):
+        if limit is not None and isinstance(number, (int, float)) and not isinstance(number, bool) and number > limit:
+            shown = f"{limit:,}" if isinstance(limit, int) else f"{limit:g}"
+            raise ValueError(f"`{path}` must be at most {shown}, got {_shown(number)}")
+
+
 def load_config(path_or_dict: str | os.PathLike[str] | Mapping[str, Any]) -> dict[str, Any]:
     """Read a configuration: a YAML file, or a mapping as it is.
+
+    The file is read with PyYAML's safe loader, within limits no hand-written configuration nears: aliases may repeat
+    1,000 values in all (a YAML "alias bomb" of 400 bytes would expand to a billion), values may nest 32 deep, a key
+    may appear once in a mapping, and ``1:30`` is text (YAML 1.1 would read 90, in base 60).
 
     Args:
         path_or_dict: Path of a YAML file, or a mapping.
@@ -197,36 +276,46 @@ def load_config(path_or_dict: str | os.PathLike[str] | Mapping[str, Any]) -> dic
     Raises:
         TypeError: If ``path_or_dict`` is neither a path nor a mapping, or the file does not hold a mapping.
         FileNotFoundError: If the file does not exist.
-        ValueError: If the path is empty or a directory, or the file is not UTF-8 text or not valid YAML.
+        ValueError: If the path is empty, a directory or not a regular file, or the file is not UTF-8 text, not valid
+            YAML or passes a limit above (the message names the file, the line and the key).
     """
     source = path_or_dict
     if isinstance(source, Mapping):
         return dict(source)
     if not isinstance(source, (str, os.PathLike)):
         raise TypeError(
-            f"`path_or_dict` must be a path to a YAML file or a mapping, got {source!r} ({type(source).__name__})"
+            f"`path_or_dict` must be a path to a YAML file or a mapping, got {_shown(source)} ({type(source).__name__})"
         )
     import yaml
+
+    from lightning_tune.config._yaml import LimitError, read_yaml
 
     if not os.fspath(source).strip():  # Path("") would be the current directory
         raise ValueError(f"`path_or_dict` must be the path of a YAML file, got the empty path {os.fspath(source)!r}")
     path = Path(source)
+    name = f"configuration file {_shown(str(path))}"
     if path.is_dir():
-        raise ValueError(f"configuration file {str(path)!r} is a directory; give the path of a YAML file")
+        raise ValueError(f"{name} is a directory; give the path of a YAML file")
+    if path.exists() and not path.is_file():  # a FIFO or a device would block the read, or never end
+        raise ValueError(f"{name} is not a regular file; give the path of a YAML file")
     try:
         text = path.read_text(encoding="utf-8")
     except FileNotFoundError:
-        raise FileNotFoundError(f"`path_or_dict`: configuration file {str(path)!r} does not exist") from None
+        raise FileNotFoundError(f"`path_or_dict`: {name} does not exist") from None
     except UnicodeDecodeError as err:
-        raise ValueError(
-            f"configuration file {str(path)!r} is not a YAML text file (byte {err.start} is not UTF-8 text)"
-        ) from None
+        raise ValueError(f"{name} is not a YAML text file (byte {err.start} is not UTF-8 text)") from None
     try:
-        data = yaml.safe_load(text)
-    except yaml.YAMLError as err:
-        raise ValueError(f"configuration file {str(path)!r} is not valid YAML: {err}") from err
+        data = read_yaml(text)
+    except yaml.MarkedYAMLError as err:
+        at = _line(err.problem_mark or err.context_mark)
+        if isinstance(err, LimitError):
+            raise ValueError(_capped(f"{name}, {at}: {err.problem}")) from None
+        context = f" ({err.context} from {_line(err.context_mark)})" if err.context and err.context_mark else ""
+        raise ValueError(_capped(f"{name} is not valid YAML at {at}: {err.problem or err.context}{context}")) from None
+    except (yaml.YAMLError, ValueError) as err:  # ValueError: an integer of over 4,300 digits (Python's limit)
+        raise ValueError(_capped(f"{name} cannot be read: {' '.join(str(err).split())}")) from None
     if not isinstance(data, Mapping):
-        raise TypeError(f"configuration file {str(path)!r} must hold a mapping (`training:` ...), got {data!r}")
+        raise TypeError(f"{name} must hold a mapping (`training:` ...), got {_shown(data)}")
     return dict(data)
 
 
@@ -247,8 +336,9 @@ def from_config(path_or_dict: str | os.PathLike[str] | Mapping[str, Any]) -> Tra
 
     Raises:
         TypeError: If a value has the wrong type (the message names its dotted key), or every problem found is one.
-        ValueError: If a key is unknown or cannot be honoured, or a value is not allowed; with several problems, one
-            error lists them all.
+        ValueError: If a key is unknown or cannot be honoured, a value is not allowed or above its limit
+            (:data:`LIMITS`), or the file cannot be read (:func:`load_config`); with several problems, one error lists
+            them all, in at most :data:`MAX_MESSAGE` characters. A file's errors name the file.
 
     Example:
         >>> config = from_config({"training": {"precision": "bf16", "micro_batch_size": 8,
@@ -259,17 +349,18 @@ def from_config(path_or_dict: str | os.PathLike[str] | Mapping[str, Any]) -> Tra
         ['accumulate_grad_batches', 'plugins']
     """
     data = load_config(path_or_dict)
+    source = None if isinstance(path_or_dict, Mapping) else f"configuration file {_shown(os.fspath(path_or_dict))}"
     problems: list[Exception] = []
     if ROOT in data:
         training = data[ROOT] if data[ROOT] is not None else {}
         if not isinstance(training, Mapping):
-            raise TypeError(f"`{ROOT}` must be a mapping of keys to values, got {training!r}")
+            _raise([TypeError(f"`{ROOT}` must be a mapping of keys to values, got {_shown(training)}")], source)
         beside = {k: v for k, v in data.items() if k != ROOT}
         if "multi_gpu" in beside and "multi_gpu" in training:  # the guides put it beside `training:` as often as in it
             problems.append(ValueError("`multi_gpu` is given both beside and inside `training`; keep one"))
-        for key in set(beside) - {"multi_gpu"}:
-            message = f"`{key}` cannot be honoured: {REFUSED[key]}" if key in REFUSED else None
-            problems.append(ValueError(message or _unknown(str(key), (ROOT, "multi_gpu"))))
+        problems += [ValueError(f"`{key}` cannot be honoured: {REFUSED[key]}") for key in beside if key in REFUSED]
+        if unknown := [str(key) for key in beside if key not in REFUSED and key != "multi_gpu"]:
+            problems.append(ValueError(_unknown(unknown, (ROOT, "multi_gpu"))))
         training = {**training, **({"multi_gpu": beside["multi_gpu"]} if "multi_gpu" in beside else {})}
     else:
         training = data
@@ -282,16 +373,15 @@ def from_config(path_or_dict: str | os.PathLike[str] | Mapping[str, Any]) -> Tra
         part, arg, convert = KEYS[key]
         path = paths[part][arg] = f"{ROOT}.{key}"
         try:
-            given[part][arg] = convert(path, value) if convert is not None else value
+            value = convert(path, value) if convert is not None else value
+            _within(path, value, LIMITS.get(key))
+            given[part][arg] = value
         except (TypeError, ValueError) as err:
             problems.append(err)
             failed.add((part, arg))
     config = _assemble(_Rules(given, paths, failed, problems), source=data)
-    if len(problems) == 1:
-        raise problems[0]
     if problems:
-        kind = TypeError if all(isinstance(p, TypeError) for p in problems) else ValueError
-        raise kind(f"{len(problems)} problems in the configuration:\n" + "\n".join(f"- {p}" for p in problems))
+        _raise(problems, source)
     assert config is not None
     if lacking := _lacking(config, paths):
         warnings.warn(
@@ -305,32 +395,38 @@ def from_config(path_or_dict: str | os.PathLike[str] | Mapping[str, Any]) -> Tra
 
 def _walk(mapping: Mapping[Any, Any], prefix: str, problems: list[Exception]) -> Iterator[tuple[str, Any]]:
     """The keys of :data:`KEYS` under ``mapping`` with their values; unknown and refused keys go to ``problems``."""
+    unknown = []
     for key, value in mapping.items():
         path = f"{prefix}{key}"
         if not isinstance(key, str):
-            problems.append(
-                TypeError(f"keys of `{ROOT}{'.' + prefix[:-1] if prefix else ''}` must be strings, got {key!r}")
-            )
+            where = f"{ROOT}{'.' + prefix[:-1] if prefix else ''}"
+            problems.append(TypeError(f"keys of `{where}` must be strings, got {_shown(key)}"))
         elif path in REFUSED:
             problems.append(_refused(f"{ROOT}.{path}", REFUSED[path]))
         elif path in _SECTIONS and (isinstance(value, Mapping) or path not in KEYS):
             if isinstance(value, Mapping):
                 yield from _walk(value, f"{path}.", problems)
             else:
-                what = f"a mapping of keys to values, got {value!r} ({type(value).__name__})"
+                what = f"a mapping of keys to values, got {_shown(value)} ({type(value).__name__})"
                 problems.append(TypeError(f"`{ROOT}.{path}` must be {what}"))
         elif path in KEYS:
             yield path, value
         else:
-            here = {p[len(prefix) :].split(".")[0] for p in KEYS if p.startswith(prefix)}
-            problems.append(ValueError(_unknown(f"{ROOT}.{path}", here)))
+            unknown.append(f"{ROOT}.{path}")
+    if unknown:  # one problem for the mapping, however many keys
+        problems.append(
+            ValueError(_unknown(unknown, {p[len(prefix) :].split(".")[0] for p in KEYS if p.startswith(prefix)}))
+        )
 
 
-def _unknown(path: str, allowed: Collection[str]) -> str:
-    key = path.rsplit(".", 1)[-1]
-    close = difflib.get_close_matches(key, list(allowed), n=1)
-    hint = f" (did you mean `{close[0]}`?)" if close else ""
-    return f"unknown key `{path}`{hint}; allowed keys here: {', '.join(f'`{k}`' for k in sorted(allowed))}"
+def _unknown(paths: list[str], allowed: Collection[str]) -> str:
+    named = []
+    for path in paths[:_MAX_NAMED]:
+        close = difflib.get_close_matches(path.rsplit(".", 1)[-1], list(allowed), n=1)
+        named.append(f"`{_capped(path, 80)}`" + (f" (did you mean `{close[0]}`?)" if close else ""))
+    more = f" and {len(paths) - _MAX_NAMED:,} more" if len(paths) > _MAX_NAMED else ""
+    keys = f"key{'s' if len(paths) > 1 else ''} {', '.join(named)}{more}"
+    return f"unknown {keys}; allowed keys here: {', '.join(f'`{k}`' for k in sorted(allowed))}"
 
 
 def _refused(path: str, reason: str) -> ValueError:
