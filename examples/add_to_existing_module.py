@@ -3,7 +3,8 @@
 ``LitClassifier`` below stands for a module you already have: its ``configure_optimizers`` returns a bare optimizer
 and it knows nothing about lightning_tune. The only change is the ``callbacks=[...]`` list given to the Trainer.
 
-Run it (about 10-20 s on a laptop CPU), then look at the learning rate and losses in TensorBoard::
+Run it (about 10-20 s on a laptop CPU), then look at the learning rate (``tune/lr``, logged by the schedule; no
+``LearningRateMonitor`` needed) and the losses in TensorBoard::
 
     python examples/add_to_existing_module.py
     tensorboard --logdir lightning_logs
@@ -16,7 +17,6 @@ import argparse
 import lightning.pytorch as pl
 import torch
 import torch.nn.functional as F
-from lightning.pytorch.callbacks import LearningRateMonitor
 from torch import Tensor, nn
 from torch.utils.data import DataLoader, TensorDataset
 
@@ -81,7 +81,6 @@ def main(*, max_epochs: int = 6, root_dir: str = ".") -> dict[str, float]:
         callbacks=[
             lt.WarmupCosine(warmup_ratio=0.1, min_lr=1e-3),
             lt.AdaptiveLROnPlateau(monitor="val_loss", patience=2),
-            LearningRateMonitor(logging_interval="step"),
         ],
     )
     trainer.fit(model, train_loader, val_loader)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import inspect
 import re
@@ -17,6 +18,7 @@ import torch
 import torch.nn.functional as F
 from lightning.pytorch import Callback, LightningModule, Trainer
 from torch import Tensor, nn
+from torch.nn.attention import SDPBackend, sdpa_kernel
 
 import lightning_tune.callbacks.surgery as callback_module
 from lightning_tune import _imports
@@ -209,16 +211,29 @@ def test_the_chosen_kernels_are_enabled_only_inside_the_swapped_forward() -> Non
     with quiet_swap(probe, "sdpa"):
         probe(x)
     probe(x)
-    assert probe.seen == [(False, False, True), (True, True, True), (True, True, True)]
+    assert probe.seen == [(False, False, True), (True, False, True), (True, True, True)]  # CPU: no efficient kernel
     assert torch.backends.cuda.math_sdp_enabled() and torch.backends.cuda.flash_sdp_enabled()
 
 
-def test_sdpa_backends_keep_math_only_off_cuda() -> None:
-    names = {d: [k.name for k in sdpa_backends("sdpa", d)] for d in ("cpu", "cuda")}
-    assert names == {
-        "cpu": ["FLASH_ATTENTION", "EFFICIENT_ATTENTION", "MATH"],
-        "cuda": ["FLASH_ATTENTION", "EFFICIENT_ATTENTION"],
-    }
+def test_the_cpu_kernels_are_those_torch_runs_on_cpu_and_math_stays_off_cuda() -> None:
+    q = torch.randn(2, 2, 8, 16)
+    runs_alone_on_cpu = set()
+    for kernel in (
+        SDPBackend.FLASH_ATTENTION,
+        SDPBackend.EFFICIENT_ATTENTION,
+        SDPBackend.CUDNN_ATTENTION,
+        SDPBackend.MATH,
+    ):
+        with warnings.catch_warnings(), contextlib.suppress(RuntimeError), sdpa_kernel([kernel]):
+            warnings.simplefilter("ignore")  # torch explains each refused kernel in a warning
+            F.scaled_dot_product_attention(q, q, q, is_causal=True)
+            runs_alone_on_cpu.add(kernel)
+    assert set(sdpa_backends("sdpa", "cpu")) == runs_alone_on_cpu  # every kernel torch has on CPU, and no other
+    assert sdpa_backends("sdpa", "cpu") == [SDPBackend.FLASH_ATTENTION, SDPBackend.MATH]  # flash first
+    layer = nn.TransformerEncoderLayer(d_model=8, nhead=2, batch_first=True)
+    with swap_attention(layer, "sdpa", device="cpu") as result:
+        assert result.describe().splitlines()[-1].endswith("sdpa     SDPA flash, math")  # the table's Kernel column
+    assert [k.name for k in sdpa_backends("sdpa", "cuda")] == ["FLASH_ATTENTION", "EFFICIENT_ATTENTION"]
     assert [k.name for k in sdpa_backends("flash", "cuda")] == ["FLASH_ATTENTION", "EFFICIENT_ATTENTION"]
     assert [k.name for k in sdpa_backends("eager", "cuda")] == ["MATH"]
     with pytest.raises(ValueError, match="`backend` must be one of 'flash', 'sdpa', 'eager', got 'auto'"):

@@ -102,3 +102,35 @@ def test_every_public_name_has_a_docs_page() -> None:
     for name in lt.__all__:
         if not name.startswith("_"):
             assert f"`{name}" in text, f"{name} is public but no page under docs/ mentions it"
+
+
+def _tables(text: str) -> list[list[tuple[int, str]]]:
+    """Runs of consecutive lines starting with ``|`` outside code fences, each line with its number."""
+    runs: list[list[tuple[int, str]]] = [[]]
+    fenced = False
+    for number, line in enumerate(text.splitlines(), start=1):
+        fenced ^= line.lstrip().startswith("```")
+        if not fenced and line.startswith("|"):
+            runs[-1].append((number, line))
+        elif runs[-1]:
+            runs.append([])
+    return [run for run in runs if run]
+
+
+def test_every_table_in_the_docs_renders_as_one_table() -> None:
+    """A header, a delimiter row, then rows of as many cells: rows cut off by a paragraph render as plain text."""
+
+    def cells(line: str) -> int:
+        return len(re.split(r"(?<!\\)\|", line.strip().removeprefix("|").removesuffix("|")))
+
+    broken = []
+    for page in sorted([*DOCS.glob("*.md"), DOCS.parent / "README.md"]):
+        for (first, header), *rows in _tables(page.read_text()):
+            if not rows or not re.fullmatch(r"\|( *:?-{3,}:? *\|)+", rows[0][1].strip()):
+                broken.append(f"{page.name}:{first}: table rows without a header and delimiter row above them")
+            broken += [
+                f"{page.name}:{n}: {cells(row)} cells, header has {cells(header)}"
+                for n, row in rows[1:]
+                if cells(row) != cells(header)
+            ]
+    assert not broken, "\n".join(broken)

@@ -11,10 +11,11 @@ import torch
 from lightning.pytorch.callbacks import LearningRateMonitor
 from lightning.pytorch.loggers import CSVLogger
 from lightning.pytorch.utilities.exceptions import MisconfigurationException
+from torch.utils.data import DataLoader, Dataset, IterableDataset, TensorDataset
 
 import lightning_tune as lt
 from lightning_tune.lr import warmup_cosine_lr
-from tests.helpers import LRRecorder, Regressor, csv_rows, make_trainer
+from tests.helpers import LRRecorder, Regressor, csv_rows, make_trainer, regression_data
 
 
 def _torch_reference(scheduler_cls: type, lrs: list[float], steps: int, optimizer: str = "adamw", **kwargs: object):
@@ -123,10 +124,79 @@ def test_manual_optimization_is_refused_clearly(tmp_path: Path) -> None:
         trainer.fit(Manual())
 
 
-def test_unbounded_run_needs_total_steps(tmp_path: Path) -> None:
-    trainer = make_trainer(tmp_path, [lt.WarmupCosine(warmup_steps=1)], max_epochs=-1)
-    with pytest.raises(MisconfigurationException, match="Pass `total_steps=`"):
-        trainer.fit(Regressor())
+class _Stream(IterableDataset):
+    """Samples with no length, as a streaming dataset gives them."""
+
+    def __iter__(self):  # type: ignore[no-untyped-def]
+        yield from regression_data(16)
+
+
+class _OnData(Regressor):
+    def __init__(self, data: Dataset) -> None:
+        super().__init__()
+        self.data = data
+
+    def train_dataloader(self) -> DataLoader:
+        return DataLoader(self.data, batch_size=4)
+
+
+@pytest.mark.parametrize(
+    ("data", "trainer_kwargs", "reason"),
+    [
+        pytest.param(
+            regression_data(16),
+            {"max_epochs": -1},
+            "the Trainer runs without end (max_epochs=-1, max_steps=-1); set `max_steps` or `max_epochs`",
+            id="unbounded",
+        ),
+        pytest.param(
+            _Stream(),
+            {"max_epochs": 2},
+            "the training DataLoader has no length (an IterableDataset without `__len__`), so the Trainer cannot count "
+            "an epoch's steps and `max_epochs=2` does not bound them; set `max_steps`, give the dataset a `__len__`",
+            id="iterable-dataset",
+        ),
+        pytest.param(
+            TensorDataset(torch.zeros(0, 8), torch.zeros(0, 1)),
+            {"max_epochs": 2},
+            "the training DataLoader yields no batches (an empty dataset, or `limit_train_batches` of 0), so there is "
+            "no optimizer step to schedule; give the run training data",
+            id="empty-dataset",
+        ),
+    ],
+)
+def test_a_run_of_unknown_length_is_refused_with_its_reason_and_fix(
+    tmp_path: Path, data: Dataset, trainer_kwargs: dict[str, int], reason: str
+) -> None:
+    trainer = make_trainer(tmp_path, [lt.WarmupCosine(warmup_steps=1)], **trainer_kwargs)
+    with pytest.raises(MisconfigurationException) as caught:
+        trainer.fit(_OnData(data))
+    assert str(caught.value) == (
+        f"WarmupCosine could not tell how many optimizer steps this run will take: {reason}, or pass `total_steps=` "
+        "to WarmupCosine."
+    )
+
+
+@pytest.mark.parametrize(
+    ("callback", "reference"),
+    [
+        pytest.param(lambda: lt.WarmupCosine(), "get_cosine_schedule_with_warmup", id="cosine"),
+        pytest.param(lambda: lt.WarmupPolynomial(), "get_linear_schedule_with_warmup", id="linear"),
+    ],
+)
+def test_no_warmup_argument_warms_up_for_two_percent_of_the_run(tmp_path: Path, callback, reference: str) -> None:  # type: ignore[no-untyped-def]
+    """torchtitan's default proportion (200 of 10,000 steps): 2 steps of 100, against Hugging Face's schedule."""
+    import transformers
+
+    rec = LRRecorder()
+    make_trainer(tmp_path, [callback(), rec], max_steps=100).fit(Regressor(lr=0.1))
+    expected = _torch_reference(
+        getattr(transformers, reference), [0.1], 100, num_warmup_steps=2, num_training_steps=100
+    )
+    assert [lr for (lr,) in rec.lrs] == pytest.approx([lr for (lr,) in expected], rel=1e-12, abs=1e-15)
+    rec = LRRecorder()
+    make_trainer(tmp_path, [callback(), rec], max_steps=1).fit(Regressor(lr=0.1))  # a one-step run: no warm-up
+    assert rec.lrs == [[0.1]]
 
 
 @pytest.mark.parametrize(

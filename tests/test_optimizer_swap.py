@@ -15,6 +15,7 @@ from typing import Any
 import pytest
 import torch
 from lightning.pytorch import Callback, LightningModule, Trainer, seed_everything
+from lightning.pytorch.callbacks import LearningRateMonitor
 from lightning.pytorch.loggers import CSVLogger
 from lightning.pytorch.utilities.exceptions import MisconfigurationException
 from torch import nn
@@ -338,10 +339,10 @@ def test_overrides_stay_private_to_the_new_optimizer(monkeypatch: pytest.MonkeyP
     monkeypatch.setattr(manager_cls, "_instance", None)  # a fresh singleton for this test, restored afterwards
     shared = manager_cls.get_instance()
     net = _TiedNet()
-    shared.override_config(net.body.weight, "optim_bits", 32)  # the user's own global override is honoured
+    shared.register_module_override(net.body, "weight", {"optim_bits": 32})  # the user's own global override applies
     result = swap_optimizer(torch.optim.AdamW(net.parameters()), optimizer="adamw8bit", module=net)
     assert result.new.mng is not shared
-    assert set(shared.pid2config) == {id(net.body.weight)} and shared.index2config == {}
+    assert shared.pid2config == {} and shared.index2config == {}
     # the same parameter positions in another optimizer get no 32-bit override
     other = _TiedNet()
     plain = swap_optimizer(torch.optim.AdamW(other.parameters()), optimizer="adamw8bit", keep_32bit="none")
@@ -351,6 +352,30 @@ def test_overrides_stay_private_to_the_new_optimizer(monkeypatch: pytest.MonkeyP
     assert result.new.state[net.body.weight]["state1"].dtype == torch.float32
     assert result.new.state[net.holder.table.weight]["state1"].dtype == torch.float32
     assert all(s["state1"].dtype == torch.uint8 for p, s in plain.new.state.items() if p.numel() >= 4096)
+
+
+@needs_bnb
+def test_a_freed_parameters_global_override_never_reaches_the_parameter_that_reuses_its_id(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """bitsandbytes keys `override_config` by id() and keeps the entry after the parameter dies; CPython reuses ids."""
+    manager_cls = bnb.optim.GlobalOptimManager
+    monkeypatch.setattr(manager_cls, "_instance", None)  # a fresh singleton for this test, restored afterwards
+    freed = nn.Linear(64, 64, bias=False)
+    manager_cls.get_instance().override_config(freed.weight, "optim_bits", 32)  # 32-bit state for that weight
+    stale_id = id(freed.weight)
+    del freed
+    net = next((n for n in (nn.Linear(64, 64, bias=False) for _ in range(10_000)) if id(n.weight) == stale_id), None)
+    if net is None:
+        pytest.skip("this Python did not reuse the freed parameter's id in 10,000 tries")
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        result = swap_optimizer(torch.optim.AdamW(net.parameters()), optimizer="adamw8bit", module=net)
+    net(torch.ones(2, 64)).sum().backward()
+    result.new.step()
+    assert result.new.state[net.weight]["state1"].dtype == torch.uint8  # 8-bit, as for any other new weight
+    said = [str(w.message) for w in caught]
+    assert len(said) == 1 and "under the id() of 1 parameter(s) being swapped (weight {'optim_bits': 32})" in said[0]
 
 
 @needs_bnb
@@ -442,6 +467,90 @@ def test_warmup_cosine_drives_the_new_optimizer(tmp_path: Path, swap_first: bool
     assert len(rec.lrs) == 12
     for got, want in zip(rec.lrs, expected, strict=True):
         assert got == pytest.approx(want, rel=1e-12)
+
+
+class _Configured(Regressor):
+    """A module returning ``make(params)`` and, with ``hf_cosine``, Hugging Face's warm-up + cosine stepped per step."""
+
+    def __init__(self, make: Callable[[Any], torch.optim.Optimizer], *, hf_cosine: bool) -> None:
+        super().__init__()
+        self.make, self.hf_cosine = make, hf_cosine
+
+    def configure_optimizers(self) -> Any:
+        from transformers import get_cosine_schedule_with_warmup
+
+        opt = self.make(self.parameters())
+        if not self.hf_cosine:
+            return opt
+        schedule = get_cosine_schedule_with_warmup(opt, num_warmup_steps=3, num_training_steps=12)
+        return {"optimizer": opt, "lr_scheduler": {"scheduler": schedule, "interval": "step"}}
+
+
+def _sgd(params: Any) -> torch.optim.Optimizer:
+    return torch.optim.SGD(params, lr=0.1, momentum=0.9)
+
+
+def _lr_columns(logger: CSVLogger) -> dict[str, list[float]]:
+    rows = csv_rows(logger.log_dir)
+    return {k: [float(r[k]) for r in rows if r[k]] for k in rows[0] if k.startswith("lr-")}
+
+
+@needs_bnb
+@pytest.mark.parametrize(
+    ("callbacks", "hf_cosine", "plugin"),
+    [
+        pytest.param(
+            lambda: [OptimizerSwap(min_8bit_size=16), lt.WarmupCosine(3, total_steps=12)], False, False, id="swap-first"
+        ),
+        pytest.param(
+            lambda: [lt.WarmupCosine(3, total_steps=12), OptimizerSwap(min_8bit_size=16)],
+            False,
+            False,
+            id="schedule-first",
+        ),
+        pytest.param(lambda: [OptimizerSwap(min_8bit_size=16)], True, False, id="the-modules-own-schedule"),
+        pytest.param(lambda: [lt.WarmupCosine(3, total_steps=12)], False, True, id="plugin"),
+        pytest.param(lambda: [], True, True, id="plugin-and-the-modules-own-schedule"),
+    ],
+)
+def test_the_swap_reads_the_configured_lr_in_any_order_and_trains_as_the_target_optimizer_would(
+    tmp_path: Path, callbacks: Callable[[], list[Callback]], hf_cosine: bool, plugin: bool
+) -> None:
+    """Reference: the module itself returns AdamW8bit at lr 0.1 with Hugging Face's warm-up + cosine scheduler."""
+
+    def run(model: LightningModule, callbacks: list[Callback], **kwargs: Any) -> tuple[LRRecorder, CSVLogger]:
+        rec, logger = LRRecorder(), CSVLogger(str(tmp_path), name=f"run{len(list(tmp_path.iterdir()))}")
+        trainer = make_trainer(
+            tmp_path,
+            [*callbacks, LearningRateMonitor(logging_interval="step"), rec],
+            max_steps=12,
+            logger=logger,
+            log_every_n_steps=1,
+            **kwargs,
+        )
+        trainer.fit(model)
+        logger.save()
+        return rec, logger
+
+    seed_everything(0)
+    target = _Configured(lambda p: bnb.optim.AdamW8bit(p, lr=0.1, weight_decay=0.0, min_8bit_size=16), hf_cosine=True)
+    seed_everything(0)
+    swapped = _Configured(_sgd, hf_cosine=hf_cosine)  # the same initial weights
+    want, want_log = run(target, [])
+    plugins = {"plugins": [lt.TunePlugin(optimizer="adamw8bit", min_8bit_size=16)]} if plugin else {}
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        got, got_log = run(swapped, callbacks(), **plugins)
+    said = "\n".join(str(w.message) for w in caught)
+    # the LR the module configured, not the warm-up's 0 at the swap, is what the swap reports and warns about
+    assert "carried over by name: lr=0.1, weight_decay=0" in said
+    assert "lr=0.1 was chosen for SGD; AdamW8bit usually trains with a much smaller one" in said
+    assert [lr for (lr,) in got.lrs] == pytest.approx([lr for (lr,) in want.lrs], rel=1e-12)
+    for a, b in zip(swapped.parameters(), target.parameters(), strict=True):
+        torch.testing.assert_close(a, b, rtol=0, atol=0)
+    # LearningRateMonitor logs under the module's optimizer's name, as it would without the swap, the same values
+    assert _lr_columns(want_log) == {"lr-AdamW8bit": pytest.approx([lr for (lr,) in want.lrs])}
+    assert _lr_columns(got_log) == {"lr-SGD": pytest.approx([lr for (lr,) in want.lrs])}
 
 
 @needs_bnb

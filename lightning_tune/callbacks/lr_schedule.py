@@ -16,7 +16,7 @@ import dataclasses
 import math
 from abc import ABC, abstractmethod
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Final
 
 from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
 from lightning.pytorch.utilities.exceptions import MisconfigurationException
@@ -27,7 +27,7 @@ from typing_extensions import override
 
 from lightning_tune._validation import check_bool, check_choice, check_float, check_int
 from lightning_tune.callbacks._logging import LRLogger
-from lightning_tune.lr.scheduler import ScheduleLR, with_length
+from lightning_tune.lr.scheduler import ScheduleLR, configured_lr, with_length
 from lightning_tune.lr.schedules import (
     ANNEAL_STRATEGIES,
     RAMP_SHAPES,
@@ -40,6 +40,7 @@ from lightning_tune.lr.schedules import (
     WarmupPolynomialSchedule,
     WarmupStableDecaySchedule,
 )
+from lightning_tune.swaps.optimizer import name_lr_configs
 
 if TYPE_CHECKING:
     import lightning.pytorch as pl
@@ -57,7 +58,7 @@ def base_lrs(optimizer: Optimizer) -> list[float]:
     Returns:
         One value per parameter group.
     """
-    return [float(group.get("initial_lr", group["lr"])) for group in optimizer.param_groups]
+    return [float(configured_lr(group)) for group in optimizer.param_groups]
 
 
 def schedule_lrs(trainer: pl.Trainer) -> list[ScheduleLR]:
@@ -122,10 +123,10 @@ class ScheduleCallback(LRLogger, ABC):
             return self.total_steps
         estimated = trainer.estimated_stepping_batches
         if not math.isfinite(estimated) or estimated < 1:
+            name = type(self).__name__
             raise MisconfigurationException(
-                f"{type(self).__name__} could not tell how many optimizer steps this run will take "
-                f"(the Trainer estimates {estimated}). Pass `total_steps=` to {type(self).__name__}, "
-                "or bound the run with `max_steps` or `max_epochs`."
+                f"{name} could not tell how many optimizer steps this run will take: {_unknown_length(trainer)}, "
+                f"or pass `total_steps=` to {name}."
             )
         return int(estimated)
 
@@ -176,9 +177,9 @@ class ScheduleCallback(LRLogger, ABC):
                 category=UserWarning,
             )
         # Lightning's own LearningRateFinder installs schedulers this way; configs are saved and restored by position.
-        trainer.strategy.lr_scheduler_configs = kept + [
-            LRSchedulerConfig(scheduler, interval="step", frequency=1) for scheduler in self.schedulers
-        ]
+        configs = kept + [LRSchedulerConfig(scheduler, interval="step", frequency=1) for scheduler in self.schedulers]
+        name_lr_configs(configs)  # after an OptimizerSwap, LearningRateMonitor keeps the module's optimizer's name
+        trainer.strategy.lr_scheduler_configs = configs
 
     def _on_restore(self, saved: Schedule, configured: Schedule, step: int) -> Schedule:
         """Choose the schedule a resumed run follows (the ``on_restore`` hook of the installed schedulers)."""
@@ -245,8 +246,30 @@ class ScheduleCallback(LRLogger, ABC):
         self.schedulers = []
 
 
+def _unknown_length(trainer: pl.Trainer) -> str:
+    """Why ``trainer.estimated_stepping_batches`` gives no run length, and what would give one."""
+    if trainer.max_epochs == -1 and trainer.max_steps == -1:
+        return "the Trainer runs without end (max_epochs=-1, max_steps=-1); set `max_steps` or `max_epochs`"
+    if trainer.num_training_batches == 0:
+        return (
+            "the training DataLoader yields no batches (an empty dataset, or `limit_train_batches` of 0), so there "
+            "is no optimizer step to schedule; give the run training data"
+        )
+    return (
+        "the training DataLoader has no length (an IterableDataset without `__len__`), so the Trainer cannot count "
+        f"an epoch's steps and `max_epochs={trainer.max_epochs}` does not bound them; set `max_steps`, give the "
+        "dataset a `__len__`"
+    )
+
+
 def _fields(schedule: Schedule, ignored: set[str]) -> dict[str, Any]:
     return {f.name: getattr(schedule, f.name) for f in dataclasses.fields(schedule) if f.name not in ignored}  # type: ignore[arg-type]
+
+
+#: The warm-up of a schedule given neither ``warmup_steps`` nor ``warmup_ratio``: 2 % of the run, torchtitan's default
+#: proportion (200 warm-up steps of its default 10,000). Hugging Face's Trainer warms up for 0 steps by default; pass
+#: ``warmup_steps=0`` for that.
+DEFAULT_WARMUP_RATIO: Final[float] = 0.02
 
 
 class WarmupDecay(ScheduleCallback):
@@ -257,7 +280,8 @@ class WarmupDecay(ScheduleCallback):
     floors are scaled in proportion, so the ratios between groups hold at every step.
 
     Args:
-        warmup_steps: Warm-up length in optimizer steps (0 for none). Give this or ``warmup_ratio``.
+        warmup_steps: Warm-up length in optimizer steps (0 for none). Give this or ``warmup_ratio``, or neither for a
+            warm-up of :data:`DEFAULT_WARMUP_RATIO` of the run.
         warmup_ratio: Warm-up as a fraction of ``total_steps`` in [0, 1), rounded up to whole steps.
         min_lr: Floor of the decay, at most the configured LR.
         total_steps: Optimizer steps until the floor; ``None`` means what the Trainer will run.
@@ -279,11 +303,14 @@ class WarmupDecay(ScheduleCallback):
         log_lr: bool = True,
     ) -> None:
         super().__init__(total_steps=total_steps, replace=replace, log_lr=log_lr)
-        if (warmup_steps is None) == (warmup_ratio is None):
+        if warmup_steps is not None and warmup_ratio is not None:
             raise ValueError(
-                "give exactly one of `warmup_steps` and `warmup_ratio`, got "
-                f"warmup_steps={warmup_steps!r} and warmup_ratio={warmup_ratio!r}"
+                "give at most one of `warmup_steps` and `warmup_ratio` (neither: a warm-up of "
+                f"{DEFAULT_WARMUP_RATIO:.0%} of the run), got warmup_steps={warmup_steps!r} and "
+                f"warmup_ratio={warmup_ratio!r}"
             )
+        if warmup_steps is None and warmup_ratio is None:
+            warmup_ratio = DEFAULT_WARMUP_RATIO
         check_int("warmup_steps", warmup_steps, minimum=0, allow_none=True)
         check_float("warmup_ratio", warmup_ratio, low=0.0, high=1.0, high_inclusive=False, allow_none=True)
         check_float("min_lr", min_lr, low=0.0)
@@ -298,12 +325,13 @@ class WarmupDecay(ScheduleCallback):
             total_steps: Resolved schedule length.
 
         Returns:
-            ``warmup_steps``, or ``ceil(warmup_ratio * total_steps)``.
+            ``warmup_steps``, or ``ceil(warmup_ratio * total_steps)`` but shorter than the run (a ratio below 1 never
+            asks for the whole run: a one-step run has no warm-up).
         """
         if self.warmup_steps is not None:
             return self.warmup_steps
         assert self.warmup_ratio is not None
-        return math.ceil(self.warmup_ratio * total_steps)
+        return min(math.ceil(self.warmup_ratio * total_steps), total_steps - 1)
 
     def resolve_groups(
         self, optimizer: Optimizer, total_steps: int
@@ -370,8 +398,10 @@ class WarmupCosine(WarmupDecay):
     largest LR; the other groups' floors are scaled in proportion, so the ratios between groups hold at every step.
 
     Args:
-        warmup_steps: Warm-up length in optimizer steps (0 for a plain cosine decay). Give this or ``warmup_ratio``.
-        warmup_ratio: Warm-up as a fraction of ``total_steps`` in [0, 1), rounded up to whole steps.
+        warmup_steps: Warm-up length in optimizer steps (0 for a plain cosine decay). Give this or ``warmup_ratio``,
+            or neither for a warm-up of 2 % of the run (:data:`DEFAULT_WARMUP_RATIO`).
+        warmup_ratio: Warm-up as a fraction of ``total_steps`` in [0, 1), rounded up to whole steps (never the whole
+            run).
         min_lr: Floor of the decay, at most the configured LR.
         num_cycles: Waves of the cosine over the decay, > 0; with ``hard_restarts``, the number of decays. ``None``:
             0.5 (one decay), or 1 with ``hard_restarts``, Hugging Face's defaults.
@@ -382,8 +412,8 @@ class WarmupCosine(WarmupDecay):
 
     Raises:
         TypeError: If an argument has the wrong type.
-        ValueError: If an argument is out of range, both or neither of ``warmup_steps`` and ``warmup_ratio`` are
-            given, or ``warmup_steps >= total_steps``.
+        ValueError: If an argument is out of range, both ``warmup_steps`` and ``warmup_ratio`` are given, or
+            ``warmup_steps >= total_steps``.
 
     Example:
         >>> from lightning.pytorch import Trainer
@@ -440,7 +470,8 @@ class WarmupPolynomial(WarmupDecay):
     ``get_polynomial_decay_schedule_with_warmup`` (its ``lr_end`` is ``min_lr``).
 
     Args:
-        warmup_steps: Warm-up length in optimizer steps (0 for none). Give this or ``warmup_ratio``.
+        warmup_steps: Warm-up length in optimizer steps (0 for none). Give this or ``warmup_ratio``, or neither for
+            2 % of the run (:data:`DEFAULT_WARMUP_RATIO`).
         warmup_ratio: Warm-up as a fraction of ``total_steps`` in [0, 1), rounded up to whole steps.
         power: Exponent :math:`k` of the decay, > 0.
         min_lr: Floor of the decay (of the group with the largest LR), at most the configured LR.
@@ -450,8 +481,7 @@ class WarmupPolynomial(WarmupDecay):
 
     Raises:
         TypeError: If an argument has the wrong type.
-        ValueError: If an argument is out of range, or both or neither of ``warmup_steps`` and ``warmup_ratio`` are
-            given.
+        ValueError: If an argument is out of range, or both ``warmup_steps`` and ``warmup_ratio`` are given.
 
     Example:
         >>> callback = WarmupPolynomial(warmup_ratio=0.06)  # Hugging Face's linear schedule
@@ -499,7 +529,8 @@ class WarmupStableDecay(WarmupDecay):
     the difference.
 
     Args:
-        warmup_steps: Warm-up length in optimizer steps (0 for none). Give this or ``warmup_ratio``.
+        warmup_steps: Warm-up length in optimizer steps (0 for none). Give this or ``warmup_ratio``, or neither for
+            2 % of the run (:data:`DEFAULT_WARMUP_RATIO`).
         warmup_ratio: Warm-up as a fraction of ``total_steps`` in [0, 1), rounded up to whole steps.
         decay_steps: Decay length in optimizer steps (0 for none). Give this or ``decay_ratio``.
         decay_ratio: Decay as a fraction of ``total_steps`` in [0, 1], rounded up to whole steps.
@@ -512,8 +543,8 @@ class WarmupStableDecay(WarmupDecay):
 
     Raises:
         TypeError: If an argument has the wrong type.
-        ValueError: If an argument is out of range, or not exactly one of each pair of ``*_steps``/``*_ratio`` is
-            given.
+        ValueError: If an argument is out of range, both ``warmup_steps`` and ``warmup_ratio`` are given, or not
+            exactly one of ``decay_steps`` and ``decay_ratio`` is.
 
     Example:
         >>> callback = WarmupStableDecay(warmup_steps=2000, decay_ratio=0.1, decay_shape="1-sqrt")

@@ -12,7 +12,7 @@ reductions, multiply the scheduled value instead of being overwritten by it.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from torch import Tensor
@@ -21,6 +21,23 @@ from torch.optim.lr_scheduler import LRScheduler
 
 from lightning_tune._validation import check_bool, check_callable, check_instance, check_int
 from lightning_tune.lr.schedules import Schedule, schedule_from_dict, schedule_to_dict
+
+
+def configured_lr(group: Mapping[str, Any]) -> Any:
+    """The learning rate a parameter group was configured with, whatever a scheduler has set it to since.
+
+    torch's schedulers (and :class:`ScheduleLR`) store it in the group's ``initial_lr`` when they are built, before
+    they change ``lr`` (a warm-up sets it to 0 at once); without one it is the group's ``lr``. A number or a tensor, as
+    the group holds it.
+
+    Example:
+        >>> import torch
+        >>> opt = torch.optim.SGD([torch.zeros(1, requires_grad=True)], lr=0.1)
+        >>> _ = torch.optim.lr_scheduler.LambdaLR(opt, lambda step: step / 10)
+        >>> opt.param_groups[0]["lr"], configured_lr(opt.param_groups[0])
+        (0.0, 0.1)
+    """
+    return group.get("initial_lr", group["lr"])
 
 
 class ScheduleLR(LRScheduler):

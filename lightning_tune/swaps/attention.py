@@ -25,9 +25,9 @@ Backends (:data:`lightning_tune.vocab.ATTENTIONS`; Hugging Face's names such as 
   for the other kinds, whose tensors this module cannot reshape for flash-attn safely. Needs flash-attn installed, a
   CUDA device of compute capability 8.0 or newer, float16/bfloat16 and a head dimension of at most 256.
 - ``"sdpa"``: ``F.scaled_dot_product_attention`` restricted to its FLASH_ATTENTION and EFFICIENT_ATTENTION kernels
-  on CUDA, so a call neither fused kernel accepts fails loudly instead of silently running the slow math kernel. Off
-  CUDA the MATH kernel stays as the last resort: PyTorch has no memory-efficient kernel on CPU, and its CPU flash
-  kernel declines some calls (attention dropout, for one).
+  on CUDA, so a call neither fused kernel accepts fails loudly instead of silently running the slow math kernel. On
+  CPU, PyTorch has FLASH_ATTENTION and MATH only: the flash kernel, with MATH as the last resort for the calls it
+  declines (attention dropout, for one). Other devices get both fused kernels, then MATH.
 - ``"eager"``: the reference math: SDPA's MATH kernel, transformers' ``"eager"`` implementation.
 - ``"auto"``: ``"flash"`` where it can run, else ``"sdpa"`` with one message saying why.
 
@@ -116,21 +116,25 @@ def sdpa_backends(backend: ResolvedBackend, device: torch.device | str) -> list[
         device: Device of the call's tensors.
 
     Returns:
-        FLASH_ATTENTION and EFFICIENT_ATTENTION on CUDA, with MATH appended elsewhere (PyTorch has no
-        memory-efficient kernel off CUDA and its CPU flash kernel declines some calls); MATH alone for ``"eager"``.
+        FLASH_ATTENTION and EFFICIENT_ATTENTION on CUDA; FLASH_ATTENTION and MATH on CPU, the kernels PyTorch has there
+        (its CPU flash kernel declines some calls, attention dropout for one); both fused kernels and MATH on other
+        devices; MATH alone for ``"eager"``.
 
     Raises:
         ValueError: If ``backend`` is not one of the resolved backends.
 
     Example:
         >>> [kernel.name for kernel in sdpa_backends("sdpa", "cpu")]
-        ['FLASH_ATTENTION', 'EFFICIENT_ATTENTION', 'MATH']
+        ['FLASH_ATTENTION', 'MATH']
     """
     check_choice("backend", backend, _RESOLVED)
     if backend == "eager":
         return [SDPBackend.MATH]
+    kind = torch.device(device).type
+    if kind == "cpu":
+        return [SDPBackend.FLASH_ATTENTION, SDPBackend.MATH]  # PyTorch has no memory-efficient kernel on CPU
     fused = [SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION]
-    return fused if torch.device(device).type == "cuda" else [*fused, SDPBackend.MATH]
+    return fused if kind == "cuda" else [*fused, SDPBackend.MATH]
 
 
 def _kernel_text(backend: ResolvedBackend, device: torch.device) -> str:
@@ -709,7 +713,7 @@ def swap_attention(
         >>> print(result.describe())
         Attention swap: backend 'sdpa' (requested 'sdpa'), 1 module(s)
         Module     Class               Kind                Backend  Kernel
-        self_attn  MultiheadAttention  MultiheadAttention  sdpa     SDPA flash, efficient, math
+        self_attn  MultiheadAttention  MultiheadAttention  sdpa     SDPA flash, math
         >>> result.restore()
         >>> "forward" in vars(layer.self_attn)
         False

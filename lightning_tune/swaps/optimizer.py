@@ -8,7 +8,10 @@ re-pointed to it, so a training loop continues as if it had been written with th
 Parameters owned by an ``nn.Embedding``/``nn.EmbeddingBag`` keep 32-bit state by default, as bitsandbytes advises for
 stable training (found by parameter, so a weight tied to an output head is kept too). The override is registered on a
 manager private to the new optimizer, never on bitsandbytes' process-wide ``GlobalOptimManager``, so it cannot leak
-into other optimizers or later runs.
+into other optimizers or later runs. Of the overrides on that process-wide manager, those registered by module
+(``register_module_override``) are applied; those of ``override_config``, which it keys by ``id()`` alone and keeps
+after their parameter is freed, are not, with a warning (a freed parameter's entry would land on whichever parameter
+reuses its id).
 
 What the target cannot honour (see :func:`swap_optimizer`): within one family of algorithms (Adam/AdamW into an
 Adam-type target, SGD into ``"sgd8bit"``) a setting that would change the update rule is an error; a swap across
@@ -24,6 +27,7 @@ import functools
 import math
 import warnings
 import weakref
+from collections import Counter
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Final, Literal, get_args
@@ -36,6 +40,7 @@ from torch.optim import optimizer as torch_optimizer
 from lightning_tune._imports import require
 from lightning_tune._surgery import SurgeryResult, table
 from lightning_tune._validation import check_choice, check_instance, check_int
+from lightning_tune.lr.scheduler import configured_lr
 from lightning_tune.vocab import OptimizerName, canonical_optimizer
 
 __all__ = [
@@ -46,6 +51,7 @@ __all__ = [
     "OptimizerSwapResult",
     "check_keep_32bit",
     "estimate_state_bytes",
+    "name_lr_configs",
     "optimizer_state_bytes",
     "replaced_state_bytes",
     "repoint_schedulers",
@@ -108,6 +114,8 @@ _TARGETS: Final[Mapping[str, _Target]] = {
 }
 #: The optimizers of :data:`lightning_tune.vocab.OPTIMIZERS` a swap builds: all but the module's own AdamW and SGD.
 TARGETS: Final[tuple[str, ...]] = tuple(_TARGETS)
+#: Each optimizer a swap built -> the class name of the optimizer it replaced (what LR monitors named its LRs after).
+_REPLACED: weakref.WeakKeyDictionary[Optimizer, str] = weakref.WeakKeyDictionary()
 
 
 @dataclass
@@ -140,7 +148,7 @@ class OptimizerSwapResult(SurgeryResult):
         keys = [k for k in ("lr", "betas", "momentum", "eps", "weight_decay") if k in target.hyper]
         rows = [["group", "tensors", "elements", *keys]]
         for index, group in enumerate(self.new.param_groups):
-            values = dict(group)
+            values = {**group, "lr": configured_lr(group)}
             if target.family == "sgd":
                 values["momentum"] = group["betas"][0]  # bitsandbytes keeps SGD's momentum there
             rows.append(
@@ -318,10 +326,16 @@ def swap_optimizer(
             stacklevel=2,
         )
     if bnb is None:
-        return OptimizerSwapResult(old, _fused_adamw(groups, name), name, (), tuple(changes), min_8bit_size)
+        fused = _fused_adamw(groups, name)
+        _REPLACED[fused] = _REPLACED.get(old, old_name)
+        return OptimizerSwapResult(old, fused, name, (), tuple(changes), min_8bit_size)
     kept, kept_names = _kept_params(old, module, keep_32bit)
     new = _build_bnb(bnb, target, groups, min_8bit_size)
-    _install_overrides(bnb, new, kept)
+    unverified = _install_overrides(bnb, new, kept)
+    if unverified:
+        shared = bnb.optim.GlobalOptimManager.get_instance()
+        warnings.warn(_unverified_overrides(unverified, module, shared), UserWarning, stacklevel=2)
+    _REPLACED[new] = _REPLACED.get(old, old_name)
     result = OptimizerSwapResult(old, new, name, kept_names, tuple(changes), min_8bit_size, tuple(kept))
     if result.saves_nothing:
         warnings.warn(_nothing_saved(result), UserWarning, stacklevel=2)
@@ -388,7 +402,41 @@ def swap_optimizers(
     for result in results:
         if repoint_schedulers(configs, result.old, result.new):
             result._undo.append(functools.partial(repoint_schedulers, configs, result.new, result.old))
+    for config in name_lr_configs(configs):
+        owner = next(result for result in results if result.new is config.scheduler.optimizer)
+        owner._undo.append(functools.partial(setattr, config, "name", None))
     return [result.new for result in results], configs, results
+
+
+def name_lr_configs(configs: Iterable[Any]) -> list[Any]:
+    """Name the scheduler configs of swapped optimizers as ``LearningRateMonitor`` named them before the swap.
+
+    Lightning's ``LearningRateMonitor`` logs the LR of an unnamed scheduler config under ``lr-<optimizer class>``
+    (``lr-AdamW``; ``-1``, ``-2``, ... when the class comes again; ``/pg1``, ... for further groups), so a swap would
+    move the curve to ``lr-AdamW8bit``. Each unnamed config (an object with ``name`` and ``scheduler``, as Lightning's
+    ``LRSchedulerConfig``) whose scheduler drives an optimizer built by :func:`swap_optimizer` is named after the class
+    that optimizer replaced, numbered as Lightning numbers; configs with a name of their own are left as they are. An
+    optimizer without any scheduler has no config to name: Lightning names its LR after the new class.
+
+    Args:
+        configs: The Trainer's scheduler configs, in order.
+
+    Returns:
+        The configs named here.
+    """
+    named: list[Any] = []
+    seen: Counter[str] = Counter()
+    for config in configs:
+        optimizer = getattr(getattr(config, "scheduler", None), "optimizer", None)
+        if optimizer is None or getattr(config, "name", "") is not None:
+            continue
+        replaced = _REPLACED.get(optimizer)
+        seen[replaced or type(optimizer).__name__] += 1
+        if replaced is not None:
+            count = seen[replaced]
+            config.name = f"lr-{replaced}" + (f"-{count - 1}" if count > 1 else "")
+            named.append(config)
+    return named
 
 
 def repoint_schedulers(configs_or_schedulers: Iterable[Any], old: Optimizer, new: Optimizer) -> int:
@@ -614,10 +662,11 @@ def _plan_groups(optimizer: Optimizer, name: str, target: _Target) -> tuple[list
         for key, default in target.hyper.items():
             new_group.setdefault(key, default)
         if not same:
-            carried = [f"{key}={_fmt(new_group[key])}" for key in target.hyper if key in group]
+            shown = {**new_group, "lr": configured_lr(group)}
+            carried = [f"{key}={_fmt(shown[key])}" for key in target.hyper if key in group]
             if carried:
                 changes.append(f"group {index}: carried over by name: {', '.join(carried)}")
-            lr, default_lr = group.get("lr"), target.hyper["lr"]
+            lr, default_lr = shown["lr"], target.hyper["lr"]
             if isinstance(lr, (int, float)) and lr > 10 * default_lr:
                 changes.append(
                     f"group {index}: lr={_fmt(lr)} was chosen for {old_name}; {target.class_name} usually trains with "
@@ -676,14 +725,21 @@ def _build_bnb(bnb: Any, target: _Target, groups: list[dict[str, Any]], min_8bit
     return cls(groups, min_8bit_size=min_8bit_size)
 
 
-def _install_overrides(bnb: Any, optimizer: Optimizer, kept: Sequence[Tensor]) -> None:
-    """Give ``optimizer`` its own override manager holding ``optim_bits=32`` for ``kept``.
+def _install_overrides(bnb: Any, optimizer: Optimizer, kept: Sequence[Tensor]) -> list[Tensor]:
+    """Give ``optimizer`` its own override manager: ``optim_bits=32`` for ``kept``, and the module-registered overrides.
 
     bitsandbytes 0.50 looks overrides up at step time through ``optimizer.mng`` by parameter id (``pid2config``) and
     by group/parameter position (``index2config``). Both tables live on the process-wide ``GlobalOptimManager``
-    singleton, where ids of freed parameters and positions leak into every later optimizer; a manager of the same
-    class private to this optimizer holds them instead. Overrides registered globally for these parameters (by
-    ``override_config`` or ``register_module_override``, as ``bnb.nn.StableEmbedding`` does) are copied in first.
+    singleton, which keeps an entry after its parameter is freed; a manager of the same class private to this
+    optimizer holds them instead. Of the process-wide overrides, those registered by module
+    (``register_module_override``, as ``bnb.nn.StableEmbedding`` and Hugging Face's Trainer do) reach their parameter
+    through a module the manager holds, so each is copied when that module's attribute *is* one of these parameters.
+    Those of ``override_config`` are keyed by ``id()`` alone: an entry a freed parameter left cannot be told from one
+    made for the parameter that now has its id, so none is copied.
+
+    Returns:
+        The parameters whose id has an ``override_config`` entry on the process-wide manager (and no module override),
+        for the caller's warning.
     """
     manager_cls = bnb.optim.GlobalOptimManager
     if not isinstance(getattr(optimizer, "mng", None), manager_cls):
@@ -694,18 +750,32 @@ def _install_overrides(bnb: Any, optimizer: Optimizer, kept: Sequence[Tensor]) -
     shared = manager_cls.get_instance()
     manager = manager_cls.__new__(manager_cls)
     manager.initialize()
-    ids = {id(p) for p in _unique_params(optimizer)}
+    params = _unique_params(optimizer)
+    ids = {id(p) for p in params}  # all alive: an attribute with one of these ids is that very parameter
     for owner, attr, config in shared.module_weight_config_triple:
         tensor = getattr(owner, attr, None)
         if tensor is not None and id(tensor) in ids:
             manager.override_config(tensor, key_value_dict=dict(config))
-    for pid, config in shared.pid2config.items():
-        if pid in ids:
-            manager.pid2config.setdefault(pid, {}).update(config)
     for param in kept:
         manager.override_config(param, "optim_bits", 32)
     manager.register_parameters(optimizer.param_groups)
     optimizer.mng = manager  # type: ignore[attr-defined]
+    return [p for p in params if id(p) in shared.pid2config and id(p) not in manager.pid2config]
+
+
+def _unverified_overrides(params: Sequence[Tensor], module: nn.Module | None, shared: Any) -> str:
+    """The warning for parameters whose id has a process-wide ``override_config`` entry the swap did not copy."""
+    names = {id(p): name for name, p in module.named_parameters()} if module is not None else {}
+    listed = [f"{names.get(id(p), f'a {tuple(p.shape)} tensor')} {shared.pid2config[id(p)]}" for p in params[:3]]
+    more = f" and {len(params) - 3} more" if len(params) > 3 else ""
+    return (
+        f"bitsandbytes' process-wide GlobalOptimManager holds `override_config` entries under the id() of "
+        f"{len(params)} parameter(s) being swapped ({', '.join(listed)}{more}). It keys them by id() alone and keeps "
+        "them after their parameter is freed, so each may belong to a freed parameter whose id this one reuses; the "
+        "swap does not apply them. For 32-bit state pass `keep_32bit=`; for other settings register them with "
+        "`GlobalOptimManager.get_instance().register_module_override(module, 'weight', config)`, which names the "
+        "parameter through its module and which the swap applies."
+    )
 
 
 def _kept_params(
