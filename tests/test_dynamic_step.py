@@ -89,7 +89,7 @@ def test_token_weights_group_by_length_and_trim() -> None:
 
 
 def test_a_held_effective_batch_of_padded_sequences_becomes_a_token_budget() -> None:
-    step = DynamicStep(keep="effective", pad_to_multiple_of=1)
+    step = DynamicStep(keep="effective", pad_to_multiple_of=1, loss_weight="samples")
     step.start(nn.Linear(1, 1), 1)
     step.install(4)
     step.batch_size = 2

@@ -3,14 +3,18 @@
 from __future__ import annotations
 
 import re
+import warnings
 from pathlib import Path
 from typing import Any
 
 import pytest
 import torch
-from torch import nn
+from lightning.pytorch import Callback, LightningModule, Trainer
+from torch import Tensor, nn
+from torch.utils.data import DataLoader
 from torch.utils.flop_counter import FlopCounterMode
 
+import lightning_tune as lt
 from lightning_tune.perf.flops import DEVICES, DTYPES, PEAK_FLOPS, canonical_device, mfu, peak_flops
 from lightning_tune.vocab import PRECISIONS, precision_dtype
 
@@ -521,3 +525,73 @@ def test_hugging_face_gradient_checkpointing_is_hardware_work_not_model_work() -
     d, tokens = 32, 2 * 16
     layer_forward = 2 * tokens * 12 * d * d + 4 * 2 * d * attention_pairs(16, 16, causal=True)
     assert hardware is not None and hardware.total - flops.total == 2 * layer_forward  # each layer's forward again
+
+
+class _LlamaModule(LightningModule):
+    """A Llama built from a config, fine-tuned on random token ids with its own token-mean loss."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        transformers = pytest.importorskip("transformers", reason="transformers is not installed")
+        torch.manual_seed(0)
+        config = transformers.LlamaConfig(
+            vocab_size=128,
+            hidden_size=32,
+            intermediate_size=64,
+            num_hidden_layers=2,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            max_position_embeddings=64,
+        )
+        self.model = transformers.LlamaForCausalLM(config)
+
+    def training_step(self, batch: Tensor, batch_idx: int) -> Tensor:
+        return self.model(input_ids=batch, labels=batch).loss
+
+    def configure_optimizers(self) -> torch.optim.Optimizer:
+        return torch.optim.SGD(self.parameters(), lr=0.01)
+
+    def train_dataloader(self) -> DataLoader:
+        return DataLoader(torch.randint(0, 128, (8, 32), generator=torch.Generator().manual_seed(0)), batch_size=4)
+
+
+def _fit_monitored(tmp_path: Path, swaps: list[Callback], plugins: list[Any]) -> lt.ThroughputLatencyMonitor:
+    monitor = lt.ThroughputLatencyMonitor(peak_flops=1e12, gpu_stats=False)
+    trainer = Trainer(
+        default_root_dir=tmp_path,
+        accelerator="cpu",
+        max_steps=2,
+        callbacks=[monitor, *swaps],
+        plugins=plugins,
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+    )
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", RuntimeWarning)  # "could not count the training step's FLOPs" is one
+        trainer.fit(_LlamaModule())
+    return monitor
+
+
+@pytest.mark.parametrize(
+    "swaps",
+    [
+        pytest.param(
+            lambda: ([lt.LossSwap("chunked", verbose=False), lt.AttentionSwap("sdpa", verbose=False)], []),
+            id="loss-then-attention-callbacks",
+        ),
+        pytest.param(
+            lambda: ([lt.AttentionSwap("sdpa", verbose=False), lt.LossSwap("chunked", verbose=False)], []),
+            id="attention-then-loss-callbacks",
+        ),
+        pytest.param(lambda: ([], [lt.TunePlugin(attention="auto", loss="auto")]), id="plugin-auto"),
+    ],
+)
+def test_mfu_with_the_loss_and_attention_swaps_together_is_the_unswapped_count(tmp_path: Path, swaps: Any) -> None:
+    plain = _fit_monitored(tmp_path, [], [])
+    callbacks, plugins = swaps()
+    swapped = _fit_monitored(tmp_path, callbacks, plugins)
+    assert plain.flop_model is not None and "mfu" in plain.summary
+    assert swapped.flop_model == plain.flop_model  # counted on the model as written, whatever runs in its place
+    assert isinstance(swapped.summary.get("mfu"), float) and swapped.summary["mfu"] > 0

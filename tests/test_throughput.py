@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import warnings
 from pathlib import Path
 from typing import Any
 from unittest import mock
@@ -706,3 +707,136 @@ def test_a_validate_call_after_a_fit_keeps_its_training_figures(tmp_path: Path) 
     trainer.validate(model, verbose=False)
     assert monitor.stats.total.steps == steps and monitor.flop_model is flop_model
     assert "batches" in monitor.summary  # the last call's own figures
+
+
+class _TimedData(torch.utils.data.Dataset):
+    """Regression samples that each take 0.5 ms of the stand-in clock to load (waiting for data)."""
+
+    def __init__(self, clock: ScriptedClock, n: int) -> None:
+        self.clock, self.data = clock, regression_data(n)
+
+    def __len__(self) -> int:
+        return len(self.data)
+
+    def __getitem__(self, i: int) -> Any:
+        self.clock.now += 0.0005
+        return self.data[i]
+
+
+class _SlowValidation(Regressor):
+    """1 ms of the stand-in clock per training sample, 200 ms per validation batch."""
+
+    def __init__(self, clock: ScriptedClock) -> None:
+        super().__init__(batch_size=4, n=64)
+        self.clock = clock
+
+    def training_step(self, batch: Any, batch_idx: int) -> torch.Tensor:
+        if batch[0].device.type != "meta":
+            self.clock.now += 0.001 * len(batch[0])
+        return super().training_step(batch, batch_idx)
+
+    def validation_step(self, batch: Any, batch_idx: int) -> None:
+        self.clock.now += 0.2
+        super().validation_step(batch, batch_idx)
+
+    def train_dataloader(self) -> DataLoader:
+        return DataLoader(_TimedData(self.clock, 64), batch_size=4)
+
+    def val_dataloader(self) -> DataLoader:
+        return DataLoader(regression_data(8), batch_size=8)
+
+
+class _CollectingMemory(lt.SimulatedMemory):
+    """A simulated device whose ``free()`` takes 0.3 s, as ``gc.collect()`` does in a process holding a large model."""
+
+    clock: ScriptedClock
+
+    def free(self) -> None:
+        self.clock.now += 0.3
+        super().free()
+
+
+def _fit_with_slow_validation(tmp_path: Path, dynamic: bool) -> tuple[dict[str, float], list[float]]:
+    clock = ScriptedClock([], [])
+    monitor = lt.ThroughputLatencyMonitor(log_every_n_steps=2, gpu_stats=False)
+    callbacks: list[Any] = [monitor]
+    if dynamic:
+        memory = _CollectingMemory(total_bytes=1 << 30, fixed_bytes=1 << 20, bytes_per_sample=1)
+        memory.clock = clock
+        callbacks.append(lt.DynamicBatchSize(probe=memory))
+    logger = CSVLogger(str(tmp_path), name=f"dynamic{int(dynamic)}")
+    trainer = make_trainer(
+        tmp_path,
+        callbacks,
+        max_epochs=2,
+        accumulate_grad_batches=2,
+        val_check_interval=4,  # mid-epoch: the training batches after each validation are the epoch's
+        limit_val_batches=1.0,
+        logger=logger,
+    )
+    with mock.patch(CLOCK, clock):
+        trainer.fit(_SlowValidation(clock))
+    rows = csv_rows(logger.log_dir)
+    return monitor.summary, [
+        float(r["perf/train/samples_per_sec"]) for r in rows if r.get("perf/train/samples_per_sec")
+    ]
+
+
+def test_validation_is_neither_data_wait_nor_training_time_under_dynamic_batch_size(tmp_path: Path) -> None:
+    plain, plain_rates = _fit_with_slow_validation(tmp_path, dynamic=False)
+    tuned, tuned_rates = _fit_with_slow_validation(tmp_path, dynamic=True)
+    # per optimizer step: 8 samples loaded in 4 ms and trained in 8 ms, whichever cuts the step
+    assert plain["data_wait_frac"] == pytest.approx(4 / 12)
+    assert tuned["data_wait_frac"] == pytest.approx(plain["data_wait_frac"])
+    assert tuned["samples_per_sec"] == pytest.approx(plain["samples_per_sec"]) == pytest.approx(8 / 0.012)
+    assert len(tuned_rates) == len(plain_rates) == 8
+    assert tuned_rates == pytest.approx(plain_rates)  # no interval after a validation drops
+
+
+class _Texts:
+    """A batch object of the user's: texts the module tokenizes itself, with nothing the monitor can count."""
+
+    def __init__(self, texts: list[str]) -> None:
+        self.texts = texts
+
+    def __len__(self) -> int:
+        return len(self.texts)
+
+
+class _TextModule(LightningModule):
+    def __init__(self, collate: Any = None) -> None:
+        super().__init__()
+        self.weight = torch.nn.Parameter(torch.ones(()))
+        self.collate = collate
+
+    def training_step(self, batch: Any, batch_idx: int) -> torch.Tensor:
+        return self.weight * len(batch)
+
+    def configure_optimizers(self) -> torch.optim.Optimizer:
+        return torch.optim.SGD(self.parameters(), lr=0.01)
+
+    def train_dataloader(self) -> DataLoader:
+        return DataLoader([f"text {i}" for i in range(16)], batch_size=4, collate_fn=self.collate)
+
+
+def test_batches_of_strings_count_their_strings_as_samples(tmp_path: Path) -> None:
+    monitor = lt.ThroughputLatencyMonitor(gpu_stats=False)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", RuntimeWarning)
+        make_trainer(tmp_path, [monitor], max_epochs=1).fit(_TextModule())  # default_collate: a list of 4 strings
+    assert monitor.stats.total.samples == 16
+    assert monitor.summary["samples_per_sec"] == pytest.approx(16 / (monitor.stats.total.wall_ms / 1000))
+
+
+def test_a_batch_it_cannot_count_is_warned_about_once_naming_batch_size_fn(tmp_path: Path) -> None:
+    monitor = lt.ThroughputLatencyMonitor(gpu_stats=False)
+    with pytest.warns(RuntimeWarning, match=r"cannot count the samples of a train batch of type _Texts") as caught:
+        make_trainer(tmp_path, [monitor], max_epochs=1).fit(_TextModule(_Texts))
+    assert sum("cannot count the samples" in str(w.message) for w in caught) == 1  # 4 batches, one warning
+    assert "batch_size_fn=" in str(next(w.message for w in caught if "cannot count" in str(w.message)))
+    assert monitor.stats.total.samples == 0
+    counted = lt.ThroughputLatencyMonitor(gpu_stats=False, batch_size_fn=len)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", RuntimeWarning)
+        make_trainer(tmp_path, [counted], max_epochs=1).fit(_TextModule(_Texts))
+    assert counted.stats.total.samples == 16

@@ -33,7 +33,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import inspect
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence, Sized
 from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
@@ -41,9 +41,9 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from lightning_tune._validation import check_callable, check_float, check_instance, check_int
+from lightning_tune._validation import check_callable, check_float, check_instance, check_int, check_numbers
 from lightning_tune.batch.split import split_sizes
-from lightning_tune.perf.batch import count_samples, sequence_length
+from lightning_tune.perf.batch import BatchLayout, sequence_length
 
 __all__ = [
     "ALLOCATION_FAILURE_MESSAGES",
@@ -62,7 +62,11 @@ __all__ = [
 #: CUDA and its libraries (a cuBLAS handle or workspace, a cuDNN workspace, a raw ``cudaMalloc`` in an extension),
 #: ROCm's HIP, Intel's XPU (builds that raise it as a plain ``RuntimeError``), Apple's MPS allocator, torch's CPU
 #: allocator (``[enforce fail at alloc_cpu.cpp:...] DefaultCPUAllocator: can't allocate memory: ...``) and Habana's
-#: HPU device-memory module. The last four are also what accelerate's ``find_executable_batch_size`` shrinks on.
+#: HPU device-memory module; then what Lightning's ``is_oom_error`` and accelerate's ``should_reduce_batch_size`` also
+#: shrink on: any device's ``"<DEVICE> out of memory."`` (NPU, MLU, MUSA, ...) and cuDNN's
+#: ``CUDNN_STATUS_NOT_SUPPORTED``, which cuDNN returns when a convolution or RNN's batch is too large for its kernels
+#: and workspace (PyTorch issue 4107; torch adds "This error may appear if you passed in a non-contiguous input": a
+#: smaller batch cannot help there, and at the smallest micro-batch the runner stops with an error quoting cuDNN's).
 ALLOCATION_FAILURE_MESSAGES: tuple[str, ...] = (
     "CUDA out of memory",
     "CUDA error: out of memory",
@@ -79,16 +83,36 @@ ALLOCATION_FAILURE_MESSAGES: tuple[str, ...] = (
     "CPU out of memory",
     "DefaultCPUAllocator: can't allocate memory",
     "MODULE:PT_DEVMEM Allocation failed",
+    " out of memory.",
+    "cuDNN error: CUDNN_STATUS_NOT_SUPPORTED.",
 )
+
+#: The types an allocation failure that is not ``torch.OutOfMemoryError`` comes as: torch's C++ checks raise
+#: ``RuntimeError``, and torch versions that have ``torch.AcceleratorError`` raise that subclass for a failed CUDA
+#: runtime call (``torch.AcceleratorError: CUDA error: out of memory``). Other subclasses (``NotImplementedError``, ...)
+#: are other errors.
+_FAILURE_TYPES = frozenset({RuntimeError, getattr(torch, "AcceleratorError", RuntimeError)})
 
 OK, RETRY, FATAL = 0, 1, 2
 
 
 def is_allocation_failure(err: BaseException) -> bool:
-    """Whether ``err`` is a device allocation failure: by type first, then by CUDA's documented messages.
+    """Whether ``err`` is a failure a smaller micro-batch can cure: by type first, then by the devices' messages.
+
+    ``torch.OutOfMemoryError`` always is. A ``RuntimeError`` or ``torch.AcceleratorError`` (not another subclass, such
+    as ``NotImplementedError``) is when its message holds one of :data:`ALLOCATION_FAILURE_MESSAGES` or names CUDA and
+    "out of memory" together: each message on which Lightning's ``is_oom_error`` (its ``BatchSizeFinder``) or
+    accelerate's ``should_reduce_batch_size`` (its ``find_executable_batch_size``) shrinks the batch, and the CUDA
+    libraries' allocation statuses besides. cuDNN's
+    ``CUDNN_STATUS_NOT_SUPPORTED`` counts, as upstream: cuDNN returns it when a batch is too large for its kernels
+    and workspace. Where a smaller batch does not cure it (a non-contiguous input), the runner shrinks to its
+    smallest micro-batch and then stops with an error that quotes cuDNN's message.
 
     Example:
         >>> is_allocation_failure(RuntimeError("CUDA error: CUBLAS_STATUS_ALLOC_FAILED when calling `cublasCreate`"))
+        True
+        >>> is_allocation_failure(RuntimeError("cuDNN error: CUDNN_STATUS_NOT_SUPPORTED. This error may appear if "
+        ...                                    "you passed in a non-contiguous input."))
         True
         >>> is_allocation_failure(RuntimeError("mat1 and mat2 shapes cannot be multiplied"))
         False
@@ -96,10 +120,11 @@ def is_allocation_failure(err: BaseException) -> bool:
     check_instance("err", err, BaseException, "an exception")
     if isinstance(err, torch.OutOfMemoryError):
         return True
-    if type(err) is not RuntimeError:  # subclasses of RuntimeError (NotImplementedError, ...) are other errors
+    if type(err) not in _FAILURE_TYPES:
         return False
     text = str(err)
-    return any(message in text for message in ALLOCATION_FAILURE_MESSAGES)
+    lightning_cuda_rule = "CUDA" in text and "out of memory" in text  # Lightning's is_cuda_out_of_memory
+    return lightning_cuda_rule or any(message in text for message in ALLOCATION_FAILURE_MESSAGES)
 
 
 @dataclass(frozen=True)
@@ -113,14 +138,23 @@ class MicroBatch:
 
 
 def cut_step(
-    batch: Any, micro_batch_size: int, *, sample_weight: float, tail: int = 0, tail_weight: float = 0.0
+    batch: Any,
+    micro_batch_size: int,
+    *,
+    sample_weight: float,
+    tail: int = 0,
+    tail_weight: float = 0.0,
+    tokens: Sequence[int] | None = None,
+    layout: BatchLayout | None = None,
+    split: Callable[[Any, list[int]], Sequence[Any]] | None = None,
 ) -> list[MicroBatch]:
     """Cut one optimizer step's batch into micro-batches with their exact loss weights.
 
     The step's last ``tail`` samples (a DataLoader's short last batch, which Lightning averages on its own) form
     micro-batches of their own; each of their samples weighs ``tail_weight``, every other sample ``sample_weight``.
-    A micro-batch's weight is its sample count times its samples' weight: its mean loss times the weight is its
-    share of the step's loss. This is the one place a step is cut.
+    With ``tokens`` (each sample's count of label tokens) a micro-batch weighs its share of the step's tokens
+    instead. A micro-batch's weight is its sample count times its samples' weight: its mean loss times the weight is
+    its share of the step's loss. This is the one place a step is cut in consecutive pieces.
 
     Args:
         batch: The step's collated batch.
@@ -128,9 +162,16 @@ def cut_step(
         sample_weight: Weight of one sample outside the tail.
         tail: Samples at the end forming their own micro-batches (0 for none).
         tail_weight: Weight of one tail sample.
+        tokens: Each sample's label tokens, to weigh micro-batches by (``None``: by samples).
+        layout: The run's :class:`~lightning_tune.perf.batch.BatchLayout` (a fresh one by default).
+        split: ``split(batch, sizes) -> pieces`` cuts the batch instead of the layout's rule (:func:`count_step`).
 
     Returns:
         The micro-batches, in order.
+
+    Raises:
+        TypeError: If the batch holds nothing per-sample to count, or ``split`` returns another number of pieces.
+        ValueError: If the layout's rule cannot cut the batch (see ``BatchLayout``).
 
     Example:
         >>> import torch
@@ -141,22 +182,56 @@ def cut_step(
     check_int("micro_batch_size", micro_batch_size, minimum=1)
     check_float("sample_weight", sample_weight, low=0.0, low_inclusive=False)
     check_float("tail_weight", tail_weight, low=0.0)
-    n = count_samples(batch)
-    if n is None:
-        raise TypeError(
-            f"cannot cut a batch of type {type(batch).__name__} into micro-batches: it holds no tensor whose first "
-            "dimension counts the samples"
-        )
+    check_callable("split", split, allow_none=True)
+    check_instance("layout", layout, BatchLayout, "a BatchLayout", allow_none=True)
+    if tokens is not None:
+        check_numbers("tokens", tokens, low=0, allow_empty=True)
+    layout = layout if layout is not None else BatchLayout()
+    n = count_step(batch, layout, split)
     check_int("tail", tail, minimum=0, maximum=n)
+    if tokens is not None and len(tokens) != n:
+        raise ValueError(f"`tokens` must hold one count per sample of the batch's {n}, got {len(tokens)}")
+    tail = 0 if tokens is not None else tail  # a token mean weighs the short last batch's tokens as any others
 
     def chunks(total: int) -> list[int]:
         return [min(micro_batch_size, total - start) for start in range(0, total, micro_batch_size)]
 
-    head_sizes, tail_sizes = chunks(n - tail), chunks(tail)
-    sizes = head_sizes + tail_sizes
-    weights = [k * sample_weight for k in head_sizes] + [k * tail_weight for k in tail_sizes]
-    parts = [batch] if len(sizes) == 1 else split_sizes(batch, sizes)
+    head, rest = chunks(n - tail), chunks(tail)
+    sizes = head + rest
+    if tokens is not None:
+        total, starts = sum(tokens), [sum(sizes[:i]) for i in range(len(sizes))]
+        weights = [sum(tokens[a : a + k]) / total if total else k / n for a, k in zip(starts, sizes, strict=True)]
+    else:
+        weights = [k * sample_weight for k in head] + [k * tail_weight for k in rest]
+    if len(sizes) <= 1:  # an empty step runs whole once, as Lightning runs it
+        return [MicroBatch(batch, n, weights[0] if n else 1.0, sequence_length(batch))]
+    if split is not None:
+        parts = list(split(batch, sizes))
+        if len(parts) != len(sizes):
+            raise TypeError(f"`split_batch` must return {len(sizes)} pieces of {sizes} samples, got {len(parts)}")
+    else:
+        parts = split_sizes(batch, sizes, layout=layout)
     return [MicroBatch(p, k, w, sequence_length(p)) for p, k, w in zip(parts, sizes, weights, strict=True)]
+
+
+def count_step(batch: Any, layout: BatchLayout, split: Callable[..., Any] | None = None) -> int:
+    """A step's samples by ``layout``'s rule (0 for ``None``, a collate's empty step).
+
+    With a user's ``split``, nothing is refused, and a batch object the rule finds nothing in is counted by ``len()``.
+
+    Raises:
+        TypeError: If the batch holds nothing per-sample to count, or a value the rule cannot cut.
+        ValueError: If its per-sample values disagree on the count (see ``BatchLayout``).
+    """
+    n = 0 if batch is None else layout.samples(batch, check=split is None)
+    if n is None and split is not None and isinstance(batch, Sized):
+        n = len(batch)
+    if n is None:
+        raise TypeError(
+            f"cannot count the samples of a batch of type {type(batch).__name__}: it holds no tensor or sequence of "
+            "per-sample objects; cut such batches with `split_batch=`"
+        )
+    return n
 
 
 def loss_of(output: Any) -> Tensor | None:

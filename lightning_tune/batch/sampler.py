@@ -10,6 +10,7 @@ skipped or repeated either way.
 
 from __future__ import annotations
 
+from collections import deque
 from collections.abc import Iterator, Mapping, Sized
 from typing import Any
 
@@ -75,6 +76,7 @@ class ResizableBatchSampler(Sampler[list[int]]):
         self._handed_out = 0  # samples of the running epoch already handed out
         self._batches_out = 0  # batches of the running epoch already handed out
         self._resume: tuple[list[int] | None, int, int] | None = None
+        self._drawn: deque[int] = deque()  # sizes of the batches handed out and not trained yet, in order
 
     @property
     def batch_size(self) -> int:
@@ -176,13 +178,27 @@ class ResizableBatchSampler(Sampler[list[int]]):
             order = self._draw()
         order = order[: self._epoch_samples()]
         self._order, self._handed_out, self._batches_out = order, consumed, batches_done
+        self._drawn.clear()  # a new iterator: what the last one drew and nobody trained is gone
         # The order and counters stay after the last batch is handed out: a DataLoader with workers draws the
         # whole epoch's indices long before training reaches its end, and a checkpoint then still needs them.
         while self._handed_out < len(order):
             batch = order[self._handed_out : self._handed_out + self._batch_size]
             self._handed_out += len(batch)
             self._batches_out += 1
+            self._drawn.append(len(batch))
             yield batch
+
+    def next_drawn(self) -> int | None:
+        """The samples drawn for the oldest batch handed out that training has not finished (``None``: unknown).
+
+        A collate may drop samples (or add some): the training step reads what was drawn for it here, and the
+        epoch's position counts drawn samples. Batches come out of a DataLoader in the order they were drawn.
+        """
+        return self._drawn[0] if self._drawn else None
+
+    def pop_drawn(self) -> int | None:
+        """:meth:`next_drawn`, and that batch is done (trained, or skipped as Lightning skips a ``None`` batch)."""
+        return self._drawn.popleft() if self._drawn else None
 
     def saved_order(self) -> torch.Tensor | None:
         """The running epoch's order as a tensor, for a checkpoint (``None`` before the first epoch starts)."""

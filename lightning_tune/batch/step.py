@@ -11,7 +11,7 @@ import functools
 import itertools
 import logging
 import warnings
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal, Protocol, get_args
 
@@ -22,11 +22,11 @@ from lightning_tune._validation import check_bool, check_callable, check_choice,
 from lightning_tune.batch.control import BatchSizeController, Decision
 from lightning_tune.batch.memory import MemoryModel
 from lightning_tune.batch.probes import MemoryProbe
-from lightning_tune.batch.runner import MicroBatch, MicroBatchRunner, StepOutcome, cut_step
+from lightning_tune.batch.runner import MicroBatch, MicroBatchRunner, StepOutcome, count_step, cut_step
 from lightning_tune.batch.tokens import TokenBudget
 from lightning_tune.batch.trim import PaddingLayout, causal_lm_shift, cut_sequences, padding_layout, sample_tokens
 from lightning_tune.lr.scaling import SCALE_RULES, ScaleRule, scale_lr
-from lightning_tune.perf.batch import count_samples
+from lightning_tune.perf.batch import BatchLayout
 from lightning_tune.perf.ran import StepRun
 from lightning_tune.plan.estimate import MemoryEstimate
 
@@ -35,9 +35,11 @@ __all__ = ["KEEPS", "LOSS_WEIGHTS", "DynamicStep", "IntervalFigures", "Keep", "L
 Keep = Literal["effective", "lr", "none"]
 #: What ``keep`` accepts.
 KEEPS: tuple[str, ...] = get_args(Keep)
-LossWeight = Literal["samples", "tokens"]
+LossWeight = Literal["auto", "samples", "tokens"]
 #: What ``loss_weight`` accepts.
 LOSS_WEIGHTS: tuple[str, ...] = get_args(LossWeight)
+#: What a step's micro-batch losses are weighted by (``"auto"`` resolved).
+Weighting = Literal["samples", "tokens"]
 _GIB = 1 << 30
 _LOG = logging.getLogger(__name__)
 
@@ -108,10 +110,12 @@ class DynamicStep:
         sync_oom: bool = True,
         reserve_gib: float = 0.0,
         agree_timeout: float = 600.0,
-        loss_weight: LossWeight = "samples",
+        loss_weight: LossWeight = "auto",
         label_shift: int | None = None,
         trim_keys: Sequence[str] = (),
         pad_to_multiple_of: int = 8,
+        per_batch: Sequence[str] = (),
+        split_batch: Callable[[Any, list[int]], Sequence[Any]] | None = None,
         warn: Callable[[str], Any] = warnings.warn,
         info: Callable[[str], Any] = _LOG.info,
     ) -> None:
@@ -125,9 +129,13 @@ class DynamicStep:
         check_float("reserve_gib", reserve_gib, low=0.0)
         check_choice("loss_weight", loss_weight, LOSS_WEIGHTS)
         check_int("label_shift", label_shift, minimum=0, allow_none=True)
-        if label_shift is not None and loss_weight != "tokens":
-            raise ValueError(f"`label_shift` is read only with `loss_weight='tokens'`, got {loss_weight=!r}")
+        if label_shift is not None and loss_weight == "samples":
+            raise ValueError(
+                f"`label_shift` is read only when losses are weighted by tokens (`loss_weight` 'tokens' or 'auto'), "
+                f"got {loss_weight=!r}"
+            )
         check_strings("trim_keys", trim_keys, what="key names (strings)")
+        check_callable("split_batch", split_batch, allow_none=True)
         check_callable("warn", warn)
         check_callable("info", info)
         if probe is not None and not isinstance(probe, MemoryProbe):
@@ -145,6 +153,8 @@ class DynamicStep:
         self.probe: MemoryProbe | None = probe
         self.loss_weight, self.label_shift, self.pad_to_multiple_of = loss_weight, label_shift, pad_to_multiple_of
         self.trim_keys, self.warn, self.info = tuple(trim_keys), warn, info
+        self.batch_layout, self.split_batch = BatchLayout(per_batch), split_batch  # how a step is counted and cut
+        self.drawn = 0  # samples the sampler drew for the last step (its collated batch may hold fewer)
         self.controller = BatchSizeController(
             target=target_vram,
             min_batch_size=min_batch_size,
@@ -165,6 +175,10 @@ class DynamicStep:
         self.validation: tuple[float, bool] = (0, False)  # training's peak and pressure before validation runs
         self.base = 0.0  # memory live tensors hold at the interval's start (the model's base_bytes)
         self.shift, self.compiled = 0, False  # label_shift as resolved, and whether the module runs compiled code
+        self.causal_lm = False  # whether the module holds a Hugging Face causal LM
+        #: What the step's losses are weighted by: ``loss_weight``, or what ``"auto"`` chose at the first step.
+        self.weighting: Weighting | None = None if loss_weight == "auto" else loss_weight
+        self.weighting_reason = "" if loss_weight == "auto" else "as given"
         self.lr_factor = 1.0  # with keep="lr", what the LR is multiplied by now
         self.recoverable = True  # whether an out-of-memory error can be recovered (not under DDP without agreement)
         self.step_tokens: tuple[int, int] | None = None  # real and padded tokens the last step ran (None: no mask)
@@ -232,8 +246,8 @@ class DynamicStep:
 
         The LR follows the step's samples with ``lr_rule`` against the configured effective batch: :attr:`lr_factor`.
         """
-        n = count_samples(batch) if self.keep == "lr" else None
-        factor = self.lr_factor if n is None else scale_lr(1.0, self.configured_effective, n, rule=self.lr_rule)
+        n = self.batch_layout.samples(batch, check=False) if self.keep == "lr" and batch is not None else None
+        factor = self.lr_factor if not n else scale_lr(1.0, self.configured_effective, n, rule=self.lr_rule)
         ratio, self.lr_factor = factor / self.lr_factor, factor
         return ratio
 
@@ -246,8 +260,13 @@ class DynamicStep:
         """
         self.user_accumulation = accumulation
         self.lr_factor = 1.0  # from the configured LR (a checkpoint may say otherwise)
-        self.shift = self.label_shift if self.label_shift is not None else causal_lm_shift(module)
+        causal = causal_lm_shift(module)
+        self.shift, self.causal_lm = (self.label_shift if self.label_shift is not None else causal), bool(causal)
+        # "auto" chooses again at this fit's first step (or takes a checkpoint's choice)
+        self.weighting = None if self.loss_weight == "auto" else self.loss_weight
+        self.weighting_reason = "" if self.weighting is None else "as given"
         self.compiled = has_compiled(module)
+        self.batch_layout = BatchLayout(sorted(self.batch_layout.per_batch))  # read again from this fit's batches
         capacity = self.probe.capacity_bytes() if self.probe is not None else None
         if capacity is not None and self.reserve_gib * _GIB >= capacity:
             raise ValueError(
@@ -273,28 +292,33 @@ class DynamicStep:
         epoch_samples: int | None = None,
         agree: Callable[[list[float]], Sequence[float]] | None = None,
         leave_last_backward: bool = False,
+        drawn: int | None = None,
     ) -> StepOutcome:
         """Lay out one optimizer step's ``batch`` and run it through ``runner`` (forward and backward the caller's).
 
         ``epoch_samples``: the epoch's samples, when its short last batch may be in this step (after :attr:`consumed`);
         ``agree``: the maximum over ranks (of the padded length a token budget starts from; the step that ends an
-        interval agrees :meth:`figures` in the runner's agreement); ``leave_last_backward``: as the runner's.
+        interval agrees :meth:`figures` in the runner's agreement); ``leave_last_backward``: as the runner's;
+        ``drawn``: the samples the sampler drew for the step (``None``: as many as the collated batch holds).
         """
-        n = count_samples(batch)
-        if n is None:
-            raise TypeError(
-                f"DynamicBatchSize cannot count the samples of a batch of type {type(batch).__name__}: it needs a "
-                "tensor whose first dimension is the batch"
-            )
+        n = self.count(batch)
+        self.drawn = n if drawn is None else drawn
         assert self.batch_size is not None
         self.step_tokens = self.step_shapes = None
-        layout, size = self.layout(batch), self.batch_size
-        tokens = sample_tokens(batch, self.shift) if self.loss_weight == "tokens" else None
+        reorders = n > 0 and self.split_batch is None  # an empty step runs whole; a user's cut is never reordered
+        layout, size = self.layout(batch) if reorders else None, self.batch_size
+        tokens = sample_tokens(batch, self.shift) if self.weigh_by(batch) == "tokens" and n else None
         if layout is not None and self.keep == "effective":  # micro-batches become budgets of padded tokens
-            size = self.tokens.start(layout.padded, size, agree=agree)
+            first, size = self.tokens.budget is None, self.tokens.start(layout.padded, size, agree=agree)
+            if first:
+                self.info(
+                    f"DynamicBatchSize: padded batches: each micro-batch is a budget of {size} padded tokens (the "
+                    f"micro-batch of {self.batch_size} samples at the first step's padded length "
+                    f"{size // self.batch_size}), holding as many samples of its own length as fit"
+                )
             runner.min_size, runner.min_samples = self.tokens.controller.min_batch_size, self.min_batch_size
         tail = 0
-        if epoch_samples is not None and self.keep == "effective":
+        if epoch_samples is not None and self.keep == "effective" and self.drawn == n:
             tail = short_batch_in(n, epoch_samples, self.consumed, self.user_batch_size)
         cut = functools.partial(self.cut, n=n, layout=layout, tokens=tokens, tail=tail)
         deciding = runner.agree is not None and self.steps + 1 >= self.adjust_every
@@ -306,6 +330,17 @@ class DynamicStep:
             self.agreed = IntervalFigures.from_list(outcome.payload)
         return outcome
 
+    def count(self, batch: Any) -> int:
+        """The samples of a step's collated batch (0 for a collate that returned ``None``), by :attr:`batch_layout`.
+
+        With ``split_batch``, nothing is refused, and a batch the rule finds nothing in is counted by ``len()``.
+
+        Raises:
+            TypeError: If the batch holds nothing per-sample to count, or a value the layout's rule cannot cut.
+            ValueError: If its per-sample values disagree on the count (see ``docs/dynamic_batch.md``).
+        """
+        return count_step(batch, self.batch_layout, self.split_batch)
+
     def cut(
         self, batch: Any, size: int, *, n: int, layout: PaddingLayout | None, tokens: Sequence[int] | None, tail: int
     ) -> list[MicroBatch]:
@@ -313,25 +348,48 @@ class DynamicStep:
 
         ``size`` is in the policy's unit. With a ``layout`` the samples are grouped by length and each micro-batch is
         trimmed; with ``tokens`` (per sample) it weighs its share of them; the last ``tail`` samples are the
-        DataLoader's short last batch, weighted as Lightning weighs it.
+        DataLoader's short last batch, weighted as Lightning weighs it. A collate that kept other samples than the
+        sampler drew (:attr:`drawn`) shares each DataLoader batch's weight among the samples the step holds; an
+        empty step runs whole, once, as Lightning runs it.
         """
+        if not n:
+            return [MicroBatch(batch, 0, 1.0)]
         sample_weight, tail_weight = 1.0 / n, 0.0
         if self.keep == "effective":
             sample_weight, tail_weight = 1.0 / self.configured_effective, 1.0 / max(tail * self.user_accumulation, 1)
+            if self.drawn != n:  # each of the step's DataLoader batches weighs 1/k, as Lightning's averages
+                sample_weight = -(-self.drawn // self.user_batch_size) / (self.user_accumulation * n)
         weights: dict[str, Any] = {"sample_weight": sample_weight, "tail": tail, "tail_weight": tail_weight}
         policy = self.policy
 
         def fits(length: int | None) -> int:
             return policy.samples_at(size, length, n) if length else size
 
-        if layout is None and tokens is None:
-            pieces = cut_step(batch, size, **weights)
+        if layout is None:
+            rule, split = self.batch_layout, self.split_batch
+            pieces = cut_step(batch, size, **weights, tokens=tokens, layout=rule, split=split)
         else:
-            pieces = cut_sequences(batch, n, layout, fits, **weights, tokens=tokens, multiple=self.pad_to_multiple_of)
+            multiple, rule = self.pad_to_multiple_of, self.batch_layout
+            pieces = cut_sequences(
+                batch, n, layout, fits, **weights, tokens=tokens, multiple=multiple, batch_layout=rule
+            )
         if layout is not None:
             self._shapes(pieces, layout)
         self.micro_batches = len(pieces)
         return pieces
+
+    def weigh_by(self, batch: Any) -> Weighting:
+        """What the step of ``batch`` weighs its micro-batch losses by; ``"auto"`` chooses at the first step, once.
+
+        Say why in one note; a checkpoint's choice (restored before) stands.
+        """
+        if self.weighting is None:
+            self.weighting, self.weighting_reason = auto_weighting(batch, causal_lm=self.causal_lm)
+            self.info(
+                f"DynamicBatchSize: loss_weight='auto' weighs each micro-batch's loss by its share of the step's "
+                f"{'label tokens' if self.weighting == 'tokens' else 'samples'} ({self.weighting_reason})"
+            )
+        return self.weighting
 
     def layout(self, batch: Any) -> PaddingLayout | None:
         """The step's padding layout; an unknown sequence key is warned about once."""
@@ -380,13 +438,20 @@ class DynamicStep:
 
     # -- decisions ---------------------------------------------------------------------------------------------------
     def step_done(
-        self, batch: Any, runner: MicroBatchRunner, *, agree: Callable[[list[float]], Sequence[float]]
+        self,
+        batch: Any,
+        runner: MicroBatchRunner,
+        *,
+        agree: Callable[[list[float]], Sequence[float]],
+        drawn: int | None = None,
     ) -> bool:
         """The step of ``batch`` ended; every ``adjust_every`` :meth:`decide`. Whether the micro-batch changed.
 
         The figures are the worst rank's: agreed in the step's own collective, or by ``agree`` when none ran.
+        ``drawn``: the samples the sampler drew for the step (``None``: as many as the batch holds).
         """
-        self.consumed, self.batches_done = self.consumed + (count_samples(batch) or 0), self.batches_done + 1
+        drawn = drawn if drawn is not None else self.batch_layout.samples(batch, check=False) or 0
+        self.consumed, self.batches_done = self.consumed + drawn, self.batches_done + 1
         self.steps += 1
         if self.steps < self.adjust_every or self.probe is None:
             return False
@@ -484,9 +549,13 @@ class DynamicStep:
         self.validation = (max(peak, self.probe.peak_bytes()), pressure or self.probe.pressure())
 
     def validation_ends(self) -> None:
-        """Validation's memory is not training's: free it and start the peak again."""
+        """Validation's memory is not training's: empty the cache and start the peak again.
+
+        Its cache, not a garbage collection (``free``), which can take a large fraction of a second in a big process,
+        and would land in the time between training batches (counted as waiting for data).
+        """
         assert self.probe is not None
-        self.probe.free()
+        self.probe.empty_cache()
         self.probe.reset_peak()
         self.tokens.largest = 0
 
@@ -505,13 +574,22 @@ class DynamicStep:
         return metrics
 
     def summary(self) -> str:
-        """Where the run settled, for the end of training."""
+        """Where the run settled (without a probe: what it kept), and what the losses were weighted by."""
+        step = f"optimizer step of {self.effective_batch_size} samples"
+        if self.micro_batch_tokens is None:
+            size = f"micro-batch {self.batch_size} samples ({self.accumulate_grad_batches} per {step})"
+        else:  # a budget of padded tokens: the samples of a micro-batch follow its length
+            low, high = min((b for b, _ in self.shapes), default=0), max((b for b, _ in self.shapes), default=0)
+            held = f"{low} to {high}" if low != high else f"{high}"
+            size = (
+                f"micro-batches of at most {self.micro_batch_tokens} padded tokens ({held} samples each; "
+                f"{self.micro_batches} in the last {step})"
+            )
+        weighting = "" if self.weighting is None else f"; losses weighted by {self.weighting} ({self.weighting_reason})"
         return (
-            f"DynamicBatchSize: settled at micro-batch {self.batch_size} samples ({self.accumulate_grad_batches} "
-            f"per optimizer step of {self.effective_batch_size} samples"
-            + ("" if self.micro_batch_tokens is None else f", {self.micro_batch_tokens} padded tokens at most")
-            + f"); {self.decisions} decision{'s' * (self.decisions != 1)}, "
-            f"{self.oom_recoveries} out-of-memory error{'s' * (self.oom_recoveries != 1)} recovered"
+            f"DynamicBatchSize: {'settled at' if self.probe is not None else 'kept'} {size}; {self.decisions} "
+            f"decision{'s' * (self.decisions != 1)}, {self.oom_recoveries} out-of-memory "
+            f"error{'s' * (self.oom_recoveries != 1)} recovered{weighting}"
         )
 
     # -- checkpoints -------------------------------------------------------------------------------------------------
@@ -530,6 +608,7 @@ class DynamicStep:
             "controller": self.controller.state_dict(),
             **self.tokens.state_dict(),  # micro_batch_tokens, longest, token_controller
             "arguments": self.arguments(),
+            "weighting": self.weighting,  # what loss_weight="auto" chose (None: no step yet)
         }
 
     def arguments(self) -> dict[str, Any]:
@@ -538,7 +617,8 @@ class DynamicStep:
             "target_vram min_batch_size max_batch_size adjust_every keep lr_rule multiple_of reserve_gib loss_weight"
         )
         values = {name: getattr(self, name) for name in (*names.split(), "label_shift", "pad_to_multiple_of")}
-        return values | {"min_change": self.controller.min_change, "trim_keys": list(self.trim_keys)}
+        rule = {"per_batch": sorted(self.batch_layout.per_batch)}
+        return values | {"min_change": self.controller.min_change, "trim_keys": list(self.trim_keys)} | rule
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Restore :meth:`state_dict`'s keys; this run's configuration, limits and arguments win, with a warning."""
@@ -553,7 +633,19 @@ class DynamicStep:
         limits = [x for x in (state["batch_size"], self.cap(), self.max_batch_size) if x is not None]
         self.batch_size = max(self.min_batch_size, min(limits))
         before = state.get("arguments", {})
-        changed = [f"{k} {before[k]!r} -> {v!r}" for k, v in self.arguments().items() if k in before and before[k] != v]
+        changed = [
+            f"{k} {before[k]!r} -> {v!r}"
+            for k, v in self.arguments().items()
+            if k in before and before[k] != v and k != "loss_weight"
+        ]
+        # the weighting the checkpoint's steps ran with (a checkpoint from before "auto" records only its argument)
+        ran: Weighting | None = state.get("weighting") or (
+            None if before.get("loss_weight") == "auto" else before.get("loss_weight")
+        )
+        if ran is not None and self.loss_weight == "auto":  # the resumed run goes on as it started
+            self.weighting, self.weighting_reason = ran, "as the checkpoint's run chose"
+        elif ran is not None and ran != self.loss_weight:
+            changed.append(f"loss_weight {ran!r} -> {self.loss_weight!r}")
         if changed:
             moved = f"; micro-batch {state['batch_size']} -> {self.batch_size}"
             self.warn(
@@ -566,6 +658,29 @@ class DynamicStep:
         self.decisions = state.get("decisions", 0)
         self.controller.load_state_dict(state["controller"])
         self.tokens.load_state_dict(state)
+
+
+def auto_weighting(batch: Any, *, causal_lm: bool) -> tuple[Weighting, str]:
+    """What ``loss_weight="auto"`` weighs a step like ``batch`` by, and why.
+
+    Tokens where the step's loss is a mean over its label tokens: a mapping batch with per-token ``labels`` (two or
+    more dimensions, -100 where ignored: the convention of Hugging Face's losses, which average over the rest), or a
+    Hugging Face causal LM (``causal_lm``) on a mapping batch with a 2-D ``attention_mask``. Samples otherwise.
+
+    Example:
+        >>> ids = torch.ones(2, 4, dtype=torch.long)
+        >>> auto_weighting({"input_ids": ids, "labels": ids}, causal_lm=False)[0]
+        'tokens'
+        >>> auto_weighting({"input_ids": ids, "attention_mask": ids, "labels": torch.ones(2)}, causal_lm=False)[0]
+        'samples'
+    """
+    labels = batch.get("labels") if isinstance(batch, Mapping) else None
+    mask = batch.get("attention_mask") if isinstance(batch, Mapping) else None
+    if isinstance(labels, torch.Tensor) and labels.dim() >= 2:
+        return "tokens", "the batch has per-token `labels`, whose loss is a mean over those other than -100"
+    if causal_lm and isinstance(mask, torch.Tensor) and mask.dim() == 2:
+        return "tokens", "a Hugging Face causal LM on padded batches, whose loss is a mean over their tokens"
+    return "samples", "no per-token `labels`, and no Hugging Face causal LM on batches with an `attention_mask`"
 
 
 def short_batch_in(n: int, epoch_samples: int, consumed: int, loader_batch: int) -> int:

@@ -19,7 +19,8 @@ import torch
 from torch import Tensor
 
 from lightning_tune.batch.runner import MicroBatch
-from lightning_tune.perf.batch import map_children
+from lightning_tune.batch.split import select
+from lightning_tune.perf.batch import BatchLayout
 
 __all__ = [
     "TRIM_KEYS",
@@ -121,32 +122,30 @@ def length_order(lengths: Sequence[int]) -> list[int]:
     return sorted(range(len(lengths)), key=lambda i: -lengths[i])
 
 
-def take(batch: Any, indices: Sequence[int], n: int) -> Any:
+def take(batch: Any, indices: Sequence[int], n: int, *, layout: BatchLayout | None = None) -> Any:
     """The samples at ``indices`` of a collated batch of ``n`` samples, in that order.
 
-    Tensors whose first dimension is ``n`` and flat lists of ``n`` per-sample objects are indexed; mappings,
-    (named) tuples and lists are walked; anything else is passed unchanged.
+    The batch is cut by :class:`~lightning_tune.perf.batch.BatchLayout`'s rule: tensors on their first dimension,
+    sequences of per-sample objects item by item, scalars and ``per_batch`` values whole.
+
+    Args:
+        batch: A collated batch.
+        indices: The samples to take.
+        n: The batch's samples.
+        layout: The layout read from the run's batches (a fresh one by default).
+
+    Raises:
+        ValueError: If the batch does not hold ``n`` samples, or the rule cannot cut it.
 
     Example:
         >>> take({"x": torch.arange(4), "id": ["a", "b", "c", "d"], "t": 0.5}, [2, 0], 4)
         {'x': tensor([2, 0]), 'id': ['c', 'a'], 't': 0.5}
     """
-    index: Tensor | None = None
-
-    def walk(obj: Any) -> Any:
-        nonlocal index
-        if isinstance(obj, Tensor):
-            if obj.dim() == 0 or obj.shape[0] != n:
-                return obj
-            if index is None or index.device != obj.device:
-                # non-blocking: a blocking host-to-device copy waits for the device's queue (a sync per micro-batch)
-                index = torch.as_tensor(list(indices), dtype=torch.long).to(obj.device, non_blocking=True)
-            return obj.index_select(0, index)
-        if isinstance(obj, (list, tuple)) and len(obj) == n and not any(isinstance(x, (Tensor, Mapping)) for x in obj):
-            return type(obj)(obj[i] for i in indices) if isinstance(obj, list) else tuple(obj[i] for i in indices)
-        return map_children(obj, walk)
-
-    return walk(batch)
+    layout = layout if layout is not None else BatchLayout()
+    found = layout.samples(batch)
+    if found != n:
+        raise ValueError(f"`n` must be the batch's {found} samples, got {n}")
+    return select(batch, indices, layout)
 
 
 def trim(batch: Mapping[str, Any], layout: PaddingLayout, length: int) -> Any:
@@ -206,6 +205,7 @@ def cut_sequences(
     tail_weight: float = 0.0,
     tokens: Sequence[int] | None = None,
     multiple: int = 1,
+    batch_layout: BatchLayout | None = None,
 ) -> list[MicroBatch]:
     """Cut one optimizer step of ``n`` samples into micro-batches grouped by length, each trimmed to its longest.
 
@@ -220,6 +220,8 @@ def cut_sequences(
     label tokens) a micro-batch weighs its share of the step's tokens, so mean-over-tokens losses add up to one
     token mean over the whole step. Otherwise each sample weighs ``sample_weight``, and the step's last ``tail``
     samples (a DataLoader's short last batch) weigh ``tail_weight`` each and are kept in micro-batches of their own.
+    ``batch_layout`` is the run's :class:`~lightning_tune.perf.batch.BatchLayout` (its ``per_batch`` values stay
+    whole).
 
     Example:
         >>> mask = torch.tensor([[1, 1, 0, 0], [1, 1, 1, 1], [1, 0, 0, 0]])
@@ -236,12 +238,15 @@ def cut_sequences(
         order = group if layout is None else sorted(group, key=lambda i: -layout.lengths[i])
         start = 0
         while start < len(order):
-            length = None if layout is None else round_length(layout.lengths[order[start]], multiple, layout.padded)
+            length = None
+            if layout is not None:  # left padding keeps a padded position before the longest sample, if the step had
+                # one: a causal LM's shifted labels make a row's first token a target only after padding
+                length = round_length(layout.lengths[order[start]] + (layout.side == "left"), multiple, layout.padded)
             chosen = order[start : start + max(1, fits(length))]
             if layout is not None and length is not None:  # no sample less than half the micro-batch's length
                 chosen = [i for k, i in enumerate(chosen) if k == 0 or 2 * layout.lengths[i] >= length]
             start += len(chosen)
-            part = batch if len(chosen) == n and layout is None else take(batch, chosen, n)
+            part = batch if len(chosen) == n and layout is None else take(batch, chosen, n, layout=batch_layout)
             if layout is not None and length is not None:
                 part = trim(part, layout, length)
             if tokens is not None:

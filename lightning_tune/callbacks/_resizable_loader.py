@@ -87,6 +87,42 @@ def start_epoch_from_its_first_batch(trainer: pl.Trainer) -> None:
     batches = int(trainer.num_training_batches)
     if progress.completed + 1 < batches:  # Lightning adds the saved batch, then compares and counts from zero
         progress.ready, progress.completed = batches, batches - 1
+    # Lightning 2.6.6 (FitLoop.reset and on_advance_start) counts the saved epoch processed but never counts the next
+    # one ready and started: the checkpoints this run writes would be one epoch behind (docs/dynamic_batch.md)
+    epochs: Any = trainer.fit_loop.epoch_progress  # its trackers are typed as their base, which has no `started`
+    if epochs.current.ready == epochs.current.processed:
+        for counts in (epochs.current, epochs.total):
+            counts.ready, counts.started = counts.ready + 1, counts.started + 1
+
+
+def repair_epoch_counter(checkpoint: dict[str, Any], state: dict[str, Any] | None, path: Any) -> None:
+    """Count the running epoch of a checkpoint that Lightning 2.6.6 wrote one epoch behind, or warn that it is.
+
+    A run resumed, without this pack, from a step checkpoint at an epoch's last batch writes checkpoints whose epoch
+    counter says the running epoch is done (``ready == processed``) while its batches are half run; Lightning then
+    skips or repeats the rest of that epoch when it resumes from them. ``state`` (``DynamicBatchSize``'s, in the same
+    checkpoint) knows the epoch its position counts in: when it is the checkpoint's, the counter is set right before
+    Lightning reads it. Checked on Lightning 2.6.6 (the ``loops`` keys of its checkpoints).
+    """
+    loop = checkpoint.get("loops", {}).get("fit_loop", {})
+    epochs, batches = loop.get("epoch_progress"), loop.get("epoch_loop.batch_progress")
+    if not epochs or not batches or batches.get("is_last_batch") or not batches["current"]["ready"]:
+        return
+    current = epochs["current"]
+    if current["ready"] != current["processed"]:
+        return  # a mid-epoch checkpoint counted right
+    if state is not None and state.get("epoch") == current["completed"] and state.get("consumed"):
+        for counts in (epochs["current"], epochs["total"]):
+            counts["ready"], counts["started"] = counts["ready"] + 1, counts["started"] + 1
+        return
+    warnings.warn(
+        f"the checkpoint {path or ''} was saved after {batches['current']['ready']} batches of epoch "
+        f"{current['completed']}, but Lightning's epoch counter in it says that epoch is done (written by a run "
+        "resumed from a checkpoint at an epoch's last batch: Lightning 2.6's defect), so Lightning repeats or skips "
+        "that epoch's batches. Add 1 to checkpoint['loops']['fit_loop']['epoch_progress'][k]['ready'] and ['started'] "
+        "for k in 'current' and 'total', or resume from a checkpoint written with DynamicBatchSize",
+        stacklevel=2,
+    )
 
 
 def set_epoch_length(trainer: pl.Trainer, batches: int, val_every: int | None) -> None:

@@ -25,10 +25,11 @@ def choose_probe(probe: MemoryProbe | None, trainer: pl.Trainer) -> MemoryProbe 
         probe = CudaMemory(device)
     elif device is not None:
         warnings.warn(
-            f"DynamicBatchSize: training runs on {device.type!r}, which has no device memory to target, so the "
-            "micro-batch size is left as the DataLoader's; padding is still trimmed (each step's samples grouped by "
-            "length, each micro-batch cut to its longest). To try the size control without a GPU, give it "
-            "probe=SimulatedMemory(...).",
+            f"DynamicBatchSize: training runs on {device.type!r}, which has no device memory to target, so nothing "
+            "is resized: a micro-batch holds the DataLoader's batch size in samples or, for padded batches (an "
+            "`attention_mask`) with keep='effective', as many padded tokens as that batch at the first step's padded "
+            "length; padding is still trimmed (each step's samples grouped by length, each micro-batch cut to its "
+            "longest). To try the size control without a GPU, give it probe=SimulatedMemory(...).",
             stacklevel=3,
         )
         return None

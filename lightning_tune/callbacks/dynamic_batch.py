@@ -23,7 +23,7 @@ from lightning_tune.batch.logs import StepLogs
 from lightning_tune.batch.probes import MemoryProbe
 from lightning_tune.batch.sampler import ResizableBatchSampler
 from lightning_tune.batch.sharded import GatheredStep
-from lightning_tune.batch.step import KEEPS, LOSS_WEIGHTS, DynamicStep, Keep, LossWeight
+from lightning_tune.batch.step import KEEPS, LOSS_WEIGHTS, DynamicStep, Keep, LossWeight, Weighting
 from lightning_tune.batch.tokens import TokenBudget
 from lightning_tune.callbacks import _resizable_loader as loaders
 from lightning_tune.callbacks import _strategy as plumbing
@@ -72,18 +72,26 @@ class DynamicBatchSize(Callback):
         loss_weight: How the micro-batch losses of a step are weighted: ``"samples"`` by their share of the step's
             samples (per-sample mean losses), ``"tokens"`` by their share of the step's label tokens (labels other
             than -100, or mask tokens without labels), so that token-mean losses add up to one token mean over the
-            whole step.
-        label_shift: Leading positions of each row that are never a loss target, for ``"tokens"``: ``None`` is 1
-            for a Hugging Face causal LM in the module (its loss compares position ``i`` with label ``i + 1``), else 0.
+            whole step. ``"auto"`` chooses at the first step: tokens for a batch with per-token ``labels``, or a
+            Hugging Face causal LM on batches with an ``attention_mask``; samples otherwise (:attr:`weighting`).
+        label_shift: Leading positions of each row that are never a loss target, when weighting by tokens: ``None``
+            is 1 for a Hugging Face causal LM in the module (its loss compares position ``i`` with label ``i + 1``),
+            else 0.
         trim_keys: Batch keys besides Hugging Face's (``input_ids``, ``attention_mask``, ``labels``,
             ``token_type_ids``, ``position_ids``) whose second dimension is the padded sequence, trimmed with them.
         pad_to_multiple_of: Trimmed sequence lengths are rounded up to a multiple of this (few distinct shapes for
             ``torch.compile``, tensor-core friendly), as the collator's argument of that name.
+        per_batch: Values of the batch that are per batch, not per sample (class weights, a scale), passed whole to
+            every micro-batch: mapping keys, or places as refusals print them (``"batch[2]"``). See "Batches the
+            pack cuts" in the docs for the rule that cuts the rest.
+        split_batch: ``split_batch(batch, sizes) -> pieces`` cuts a step's batch into consecutive pieces of
+            ``sizes`` samples, for batches the rule refuses (``None``: the rule). Its samples are still counted by
+            the rule; its pieces are not reordered or trimmed.
 
     Raises:
         TypeError: If an argument has the wrong type.
         ValueError: If an argument is out of range, ``min_batch_size > max_batch_size``, or ``label_shift`` is given
-            without ``loss_weight="tokens"``. At the start of training: if ``reserve_gib`` is all the device has.
+            with ``loss_weight="samples"``. At the start of training: if ``reserve_gib`` is all the device has.
 
     Example:
         >>> from lightning_tune import DynamicBatchSize, SimulatedMemory
@@ -101,6 +109,7 @@ class DynamicBatchSize(Callback):
     multiple_of: Engine[int] = Engine()
     reserve_gib: Engine[float] = Engine()
     loss_weight: Engine[LossWeight] = Engine()
+    weighting: Engine[Weighting | None] = Engine()
     label_shift: Engine[int | None] = Engine()
     pad_to_multiple_of: Engine[int] = Engine()
     sync_oom: Engine[bool] = Engine()
@@ -138,10 +147,12 @@ class DynamicBatchSize(Callback):
         sync_oom: bool = True,
         reserve_gib: float = 0.0,
         agree_timeout: float = 600.0,
-        loss_weight: LossWeight = "samples",
+        loss_weight: LossWeight = "auto",
         label_shift: int | None = None,
         trim_keys: Sequence[str] = (),
         pad_to_multiple_of: int = 8,
+        per_batch: Sequence[str] = (),
+        split_batch: Callable[[Any, list[int]], Sequence[Any]] | None = None,
     ) -> None:
         engine = {k: v for k, v in locals().items() if k not in ("self", "__class__")}
         self.step = DynamicStep(**engine, warn=rank_zero_warn, info=rank_zero_info)
@@ -292,7 +303,8 @@ class DynamicBatchSize(Callback):
         self, trainer: pl.Trainer, pl_module: pl.LightningModule, outputs: Any, batch: Any, batch_idx: int
     ) -> None:
         if self.runner is not None:
-            if self.step.step_done(batch, self.runner, agree=self._agree):
+            drawn = None if self._sampler is None else self._sampler.pop_drawn()
+            if self.step.step_done(batch, self.runner, agree=self._agree, drawn=drawn):
                 self._resize()
             log_every_n_steps(trainer, self.step.metrics)
 
@@ -312,7 +324,10 @@ class DynamicBatchSize(Callback):
         samples = None if sampler is None or sampler.drop_last else sampler.epoch_samples()
         last = trainer.world_size > 1 and self._gathered is None  # DDP: the last backward is Lightning's (it reduces)
         with self._logs.collecting(trainer.lightning_module):  # logged once per step, weighted as the loss
-            outcome = self.step.run(batch, runner, epoch_samples=samples, agree=self._agree, leave_last_backward=last)
+            drawn = None if sampler is None else sampler.next_drawn()  # a collate may have dropped some
+            outcome = self.step.run(
+                batch, runner, epoch_samples=samples, agree=self._agree, leave_last_backward=last, drawn=drawn
+            )
         if self._gathered is not None:  # agreed: every backward ran, so reduce the gradients and reshard
             self._gathered.reduce()
         return outcome.output  # DDP: the last backward is Lightning's; else every backward ran (the loss is detached)
@@ -370,6 +385,14 @@ class DynamicBatchSize(Callback):
             "epoch": None if trainer is None else trainer.current_epoch,  # the epoch `consumed` counts in
             "seed": self._seed,
         }
+
+    @override
+    def on_load_checkpoint(
+        self, trainer: pl.Trainer, pl_module: pl.LightningModule, checkpoint: dict[str, Any]
+    ) -> None:
+        # Lightning reads its loop counters after this hook: one it wrote an epoch behind is set right first
+        state = checkpoint.get("callbacks", {}).get(self.state_key)
+        loaders.repair_epoch_counter(checkpoint, state, trainer.ckpt_path)
 
     @override
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:

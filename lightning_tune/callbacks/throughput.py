@@ -54,7 +54,9 @@ class ThroughputLatencyMonitor(Callback):
         warmup_steps: Optimizer steps of each fit (a resumed one's too) left out of the figures, >= 0: when they end,
             totals, rates and the percentile window start afresh, so :attr:`summary` covers only the steps after.
         percentiles: Percentiles to report, each in (0, 100).
-        batch_size_fn: ``fn(batch) -> int``, the samples in a batch; default: the leading dimension of its first tensor.
+        batch_size_fn: ``fn(batch) -> int``, the samples in a batch; default: :func:`~lightning_tune.perf.batch.
+            count_samples` (tensors' leading length, else sequences of per-sample objects such as strings; a batch
+            with neither counts 0, with one warning).
         tokens_fn: ``fn(batch) -> int``, its input tokens; default: from token ids and attention masks (padding out).
         flops_per_batch: Model FLOPs of one training micro-batch (forward and backward); default: counted once on a
             meta-device copy of the model (a compiled model stays compiled), scaled to each batch's shape.
@@ -113,6 +115,7 @@ class ThroughputLatencyMonitor(Callback):
         self._devices = devices.DeviceReader(partial(rank_zero_warn, category=RuntimeWarning))
         self._last_logged_step = -1
         self._device: torch.device | None = None  # the device of the recorder's timeline
+        self._uncounted: set[str] = set()  # stages whose batches had no samples to count (warned about once)
 
     @property
     def stats(self) -> StepStats:
@@ -188,9 +191,18 @@ class ThroughputLatencyMonitor(Callback):
     def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         self._recorder.warmup_end = trainer.global_step + self.warmup_steps  # after a restore: a resumed fit too
 
-    def _count(self, batch: Any) -> tuple[int, int | Tensor | None]:
+    def _count(self, batch: Any, stage: str) -> tuple[int, int | Tensor | None]:
         samples = self.batch_size_fn(batch) if self.batch_size_fn is not None else count_samples(batch)
         tokens = self.tokens_fn(batch) if self.tokens_fn is not None else count_tokens(batch)
+        if samples is None and stage not in self._uncounted:  # nothing per-sample found: say so once per stage
+            self._uncounted.add(stage)
+            rank_zero_warn(
+                f"ThroughputLatencyMonitor cannot count the samples of a {stage} batch of type {type(batch).__name__} "
+                "(it holds no tensor and no sequence of per-sample objects), so its samples count as 0 in "
+                f"`{keys.STAGE_SAMPLES_PER_SEC.format(stage=stage)}`. Pass `batch_size_fn=` (fn(batch) -> samples) "
+                "to give the count.",
+                category=RuntimeWarning,
+            )
         return int(samples or 0), tokens
 
     @override
@@ -203,7 +215,7 @@ class ThroughputLatencyMonitor(Callback):
     ) -> None:
         recorder = self._recorder
         mark = recorder.timeline.mark()  # counting the batch is the step's time, as it was Lightning's
-        samples, tokens = self._count(batch)
+        samples, tokens = self._count(batch, "train")
         by_shape = recorder.peak is not None and self.flops_per_batch is None  # FLOPs of each batch's shape
 
         def count_flops() -> None:  # at the fit's first step, on a meta copy: neither training nor waiting
@@ -291,7 +303,7 @@ class ThroughputLatencyMonitor(Callback):
     ) -> None:
         if stage not in self._recorder.runs:
             return
-        samples, tokens = self._count(batch)
+        samples, tokens = self._count(batch, stage)
         if self._recorder.peak is not None and stage not in self._inference_flops:
             self._inference_flops[stage] = self._count_flops(pl_module, batch, batch_idx, samples, stage)[0]
         flop_model = self._inference_flops.get(stage)

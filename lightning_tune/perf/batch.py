@@ -1,20 +1,28 @@
 """How many samples and tokens a batch holds, found without a host-device synchronisation.
 
-Samples are the leading dimension of the first tensor found (Lightning's own rule). Tokens are counted once per
-batch from the *inputs*: an attention mask (a ``bool`` tensor, or the value of an ``attention_mask`` key) gives the
-number of real tokens, padding excluded; otherwise the first two-dimensional integer tensor (``(batch, seq)`` token
-ids) gives ``batch * seq``. Targets of the same shape are not counted again.
+Samples are counted by :class:`BatchLayout`'s rule (see its docstring): the leading length most of the batch's
+tensors share, read through mappings, named tuples and the batch's outer tuple or list; a batch without such tensors
+counts its sequences of per-sample objects. Tokens are counted once per batch from the *inputs*: an attention mask
+(a ``bool`` tensor, or the value of an ``attention_mask`` key) gives the number of real tokens, padding excluded;
+otherwise the first two-dimensional integer tensor (``(batch, seq)`` token ids) gives ``batch * seq``. Targets of
+the same shape are not counted again.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections import Counter
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import torch
 from torch import Tensor
 
+from lightning_tune._validation import check_strings
+
 MASK_KEYS = ("attention_mask",)
+#: Values that cannot be per-sample: they go whole to every micro-batch.
+_SCALARS = (str, bytes, int, float, complex, type(None))
+Path = tuple[Any, ...]
 
 
 def _tensors(batch: Any) -> list[tuple[str | None, Tensor]]:
@@ -48,22 +56,207 @@ def map_children(batch: Any, fn: Callable[[Any], Any]) -> Any:
 
 
 def count_samples(batch: Any) -> int | None:
-    """Number of samples in a batch: the leading dimension of its first tensor.
+    """Number of samples in a batch, by :class:`BatchLayout`'s rule (the count a ``DynamicBatchSize`` step reads).
 
     Args:
-        batch: A tensor, or tuples, lists and mappings of them.
+        batch: A tensor, or tuples, lists and mappings of them and of per-sample objects.
 
     Returns:
-        The count, or ``None`` when the batch holds no tensor with a leading dimension.
+        The count, or ``None`` when the batch holds nothing per-sample to count.
 
     Example:
-        >>> count_samples({"input_ids": torch.zeros(8, 16, dtype=torch.long)})
-        8
+        >>> count_samples({"class_weights": torch.ones(4), "x": torch.zeros(32, 8), "y": torch.zeros(32)})
+        32
     """
-    for _, tensor in _tensors(batch):
-        if tensor.dim() > 0:
-            return int(tensor.shape[0])
-    return None
+    return BatchLayout().samples(batch, check=False)
+
+
+def path_text(path: Path) -> str:
+    """A value's place in a batch, as Python indexes it: ``batch[1][0]['boxes']``."""
+    return "batch" + "".join(f"[{key!r}]" for key in path)
+
+
+def _is_record(node: Any) -> bool:
+    return isinstance(node, Mapping) or (isinstance(node, tuple) and hasattr(node, "_fields"))
+
+
+def _children(node: Any) -> list[tuple[Any, Any]]:
+    return list(node.items()) if isinstance(node, Mapping) else list(enumerate(node))
+
+
+def _per_sample_by_kind(node: list[Any] | tuple[Any, ...]) -> bool:
+    """Items no batched value can be: Python scalars and strings, or two or more mappings with the same keys."""
+    if not any(isinstance(x, (Tensor, Mapping, list, tuple)) for x in node):
+        return True
+    return len(node) > 1 and all(isinstance(x, Mapping) for x in node) and len({tuple(x) for x in node}) == 1
+
+
+class BatchLayout:
+    """Which values of a collated batch are per-sample, and how many samples it holds.
+
+    The rule, read from the batch's structure and kept for the batches after it (a value's role does not change
+    when a short last batch happens to make it ambiguous):
+
+    - Mappings (a tokenizer's ``BatchEncoding`` too) and named tuples hold the batch's values; so does the batch's
+      outer tuple or list (``default_collate``'s ``[x, y]``), unless it holds only scalars and strings, or two or
+      more mappings with the same keys: then it is a sequence of per-sample objects.
+    - A tensor is per-sample along its first dimension; a 0-dim tensor, a number, a string or ``None`` goes whole
+      to every micro-batch, and so does every value named in ``per_batch``.
+    - A tuple or list inside holds per-sample objects (a target dict per image, a variable-length tensor per
+      recording, a string per sample, a ragged list) when its length is the sample count and its items are not
+      themselves values of that many rows; it holds values, walked as above, when its length is not the count and
+      its items are. Scalars and strings, and mappings alike, are always per-sample objects. Per-sample objects
+      are never looked into: each goes whole to the micro-batch of its sample.
+    - The sample count is the leading length most of the tensors share (the largest among equally many), read
+      through mappings, named tuples and tuples or lists of values; a batch without such tensors counts its
+      sequences of per-sample objects.
+
+    Refused, naming the value's place in the batch (``batch[1][0]['boxes']``): a per-sample value whose length is not
+    the count (a per-batch tensor of another length must be named in ``per_batch``), a sequence the rule cannot
+    place (both readings fit, or neither), an object of another type (a custom class: name it in ``per_batch``, or
+    cut the batch yourself with ``DynamicBatchSize(split_batch=...)``).
+
+    Args:
+        per_batch: Values that are per batch, not per sample: a mapping key (anywhere in the batch) or a place as
+            refusals print it (``"batch[2]"``, ``"batch['meta']['scale']"``).
+
+    Example:
+        >>> images, targets = torch.zeros(3, 1, 4, 4), [{"boxes": torch.zeros(k, 4)} for k in (1, 5, 2)]
+        >>> layout = BatchLayout()
+        >>> layout.samples((images, targets)), layout.per_sample((1,))
+        (3, True)
+    """
+
+    def __init__(self, per_batch: Sequence[str] = ()) -> None:
+        check_strings("per_batch", per_batch, what="mapping keys or places in the batch (strings)")
+        self.per_batch = frozenset(per_batch)
+        self._items: dict[Path, bool] = {}  # each sequence's place once read: per-sample objects (True) or values
+
+    def whole(self, path: Path) -> bool:
+        """Whether the value at ``path`` is declared per batch."""
+        if not path or not self.per_batch:
+            return False
+        return path_text(path) in self.per_batch or (isinstance(path[-1], str) and path[-1] in self.per_batch)
+
+    def per_sample(self, path: Path) -> bool:
+        """Whether the sequence at ``path`` holds per-sample objects (as read by :meth:`samples`)."""
+        return self._items.get(path, False)
+
+    def samples(self, batch: Any, *, check: bool = True) -> int | None:
+        """The batch's sample count; reads the places of sequences it has not seen yet.
+
+        Args:
+            batch: A collated batch.
+            check: Refuse what the rule cannot cut (else count what can be counted and read nothing new).
+
+        Returns:
+            The count, or ``None`` when the batch holds nothing per-sample.
+
+        Raises:
+            TypeError: With ``check``, if a value has a type the rule cannot cut.
+            ValueError: With ``check``, if a per-sample value's length is not the count, or a sequence cannot be placed.
+        """
+        found: list[tuple[Path, int, bool]] = []  # (place, length, whether a tensor) of the per-sample values
+        open_: list[tuple[Path, Any]] = []  # sequences whose place needs the count
+        self._scan(batch, (), found, open_, check)
+        tensors = [(path, k) for path, k, tensor in found if tensor]
+        counted = tensors or [(path, k) for path, k, _ in found] or [(path, len(seq)) for path, seq in open_]
+        if not counted:
+            return None
+        tally = Counter(k for _, k in counted)
+        n = max(tally, key=lambda k: (tally[k], k))
+        while open_:
+            path, seq = open_.pop(0)
+            as_items = self._place(path, seq, n, check)
+            if as_items:
+                found.append((path, len(seq), False))
+            else:
+                for key, child in _children(seq):
+                    self._scan(child, (*path, key), found, open_, check)
+        wrong = [(path, k, tensor) for path, k, tensor in found if k != n]
+        if check and wrong:
+            where = next(path_text(path) for path, k in counted if k == n)
+            shown = "; ".join(
+                f"{path_text(path)} has {k} {'rows' if tensor else 'items'}" for path, k, tensor in wrong[:4]
+            )
+            raise ValueError(
+                f"DynamicBatchSize cannot cut this batch: it holds {n} samples (as {where} and most of its tensors "
+                f"say), but {shown}{' ...' if len(wrong) > 4 else ''}. A value that is per batch, not per sample, "
+                f"goes whole to every micro-batch when named in `per_batch=` (e.g. per_batch={[_name(wrong[0][0])]}); "
+                "a batch the rule cannot cut needs `split_batch=`"
+            )
+        return n
+
+    def _scan(self, node: Any, path: Path, found: list[Any], open_: list[Any], check: bool) -> None:
+        if self.whole(path):
+            return
+        if isinstance(node, Tensor):
+            if node.dim():
+                found.append((path, int(node.shape[0]), True))
+        elif _is_record(node):
+            for key, child in _children(node):
+                self._scan(child, (*path, key), found, open_, check)
+        elif isinstance(node, (list, tuple)):
+            items = self._items.get(path)
+            if items is None and (not path or _per_sample_by_kind(node)):
+                items = self._items[path] = _per_sample_by_kind(node)
+            if items is None:
+                open_.append((path, node))
+            elif items:
+                found.append((path, len(node), False))
+            else:
+                for key, child in _children(node):
+                    self._scan(child, (*path, key), found, open_, check)
+        elif check and not isinstance(node, _SCALARS):
+            raise TypeError(
+                f"DynamicBatchSize cannot cut {path_text(path)}, a {type(node).__name__}: name it in `per_batch=` "
+                f"(e.g. per_batch={[_name(path)]}) if it is per batch, or cut the batch with `split_batch=`"
+            )
+
+    def _place(self, path: Path, seq: list[Any] | tuple[Any, ...], n: int, check: bool) -> bool:
+        """Read whether the sequence at ``path`` holds per-sample objects (True) or values of ``n`` rows (False)."""
+        as_items, as_values = len(seq) == n, self._rows(seq, path, n) is True
+        if as_items != as_values:
+            self._items[path] = as_items
+            return as_items
+        if n > 1 and check:  # with one sample or none nothing is cut: read it when the count tells
+            kind = type(seq).__name__
+            why = (
+                f"it can be {n} samples or {len(seq)} values of {n} rows each"
+                if as_items
+                else f"the batch has {n} samples and its items are not values of {n} rows"
+            )
+            raise ValueError(
+                f"DynamicBatchSize cannot cut {path_text(path)}, a {kind} of {len(seq)} items: {why}. Name it in "
+                f"`per_batch=` (e.g. per_batch={[_name(path)]}) if it is per batch, or cut the batch with "
+                "`split_batch=`"
+            )
+        return as_items
+
+    def _rows(self, node: Any, path: Path, n: int) -> bool | None:
+        """Whether ``node``'s items are values of ``n`` rows: True, False (one cannot be), None (none is per-sample)."""
+        seen: bool | None = None
+        for key, child in _children(node):
+            place = (*path, key)
+            if self.whole(place) or isinstance(child, _SCALARS) or (isinstance(child, Tensor) and not child.dim()):
+                continue
+            if isinstance(child, Tensor):
+                fits: bool | None = child.shape[0] == n
+            elif _is_record(child):
+                fits = self._rows(child, place, n)
+            elif isinstance(child, (list, tuple)):
+                fits = len(child) == n or self._rows(child, place, n)
+            else:
+                fits = False
+            if fits is False:
+                return False
+            seen = seen or fits
+        return seen
+
+
+def _name(path: Path) -> str:
+    """What ``per_batch`` names the value at ``path`` by: its mapping key, else its place."""
+    return path[-1] if path and isinstance(path[-1], str) else path_text(path)
 
 
 def count_tokens(batch: Any) -> int | Tensor | None:

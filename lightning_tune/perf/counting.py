@@ -253,14 +253,18 @@ def _copy_module(module: nn.Module, tally: _Tally | None, memo: dict[int, Any]) 
     if isinstance(wrapper, InstanceForward):  # swaps and presets run as the module's own forward on the copy
         from lightning_tune.swaps.checkpointing import CheckpointedForward  # the package's own checkpointing
 
-        original = wrapper.original
+        # wrappers stack (the loss swap around the attention swap's): each holds the real module, so unwrap them all
+        original, checkpointed = wrapper, False
+        while isinstance(original, InstanceForward):
+            checkpointed = checkpointed or isinstance(original, CheckpointedForward)
+            original = original.original
         if original is None:
             del state["forward"]
         elif isinstance(original, types.MethodType) and original.__self__ is module:  # the module's own: the copy's
             state["forward"] = types.MethodType(original.__func__, clone)
         else:
             state["forward"] = original
-        if isinstance(wrapper, CheckpointedForward) and tally is not None:
+        if checkpointed and tally is not None:
             state["forward"] = _RecomputeProbe(clone.forward, tally)
     # the layers Hugging Face checkpoints (its own switch, which ActivationCheckpointing uses for these models)
     if (
