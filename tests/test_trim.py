@@ -6,7 +6,7 @@ import pytest
 import torch
 import transformers
 
-from lightning_tune.batch.trim import label_tokens, length_order, padding_layout, take, trim
+from lightning_tune.batch.trim import cut_sequences, label_tokens, length_order, padding_layout, take, trim
 from tests.hf_data import TokenDataset, lm_collator
 
 
@@ -159,3 +159,11 @@ def test_label_tokens_match_hugging_face_trainer_count() -> None:
     assert int(label_tokens(batch)) == 12
     with pytest.raises(TypeError, match="needs batches with `labels`.*input_ids"):
         label_tokens({"input_ids": batch["input_ids"]})
+
+
+def test_short_samples_rounded_up_to_the_multiple_share_one_micro_batch() -> None:
+    lengths = [3, 3, 2, 2, 2]
+    mask = torch.tensor([[1] * n + [0] * (16 - n) for n in lengths])  # collated to a multiple of 16
+    batch = {"input_ids": mask * 5, "attention_mask": mask}
+    parts = cut_sequences(batch, 5, padding_layout(batch), lambda length: 64, sample_weight=0.2, multiple=8)
+    assert [(p.samples, p.seq_len) for p in parts] == [(5, 8)]  # not one micro-batch per sample of length 2

@@ -243,8 +243,10 @@ def cut_sequences(
                 # one: a causal LM's shifted labels make a row's first token a target only after padding
                 length = round_length(layout.lengths[order[start]] + (layout.side == "left"), multiple, layout.padded)
             chosen = order[start : start + max(1, fits(length))]
-            if layout is not None and length is not None:  # no sample less than half the micro-batch's length
-                chosen = [i for k, i in enumerate(chosen) if k == 0 or 2 * layout.lengths[i] >= length]
+            if layout is not None:  # no sample less than half the micro-batch's longest (before rounding, so that
+                # short samples rounded up to `multiple` are not each given a micro-batch of their own)
+                longest = layout.lengths[order[start]]
+                chosen = [i for k, i in enumerate(chosen) if k == 0 or 2 * layout.lengths[i] >= longest]
             start += len(chosen)
             part = batch if len(chosen) == n and layout is None else take(batch, chosen, n, layout=batch_layout)
             if layout is not None and length is not None:
