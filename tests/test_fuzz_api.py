@@ -64,7 +64,7 @@ BASES: dict[str, Callable[[], dict[str, Any]]] = {
     "AdaptiveLROnPlateau": dict,
     "AttentionSwap": dict,
     "LossSwap": dict,
-    "DynamicBatchSize": dict,
+    "DynamicBatchSize": lambda: {"loss_weight": "samples"},  # where `label_shift` is refused
     "InitialLR": lambda: {"lr": 0.1},
     "LinearWarmup": lambda: {"warmup_steps": 10},
     "MemoryEstimate": lambda: {"parameters": 10, "weight_bytes": 40, "bytes_per_sample": 100, "fixed_bytes": 1000},
@@ -115,7 +115,7 @@ BASES: dict[str, Callable[[], dict[str, Any]]] = {
     },
     "ResizableBatchSampler": lambda: {"sampler": torch.utils.data.SequentialSampler(range(10)), "batch_size": 2},
     "TokenBudget": lambda: {"samples": _controller(), "pad_to_multiple_of": 8},
-    "DynamicStep": dict,
+    "DynamicStep": lambda: {"loss_weight": "samples"},
     "cut_step": lambda: {"batch": torch.randn(4, 2), "micro_batch_size": 2, "sample_weight": 0.25},
     "find_batch_size": lambda: {"try_batch": lambda size: size <= 8},
     "linear_cross_entropy": lambda: {
@@ -637,7 +637,8 @@ REPORTED = [
     pytest.param(
         lambda: lt.DynamicBatchSize(loss_weight="samples", label_shift=3),
         ValueError,
-        "`label_shift` is read only with `loss_weight='tokens'`, got loss_weight='samples'",
+        "`label_shift` is read only when losses are weighted by tokens (`loss_weight` 'tokens' or 'auto'), got "
+        "loss_weight='samples'",
         id="label-shift-for-samples",
     ),
     pytest.param(

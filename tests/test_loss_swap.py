@@ -12,6 +12,8 @@ import torch.nn.functional as F
 import transformers
 from lightning.pytorch import Callback, LightningModule
 from torch import Tensor, nn
+from torch._subclasses.fake_tensor import FakeTensorMode
+from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils.data import DataLoader
 
 import lightning_tune as lt
@@ -176,10 +178,124 @@ def test_frozen_weight_gets_no_gradient_and_grads_keep_the_input_dtype() -> None
     assert weight.grad is None and hidden.grad is not None and hidden.grad.dtype == torch.bfloat16
 
 
+class LogitChunks(TorchDispatchMode):
+    """Rows of every matrix product whose output is one chunk's logits (``vocab`` columns)."""
+
+    def __init__(self, vocab: int) -> None:
+        super().__init__()
+        self.vocab, self.rows = vocab, []
+
+    def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+        out = func(*args, **(kwargs or {}))
+        if func in (torch.ops.aten.mm.default, torch.ops.aten.addmm.default) and out.shape[-1] == self.vocab:
+            self.rows.append(out.shape[0])
+        return out
+
+
+@pytest.mark.parametrize(
+    ("tokens", "vocab", "hidden", "chunk"),
+    [
+        pytest.param(4096, 128_256, 64, 261, id="128k-vocab-hidden-64"),  # was 3 tokens a chunk
+        pytest.param(4096, 128_256, 512, 261, id="128k-vocab-hidden-512"),  # was 17
+        pytest.param(4096, 256_000, 64, 256, id="256k-vocab-the-minimum"),
+        pytest.param(16_384, 32_000, 512, 1048, id="32k-vocab"),  # was 261
+        pytest.param(300, 32_000, 64, 300, id="fewer-tokens-than-a-chunk"),
+    ],
+)
+def test_default_chunk_is_a_budget_of_logits_of_at_least_256_tokens(
+    tokens: int, vocab: int, hidden: int, chunk: int
+) -> None:
+    """Each chunk's logits are a matrix product of their own, forward and backward: chunks of a few tokens repeat the
+    vocab x hidden weight gradient once per chunk (a step several times slower), one chunk of every token keeps all
+    the logits. The default holds 128 MiB of float32 logits, at least 256 tokens (on fake tensors: no memory used)."""
+    with FakeTensorMode():
+        hidden_states = torch.empty(tokens, hidden, requires_grad=True)
+        weight = torch.empty(vocab, hidden, requires_grad=True)
+        labels = torch.zeros(tokens, dtype=torch.long)
+        with LogitChunks(vocab) as seen:
+            linear_cross_entropy(hidden_states, weight, labels).backward()
+    chunks = [min(chunk, tokens - start) for start in range(0, tokens, chunk)]
+    assert seen.rows == chunks + chunks  # forward, then backward
+    assert chunk * vocab * 4 <= max(128 * 2**20, 256 * vocab * 4)
+
+
+def torch_loss(logits: Tensor, labels: Tensor, reduction: str = "mean", **options: Any) -> tuple[Tensor, Tensor]:
+    """``F.cross_entropy`` of the full logits with Liger's z-loss (as its tests' ``CrossEntropyWithZLoss``), and the
+    z-loss."""
+    scale = options.pop("lse_square_scale", 0.0)
+    logits, labels = logits.float().flatten(0, -2), labels.flatten()
+    loss = F.cross_entropy(logits, labels, reduction=reduction, **options)
+    z = torch.where(labels != -100, scale * torch.logsumexp(logits, -1) ** 2, 0.0)
+    z = {"mean": z.sum() / (labels != -100).sum(), "sum": z.sum(), "none": z}[reduction]
+    return loss + z, z
+
+
+@pytest.mark.parametrize("reduction", ["mean", "sum", "none"])
+@pytest.mark.parametrize(
+    "options",
+    [
+        pytest.param({"label_smoothing": 0.1}, id="label_smoothing"),
+        pytest.param({"weight": "rand"}, id="ce_weight"),
+        pytest.param({"lse_square_scale": 1e-2}, id="z-loss"),
+        pytest.param({"label_smoothing": 0.2, "weight": "rand", "lse_square_scale": 1e-3}, id="all"),
+    ],
+)
+def test_liger_options_match_torch_cross_entropy(reduction: str, options: dict[str, Any]) -> None:
+    torch.manual_seed(0)
+    hidden = torch.randn(40, 16, requires_grad=True)
+    weight = torch.randn(50, 16, requires_grad=True)
+    bias = torch.randn(50, requires_grad=True)
+    labels = torch.randint(0, 50, (40,))
+    labels[::3] = -100
+    options = {k: torch.rand(50) + 0.5 if k == "weight" else v for k, v in options.items()}
+    want, want_z = torch_loss(F.linear(hidden, weight, bias), labels, reduction, **options)
+    ours = {("ce_weight" if k == "weight" else k): v for k, v in options.items()}
+    got = linear_cross_entropy(
+        hidden, weight, labels, bias=bias, reduction=reduction, chunk_size=7, return_z_loss=True, **ours
+    )
+    torch.testing.assert_close(got.loss, want, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(got.z_loss, want_z, atol=1e-6, rtol=1e-5)
+    upstream = torch.rand_like(want) + 0.5
+    inputs = (hidden, weight, bias)
+    for g, w in zip(
+        torch.autograd.grad(got.loss, inputs, upstream), torch.autograd.grad(want, inputs, upstream), strict=True
+    ):
+        torch.testing.assert_close(g, w, atol=1e-5, rtol=1e-5)
+
+
+def test_token_accuracy_is_the_argmax_of_the_logits_per_labelled_token() -> None:
+    torch.manual_seed(0)
+    hidden, weight = torch.randn(2, 30, 8), torch.randn(5, 8)  # 5 classes: many right guesses
+    labels = torch.randint(0, 5, (2, 30))
+    labels[1, 20:] = -100
+    right = ((hidden @ weight.T).argmax(-1) == labels) & (labels != -100)
+    got = linear_cross_entropy(hidden, weight, labels, chunk_size=7, return_token_accuracy=True)
+    assert got.z_loss is None and got.token_accuracy == right.sum() / (labels != -100).sum()
+    torch.testing.assert_close(got.loss, linear_cross_entropy(hidden, weight, labels))
+    per_token = linear_cross_entropy(hidden, weight, labels, reduction="none", return_token_accuracy=True)
+    assert torch.equal(per_token.token_accuracy, right.float())
+
+
 @pytest.mark.parametrize(
     ("kwargs", "error", "message"),
     [
         pytest.param({"reduction": "avg"}, ValueError, "`reduction` must be one of", id="reduction"),
+        pytest.param(
+            {"label_smoothing": 1.5}, ValueError, r"`label_smoothing` must be in \[0, 1\], got 1.5", id="smoothing"
+        ),
+        pytest.param(
+            {"lse_square_scale": -1e-4}, ValueError, r"`lse_square_scale` must be in \[0, inf", id="z-loss-scale"
+        ),
+        pytest.param(
+            {"ce_weight": torch.ones(8)},
+            ValueError,
+            r"`ce_weight` must have shape \(9,\), .* got shape \(8,\)",
+            id="cw",
+        ),
+        pytest.param(
+            {"ce_weight": torch.ones(9, dtype=torch.long)}, TypeError, "`ce_weight` must hold floating", id="cw-dtype"
+        ),
+        pytest.param({"return_z_loss": 1}, TypeError, "`return_z_loss` must be True or False, got 1", id="z-flag"),
         pytest.param({"chunk_size": 0}, ValueError, "`chunk_size` must be an integer >= 1, got 0", id="chunk"),
         pytest.param({"softcap": -1.0}, ValueError, r"`softcap` must be in \(0, inf\], got -1.0", id="softcap"),
         pytest.param({"ignore_index": None}, TypeError, "`ignore_index` must be an integer, got None", id="ignore"),
@@ -249,6 +365,26 @@ def test_autocast_stays_within_the_unswapped_autocast_error(dtype: torch.dtype) 
         assert swapped[1][name].dtype == grad.dtype == torch.float32
         bound = 2 * (plain[1][name] - grad).abs().max().item() + 1e-3
         assert (swapped[1][name] - grad).abs().max().item() <= bound, name
+
+
+def test_swap_passes_the_loss_options_on() -> None:
+    """``swap_loss(..., label_smoothing=, ce_weight=, lse_square_scale=)``: the model's shifted token-mean loss with
+    ``F.cross_entropy``'s label smoothing and class weights, plus Liger's z-loss, from the unswapped model's logits."""
+    model, batch = build(llama), padded_batch()
+    ce_weight = torch.rand(VOCAB) + 0.5
+    model.zero_grad(set_to_none=True)
+    logits = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).logits
+    labels = F.pad(batch["labels"], (0, 1), value=-100)[..., 1:]
+    want, _ = torch_loss(logits, labels, label_smoothing=0.1, weight=ce_weight, lse_square_scale=1e-3)
+    want.backward()
+    expected = (want.detach(), {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None})
+    with swap_loss(model, "chunked", label_smoothing=0.1, ce_weight=ce_weight, lse_square_scale=1e-3):
+        got = loss_and_grads(model, batch)
+    assert_same(got, expected, atol=1e-5)
+    with pytest.raises(ValueError, match=r"`ce_weight` must have shape \(1000,\), one weight per class, got shape"):
+        swap_loss(model, "chunked", ce_weight=torch.ones(10))
+    with pytest.raises(ValueError, match=r"`label_smoothing` must be in \[0, 1\], got -0.1"):
+        LossSwap("chunked", label_smoothing=-0.1)
 
 
 def test_swap_is_per_instance_and_restored() -> None:

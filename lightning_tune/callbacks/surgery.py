@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any
 
 from lightning.pytorch.callbacks import Callback
 from lightning.pytorch.utilities import rank_zero_info
-from torch import nn
+from torch import Tensor, nn
 from typing_extensions import override
 
 from lightning_tune._surgery import SurgeryResult
@@ -20,6 +20,7 @@ from lightning_tune._validation import check_bool, check_int, check_strings
 from lightning_tune.swaps.attention import AttentionSwapResult, swap_attention
 from lightning_tune.swaps.checkpointing import BlockTypes, CheckpointResult, checkpoint_blocks, type_matcher
 from lightning_tune.swaps.compile import CompileMode, CompileResult, check_compile_options, compile_modules
+from lightning_tune.swaps.cross_entropy import check_loss_options
 from lightning_tune.swaps.loss import LossSwapResult, swap_loss
 from lightning_tune.vocab import Attention, LossBackend, canonical_attention, canonical_loss, precision_dtype
 
@@ -234,24 +235,45 @@ class LossSwap(SurgeryCallback):
         backend: ``"auto"`` (Liger-Kernel on CUDA when installed, else ``"chunked"``), ``"chunked"`` (PyTorch, any
             device) or ``"liger"`` (CUDA, ``pip install 'lightning-tune[liger]'``).
         chunk_size: Tokens per chunk of the ``"chunked"`` backend; ``None`` chooses.
+        label_smoothing: Label smoothing of the loss, as ``F.cross_entropy``'s.
+        ce_weight: Class weights ``[vocab]`` of the loss, as ``F.cross_entropy``'s ``weight``.
+        lse_square_scale: Adds Liger-Kernel's z-loss, ``lse_square_scale * logsumexp(logits) ** 2`` per labelled
+            token.
         verbose: Print the swapped models at setup.
 
     Raises:
-        TypeError: If ``backend`` is not a string, ``chunk_size`` not an int or ``verbose`` not a bool.
-        ValueError: If ``backend`` is unknown or ``chunk_size`` < 1. A backend that cannot run on the Trainer's
-            device, a module with no causal LM to swap (one built in ``configure_model`` is not there yet: use
-            ``TunePlugin(loss=...)``), or a model the swap would get wrong, raises at ``setup``.
+        TypeError: If ``backend`` is not a string, ``chunk_size`` not an int, ``verbose`` not a bool, or a loss
+            option has the wrong type.
+        ValueError: If ``backend`` is unknown, ``chunk_size`` < 1 or a loss option is out of range. A backend that
+            cannot run on the Trainer's device, a module with no causal LM to swap (one built in ``configure_model``
+            is not there yet: use ``TunePlugin(loss=...)``), a ``ce_weight`` of another length than a model's
+            vocabulary, or a model the swap would get wrong, raises at ``setup``.
 
     Example:
         >>> from lightning.pytorch import Trainer
         >>> trainer = Trainer(callbacks=[LossSwap("chunked")], logger=False)
     """
 
-    def __init__(self, backend: LossBackend = "auto", *, chunk_size: int | None = None, verbose: bool = True) -> None:
+    def __init__(
+        self,
+        backend: LossBackend = "auto",
+        *,
+        chunk_size: int | None = None,
+        label_smoothing: float = 0.0,
+        ce_weight: Tensor | None = None,
+        lse_square_scale: float = 0.0,
+        verbose: bool = True,
+    ) -> None:
         super().__init__(verbose=verbose)
         self.backend = canonical_loss(backend, arg="backend")
         check_int("chunk_size", chunk_size, minimum=1, allow_none=True)
+        check_loss_options(label_smoothing, ce_weight, lse_square_scale)
         self.chunk_size = chunk_size
+        self.loss_options: dict[str, Any] = {
+            "label_smoothing": label_smoothing,
+            "ce_weight": ce_weight,
+            "lse_square_scale": lse_square_scale,
+        }
 
     def apply(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> LossSwapResult:
         """Swap the loss of the causal LMs in ``pl_module`` for the Trainer's device."""
@@ -261,4 +283,5 @@ class LossSwap(SurgeryCallback):
             device=trainer.strategy.root_device,
             chunk_size=self.chunk_size,
             notify=rank_zero_info,
+            **self.loss_options,
         )

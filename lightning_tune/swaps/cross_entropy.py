@@ -9,38 +9,97 @@ the chunk's share of the gradients. So at most one chunk of logits exists at a t
 
 from __future__ import annotations
 
-import math
-from typing import Any, Literal, get_args
+from typing import Any, Literal, NamedTuple, get_args, overload
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from lightning_tune._validation import check_bool, check_choice, check_float, check_int
+from lightning_tune._validation import check_bool, check_choice, check_float, check_instance, check_int
 
-__all__ = ["REDUCTIONS", "Reduction", "default_chunk_size", "linear_cross_entropy"]
+__all__ = [
+    "CHUNK_LOGITS_BYTES",
+    "MIN_CHUNK_TOKENS",
+    "REDUCTIONS",
+    "LinearCrossEntropyOutput",
+    "Reduction",
+    "check_loss_options",
+    "default_chunk_size",
+    "linear_cross_entropy",
+]
 
 #: How :func:`linear_cross_entropy` reduces the per-token losses.
 Reduction = Literal["mean", "sum", "none"]
 REDUCTIONS: tuple[str, ...] = get_args(Reduction)
 
+#: Bytes of one default chunk's logits in float32 (the bound on what the loss holds, forward or backward, is about
+#: twice this: the logits and their exponentials or gradient).
+CHUNK_LOGITS_BYTES = 128 * 2**20
+#: Fewest tokens in a default chunk: below it the head's weight gradient, added once per chunk, costs more than the
+#: chunk's matrix products.
+MIN_CHUNK_TOKENS = 256
 
-def default_chunk_size(tokens: int, vocab: int, hidden: int) -> int:
-    """Tokens per chunk when none is given: one chunk's logits hold about as many values as the hidden states.
+
+def default_chunk_size(tokens: int, vocab: int, *, itemsize: int = 4) -> int:
+    """Tokens per chunk when none is given: :data:`CHUNK_LOGITS_BYTES` of logits, at least :data:`MIN_CHUNK_TOKENS`.
 
     Args:
-        tokens: Number of token rows.
+        tokens: Number of token rows (a chunk never holds more).
         vocab: Vocabulary size (rows of the head's weight).
-        hidden: Hidden size.
+        itemsize: Bytes of a reduced logit (4 for float32, 8 for float64).
 
     Returns:
-        ``ceil(tokens / ceil(vocab / hidden))``, at least 1.
+        ``min(tokens, max(MIN_CHUNK_TOKENS, CHUNK_LOGITS_BYTES // (vocab * itemsize)))``, at least 1.
 
     Example:
-        >>> default_chunk_size(4096, 128_256, 2048)
-        66
+        >>> default_chunk_size(16_384, 128_256), default_chunk_size(16_384, 32_000), default_chunk_size(100, 32_000)
+        (261, 1048, 100)
     """
-    return max(1, math.ceil(tokens / math.ceil(vocab / hidden)))
+    return max(1, min(tokens, max(MIN_CHUNK_TOKENS, CHUNK_LOGITS_BYTES // (vocab * itemsize))))
+
+
+def check_loss_options(
+    label_smoothing: float, ce_weight: Tensor | None, lse_square_scale: float, *, vocab: int | None = None
+) -> None:
+    """Check :func:`linear_cross_entropy`'s ``label_smoothing``, ``ce_weight`` and ``lse_square_scale``.
+
+    Args:
+        label_smoothing: Must be in [0, 1].
+        ce_weight: ``None``, or a floating-point tensor of shape ``[vocab]`` (any length when ``vocab`` is ``None``).
+        lse_square_scale: Must be at least 0.
+        vocab: The vocabulary size, when known.
+
+    Raises:
+        TypeError: If an option has the wrong type, or ``ce_weight`` is not floating-point.
+        ValueError: If an option's value or ``ce_weight``'s shape is not allowed.
+    """
+    check_float("label_smoothing", label_smoothing, low=0.0, high=1.0)
+    check_float("lse_square_scale", lse_square_scale, low=0.0)
+    check_instance("ce_weight", ce_weight, Tensor, "a torch.Tensor", allow_none=True)
+    if ce_weight is None:
+        return
+    if not ce_weight.is_floating_point():
+        raise TypeError(f"`ce_weight` must hold floating-point class weights, got dtype {ce_weight.dtype}")
+    if ce_weight.ndim != 1 or (vocab is not None and ce_weight.shape[0] != vocab):
+        want = "[vocab]" if vocab is None else f"({vocab},)"
+        raise ValueError(
+            f"`ce_weight` must have shape {want}, one weight per class, got shape {tuple(ce_weight.shape)}"
+        )
+
+
+class LinearCrossEntropyOutput(NamedTuple):
+    """What :func:`linear_cross_entropy` returns when ``return_z_loss`` or ``return_token_accuracy`` is set.
+
+    Args:
+        loss: The loss, z-loss included.
+        z_loss: Its z-loss part (``None`` unless ``return_z_loss``).
+        token_accuracy: The share of tokens with a label whose largest logit is the label's (``None`` unless
+            ``return_token_accuracy``); per token (1 or 0, 0 where ignored) for ``reduction="none"``.
+    """
+
+    loss: Tensor
+    z_loss: Tensor | None
+    token_accuracy: Tensor | None
 
 
 def _chunk_logits(hidden: Tensor, weight: Tensor, bias: Tensor | None, softcap: float | None) -> Tensor:
@@ -57,7 +116,11 @@ def _reduced(dtype: torch.dtype) -> torch.dtype:
 
 
 class _LinearCrossEntropy(torch.autograd.Function):
-    """Per-token losses of ``cross_entropy(hidden @ weight.T + bias, labels)``, chunked over tokens."""
+    """Per-token cross-entropy and log-sum-exp of ``hidden @ weight.T + bias``, chunked over tokens.
+
+    The cross-entropy is ``F.cross_entropy(..., weight=, label_smoothing=, reduction="none")``'s; both are 0 where the
+    label is ignored. With ``accuracy``, also whether each token's largest logit is its label's.
+    """
 
     @staticmethod
     def forward(
@@ -66,26 +129,45 @@ class _LinearCrossEntropy(torch.autograd.Function):
         weight: Tensor,
         bias: Tensor | None,
         labels: Tensor,
+        class_weight: Tensor | None,
         ignore_index: int,
         chunk: int,
         softcap: float | None,
-    ) -> Tensor:
-        losses = torch.zeros(hidden.shape[0], dtype=_reduced(hidden.dtype), device=hidden.device)
-        for start in range(0, hidden.shape[0], chunk):
+        smoothing: float,
+        accuracy: bool,
+    ) -> tuple[Tensor, Tensor, Tensor]:
+        dtype, rows_total = _reduced(hidden.dtype), hidden.shape[0]
+        losses = torch.zeros(rows_total, dtype=dtype, device=hidden.device)
+        lse = torch.zeros_like(losses)
+        correct = torch.zeros(rows_total if accuracy else 0, dtype=dtype, device=hidden.device)
+        for start in range(0, rows_total, chunk):
             rows = slice(start, start + chunk)
             logits = _chunk_logits(hidden[rows], weight, bias, softcap)
-            target = labels[rows]
-            valid = target != ignore_index
-            picked = logits.gather(1, torch.where(valid, target, 0).unsqueeze(1)).squeeze(1)
-            losses[rows] = torch.where(valid, torch.logsumexp(logits, dim=1) - picked, 0.0)
-        ctx.save_for_backward(hidden, weight, bias, labels)
-        ctx.ignore_index, ctx.chunk, ctx.softcap = ignore_index, chunk, softcap
-        return losses
+            valid = labels[rows] != ignore_index
+            target = torch.where(valid, labels[rows], 0)
+            lse[rows] = torch.logsumexp(logits, dim=1)
+            loss = lse[rows] - logits.gather(1, target.unsqueeze(1)).squeeze(1)  # -log p(label)
+            if class_weight is not None:
+                loss = loss * class_weight[target]
+            if smoothing:  # -sum_c w_c log p_c / V, with w_c = 1 without class weights
+                spread = lse[rows] * logits.shape[1] - logits.sum(1)
+                if class_weight is not None:
+                    spread = lse[rows] * class_weight.sum() - logits @ class_weight
+                loss = (1.0 - smoothing) * loss + smoothing / logits.shape[1] * spread
+            losses[rows] = torch.where(valid, loss, 0.0)
+            if accuracy:
+                correct[rows] = (valid & (logits.argmax(1) == target)).to(dtype)
+        ctx.save_for_backward(hidden, weight, bias, labels, class_weight, lse)
+        ctx.ignore_index, ctx.chunk, ctx.softcap, ctx.smoothing = ignore_index, chunk, softcap, smoothing
+        ctx.mark_non_differentiable(correct)
+        valid_lse = torch.where(labels != ignore_index, lse, 0.0)
+        return losses, valid_lse, correct
 
     @staticmethod
-    def backward(ctx: Any, grad_losses: Tensor) -> tuple[Tensor | None, ...]:
-        hidden, weight, bias, labels = ctx.saved_tensors
+    def backward(ctx: Any, grad_losses: Tensor, grad_lse: Tensor, _: Tensor) -> tuple[Tensor | None, ...]:
+        hidden, weight, bias, labels, class_weight, lse = ctx.saved_tensors
         need_hidden, need_weight, need_bias = ctx.needs_input_grad[:3]
+        smoothing, softcap = ctx.smoothing, ctx.softcap
         grad_hidden = torch.empty_like(hidden) if need_hidden else None
         grad_weight = (
             torch.zeros(weight.shape, dtype=_reduced(weight.dtype), device=weight.device) if need_weight else None
@@ -93,24 +175,96 @@ class _LinearCrossEntropy(torch.autograd.Function):
         grad_bias = torch.zeros(bias.shape, dtype=_reduced(bias.dtype), device=bias.device) if need_bias else None
         for start in range(0, hidden.shape[0], ctx.chunk):
             rows = slice(start, start + ctx.chunk)
-            logits = _chunk_logits(hidden[rows], weight, bias, ctx.softcap)
-            target = labels[rows]
-            valid = target != ctx.ignore_index
-            grad = torch.softmax(logits, dim=1)
-            grad.scatter_add_(1, torch.where(valid, target, 0).unsqueeze(1), torch.full_like(grad[:, :1], -1.0))
-            grad *= torch.where(valid, grad_losses[rows].to(grad.dtype), 0.0).unsqueeze(1)
-            if ctx.softcap is not None:  # d(cap * tanh(x / cap)) / dx = 1 - tanh^2 = 1 - (capped / cap)^2
-                grad *= 1.0 - (logits / ctx.softcap) ** 2
+            logits = _chunk_logits(hidden[rows], weight, bias, softcap)
+            vocab = logits.shape[1]
+            valid = labels[rows] != ctx.ignore_index
+            target = torch.where(valid, labels[rows], 0)
+            # d loss / d logit_c = p_c * (label part + smoothing part) - (1 - s) w_y [c = y] - s / V w_c;
+            # d lse / d logit_c = p_c
+            grad_loss = torch.where(valid, grad_losses[rows].to(logits.dtype), 0.0)
+            w_y = 1.0 if class_weight is None else class_weight[target]
+            w_sum = vocab if class_weight is None else class_weight.sum()
+            on_p = grad_loss * ((1.0 - smoothing) * w_y + smoothing / vocab * w_sum) + grad_lse[rows]
+            capped = 1.0 - (logits / softcap) ** 2 if softcap is not None else None  # d(cap tanh(x / cap)) / dx
+            grad = logits.sub_(lse[rows].unsqueeze(1)).exp_().mul_(torch.where(valid, on_p, 0.0).unsqueeze(1))
+            grad.scatter_add_(1, target.unsqueeze(1), (-(1.0 - smoothing) * grad_loss * w_y).unsqueeze(1))
+            if smoothing:
+                spread = (smoothing / vocab * grad_loss).unsqueeze(1)
+                grad -= spread if class_weight is None else spread * class_weight
+            if capped is not None:
+                grad *= capped
             if grad_bias is not None:
                 grad_bias += grad.sum(0)
             grad_low = grad.to(hidden.dtype)
             if grad_hidden is not None:
                 grad_hidden[rows] = grad_low @ weight
-            if grad_weight is not None:
+            if grad_weight is not None and grad_weight.dtype == grad_low.dtype:
+                grad_weight.addmm_(grad_low.T, hidden[rows])
+            elif grad_weight is not None:
                 grad_weight += grad_low.T @ hidden[rows]
         weight_grad = None if grad_weight is None else grad_weight.to(weight.dtype)
         bias_grad = None if grad_bias is None else grad_bias.to(bias.dtype)
-        return grad_hidden, weight_grad, bias_grad, None, None, None, None  # labels, ignore_index, chunk, softcap: none
+        return grad_hidden, weight_grad, bias_grad, *[None] * 7  # labels and the options: none
+
+
+@overload
+def linear_cross_entropy(
+    hidden: Tensor,
+    weight: Tensor,
+    labels: Tensor,
+    *,
+    bias: Tensor | None = ...,
+    ignore_index: int = ...,
+    reduction: Reduction = ...,
+    shift: bool = ...,
+    chunk_size: int | None = ...,
+    softcap: float | None = ...,
+    label_smoothing: float = ...,
+    ce_weight: Tensor | None = ...,
+    lse_square_scale: float = ...,
+    return_z_loss: Literal[False] = ...,
+    return_token_accuracy: Literal[False] = ...,
+) -> Tensor: ...
+
+
+@overload
+def linear_cross_entropy(
+    hidden: Tensor,
+    weight: Tensor,
+    labels: Tensor,
+    *,
+    bias: Tensor | None = ...,
+    ignore_index: int = ...,
+    reduction: Reduction = ...,
+    shift: bool = ...,
+    chunk_size: int | None = ...,
+    softcap: float | None = ...,
+    label_smoothing: float = ...,
+    ce_weight: Tensor | None = ...,
+    lse_square_scale: float = ...,
+    return_z_loss: Literal[True],
+    return_token_accuracy: bool = ...,
+) -> LinearCrossEntropyOutput: ...
+
+
+@overload
+def linear_cross_entropy(
+    hidden: Tensor,
+    weight: Tensor,
+    labels: Tensor,
+    *,
+    bias: Tensor | None = ...,
+    ignore_index: int = ...,
+    reduction: Reduction = ...,
+    shift: bool = ...,
+    chunk_size: int | None = ...,
+    softcap: float | None = ...,
+    label_smoothing: float = ...,
+    ce_weight: Tensor | None = ...,
+    lse_square_scale: float = ...,
+    return_z_loss: bool = ...,
+    return_token_accuracy: Literal[True],
+) -> LinearCrossEntropyOutput: ...
 
 
 def linear_cross_entropy(
@@ -124,13 +278,19 @@ def linear_cross_entropy(
     shift: bool = False,
     chunk_size: int | None = None,
     softcap: float | None = None,
-) -> Tensor:
+    label_smoothing: float = 0.0,
+    ce_weight: Tensor | None = None,
+    lse_square_scale: float = 0.0,
+    return_z_loss: bool = False,
+    return_token_accuracy: bool = False,
+) -> Tensor | LinearCrossEntropyOutput:
     """``F.cross_entropy(hidden @ weight.T + bias, labels)`` without ever holding all the logits.
 
     The result and the gradients of ``hidden``, ``weight`` and ``bias`` are those of the unchunked loss (the logits
     are reduced in float32, as Hugging Face's loss upcasts them). Under autocast the matrix products run in the
     autocast dtype, as the head's ``nn.Linear`` would, and the gradients come back in the inputs' dtypes. A weight
-    that does not require grad (a frozen head under LoRA) gets no gradient computed.
+    that does not require grad (a frozen head under LoRA) gets no gradient computed. ``label_smoothing``,
+    ``ce_weight`` and ``lse_square_scale`` are Liger-Kernel's fused linear cross-entropy options, with its meaning.
 
     Args:
         hidden: Hidden states ``[..., hidden]`` (e.g. ``[batch, seq, hidden]``).
@@ -143,23 +303,36 @@ def linear_cross_entropy(
             ignored, in the shape of ``labels``).
         shift: Position ``t`` predicts label ``t + 1``, as Hugging Face's causal-LM loss shifts: the labels are moved
             left by one along the last dimension and the last position gets ``ignore_index``.
-        chunk_size: Tokens per chunk; ``None`` chooses chunks whose logits are about the size of the hidden states
-            (:func:`default_chunk_size`).
+        chunk_size: Tokens per chunk; ``None``: :func:`default_chunk_size` (float32 logits of
+            :data:`CHUNK_LOGITS_BYTES`, at least :data:`MIN_CHUNK_TOKENS` tokens).
         softcap: Apply ``softcap * tanh(logits / softcap)`` to the logits first (Gemma 2's
             ``final_logit_softcapping``).
+        label_smoothing: In [0, 1], as ``F.cross_entropy``'s: the target mixes the label with the uniform
+            distribution.
+        ce_weight: Class weights ``[vocab]``, as ``F.cross_entropy``'s ``weight``: a token's loss is scaled by its
+            label's weight, and ``"mean"`` divides by the sum of the weights of the labelled tokens.
+        lse_square_scale: Adds the z-loss ``lse_square_scale * logsumexp(logits) ** 2`` of each labelled token
+            (PaLM's; Liger-Kernel's ``lse_square_scale``), unweighted, reduced as the loss (``"mean"``: over the
+            labelled tokens).
+        return_z_loss: Return a :class:`LinearCrossEntropyOutput` with the z-loss part of the loss.
+        return_token_accuracy: Return a :class:`LinearCrossEntropyOutput` with the token accuracy (one argmax per
+            chunk; for metrics, no gradient).
 
     Returns:
-        The loss, a float32 scalar (``"mean"``, ``"sum"``) or a float32 tensor of ``labels``' shape (``"none"``).
+        The loss, a float32 scalar (``"mean"``, ``"sum"``) or a float32 tensor of ``labels``' shape (``"none"``); a
+        :class:`LinearCrossEntropyOutput` when ``return_z_loss`` or ``return_token_accuracy`` is set.
 
     Raises:
         TypeError: If an argument has the wrong type.
-        ValueError: If the shapes do not match, or ``reduction``, ``chunk_size`` or ``softcap`` is invalid.
+        ValueError: If the shapes do not match, or ``reduction``, ``chunk_size``, ``softcap``, ``label_smoothing``
+            or ``lse_square_scale`` is invalid.
 
     Example:
         >>> hidden, weight = torch.randn(2, 5, 8), torch.randn(11, 8)
         >>> labels = torch.tensor([[1, 2, 3, -100, -100], [4, 5, 6, 7, 8]])
-        >>> loss = linear_cross_entropy(hidden, weight, labels, chunk_size=3)
-        >>> torch.allclose(loss, F.cross_entropy((hidden @ weight.T).view(-1, 11), labels.view(-1)))
+        >>> loss = linear_cross_entropy(hidden, weight, labels, chunk_size=3, label_smoothing=0.1)
+        >>> want = F.cross_entropy((hidden @ weight.T).view(-1, 11), labels.view(-1), label_smoothing=0.1)
+        >>> torch.allclose(loss, want)
         True
     """
     for name, value in (("hidden", hidden), ("weight", weight), ("labels", labels)):
@@ -180,12 +353,15 @@ def linear_cross_entropy(
         raise TypeError(f"`bias` must be a torch.Tensor or None, got {type(bias).__name__}")
     if bias is not None and bias.shape != weight.shape[:1]:
         raise ValueError(f"`bias` must have shape {tuple(weight.shape[:1])}, got shape {tuple(bias.shape)}")
+    check_loss_options(label_smoothing, ce_weight, lse_square_scale, vocab=weight.shape[0])
     if labels.is_floating_point() or labels.is_complex() or labels.dtype == torch.bool:
         raise TypeError(f"`labels` must hold integer class ids, got dtype {labels.dtype}")
     check_int("ignore_index", ignore_index, minimum=-(2**63), maximum=2**63 - 1)  # an int64 label
     check_bool("shift", shift)
     check_int("chunk_size", chunk_size, minimum=1, allow_none=True)
     check_float("softcap", softcap, low=0.0, low_inclusive=False, allow_none=True)
+    check_bool("return_z_loss", return_z_loss)
+    check_bool("return_token_accuracy", return_token_accuracy)
     if shift:
         labels = F.pad(labels, (0, 1), value=ignore_index)[..., 1:]
     flat_hidden, flat_labels = hidden.reshape(-1, hidden.shape[-1]), labels.reshape(-1).to(hidden.device)
@@ -194,13 +370,38 @@ def linear_cross_entropy(
         flat_hidden, weight = flat_hidden.to(dtype), weight.to(dtype)
     else:
         weight = weight.to(flat_hidden.dtype)
-    chunk = chunk_size or default_chunk_size(flat_hidden.shape[0], weight.shape[0], weight.shape[1])
+    reduced = _reduced(flat_hidden.dtype)
+    class_weight = None if ce_weight is None else ce_weight.detach().to(flat_hidden.device, reduced)
+    chunk = chunk_size or default_chunk_size(flat_hidden.shape[0], weight.shape[0], itemsize=reduced.itemsize)
     with torch.autocast(hidden.device.type, enabled=False):
-        losses = _LinearCrossEntropy.apply(
-            flat_hidden, weight, bias, flat_labels, ignore_index, chunk, None if softcap is None else float(softcap)
+        losses, lse, correct = _LinearCrossEntropy.apply(
+            flat_hidden,
+            weight,
+            bias,
+            flat_labels,
+            class_weight,
+            ignore_index,
+            chunk,
+            None if softcap is None else float(softcap),
+            float(label_smoothing),
+            return_token_accuracy,
         )
+    z_losses = float(lse_square_scale) * lse.square()
+    valid = flat_labels != ignore_index
+    labelled = valid.sum()
     if reduction == "none":
-        return losses.view(labels.shape)
-    if reduction == "sum":
-        return losses.sum()
-    return losses.sum() / (flat_labels != ignore_index).sum()
+        loss, z_loss, accuracy = losses.view(labels.shape), z_losses.view(labels.shape), correct
+    else:
+        per_label = labelled if reduction == "mean" else 1
+        per_weight = per_label  # "mean" with class weights: over the labelled tokens' weights, as F.cross_entropy
+        if class_weight is not None and reduction == "mean":
+            per_weight = torch.where(valid, class_weight[torch.where(valid, flat_labels, 0)], 0.0).sum()
+        loss, z_loss, accuracy = losses.sum() / per_weight, z_losses.sum() / per_label, correct.sum() / labelled
+    loss = loss + z_loss
+    if not (return_z_loss or return_token_accuracy):
+        return loss
+    if return_token_accuracy and reduction == "none":
+        accuracy = correct.view(labels.shape)
+    return LinearCrossEntropyOutput(
+        loss, z_loss if return_z_loss else None, accuracy if return_token_accuracy else None
+    )

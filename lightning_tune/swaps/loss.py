@@ -35,7 +35,7 @@ from torch import Tensor, nn
 from lightning_tune import _imports
 from lightning_tune._surgery import InstanceForward, SurgeryResult, pretrained_model_class, remove_forward, table
 from lightning_tune._validation import check_instance, check_int
-from lightning_tune.swaps.cross_entropy import linear_cross_entropy
+from lightning_tune.swaps.cross_entropy import check_loss_options, linear_cross_entropy
 from lightning_tune.vocab import canonical_loss
 
 __all__ = ["LossSwapEntry", "LossSwapResult", "find_causal_lms", "resolve_loss_backend", "swap_loss"]
@@ -98,10 +98,20 @@ def _liger_loss(
     reduction: str,
     shift: bool,
     softcap: float | None,
+    label_smoothing: float = 0.0,
+    ce_weight: Tensor | None = None,
+    lse_square_scale: float = 0.0,
 ) -> Tensor:
     _imports.require("liger_kernel", feature="LossSwap(backend='liger')")
     fused = importlib.import_module("liger_kernel.transformers.fused_linear_cross_entropy")
-    loss_fn = fused.LigerFusedLinearCrossEntropyLoss(ignore_index=ignore_index, reduction=reduction, softcap=softcap)
+    loss_fn = fused.LigerFusedLinearCrossEntropyLoss(
+        ignore_index=ignore_index,
+        reduction=reduction,
+        softcap=softcap,
+        label_smoothing=label_smoothing,
+        ce_weight=None if ce_weight is None else ce_weight.to(hidden.device, torch.float32),
+        lse_square_scale=lse_square_scale,
+    )
     if shift:
         labels = torch.nn.functional.pad(labels, (0, 1), value=ignore_index)[..., 1:]
     if torch.is_autocast_enabled(hidden.device.type):  # the head's product in the autocast dtype, as nn.Linear's
@@ -348,6 +358,9 @@ def swap_loss(
     *,
     device: torch.device | str | None = None,
     chunk_size: int | None = None,
+    label_smoothing: float = 0.0,
+    ce_weight: Tensor | None = None,
+    lse_square_scale: float = 0.0,
     notify: Callable[[str], object] | None = None,
 ) -> LossSwapResult:
     """Make each Hugging Face causal LM in ``module`` compute its training loss without logits (see the module doc).
@@ -358,15 +371,21 @@ def swap_loss(
         device: Device the loss runs on; ``None``: that of the model's first parameter.
         chunk_size: Tokens per chunk of the ``"chunked"`` backend; ``None`` chooses
             (:func:`~lightning_tune.swaps.cross_entropy.default_chunk_size`).
+        label_smoothing: Label smoothing of the loss, as ``F.cross_entropy``'s (Hugging Face's loss has none).
+        ce_weight: Class weights ``[vocab]`` of the loss, as ``F.cross_entropy``'s ``weight``.
+        lse_square_scale: Adds Liger-Kernel's z-loss, ``lse_square_scale * logsumexp(logits) ** 2`` per labelled
+            token (see :func:`~lightning_tune.swaps.cross_entropy.linear_cross_entropy`).
         notify: Receives the message saying what ``"auto"`` chose.
 
     Returns:
         The swapped models, with :meth:`~LossSwapResult.restore` and :meth:`~LossSwapResult.describe`.
 
     Raises:
-        TypeError: If ``module`` is not an ``nn.Module``, or a causal LM's head is not an ``nn.Linear``.
+        TypeError: If ``module`` is not an ``nn.Module``, a causal LM's head is not an ``nn.Linear``, or a loss
+            option has the wrong type.
         ValueError: If ``backend`` is unknown or cannot run here, ``module`` holds no causal LM the swap knows (see
-            :func:`find_causal_lms`), or a model scales its logits or defines another loss.
+            :func:`find_causal_lms`), a model scales its logits or defines another loss, or a loss option's value
+            (or ``ce_weight``'s length against a model's vocabulary) is not allowed.
 
     Example:
         >>> from lightning_tune.demos import GPT, GPTConfig
@@ -379,14 +398,22 @@ def swap_loss(
     """
     check_instance("module", module, nn.Module, "a torch.nn.Module")
     check_int("chunk_size", chunk_size, minimum=1, allow_none=True)
+    check_loss_options(label_smoothing, ce_weight, lse_square_scale)
     requested = canonical_loss(backend, arg="backend")
     first = next(module.parameters(), None)
     run_device = (
         torch.device(device) if device is not None else (torch.device("cpu") if first is None else first.device)
     )
     resolved = resolve_loss_backend(requested, device=run_device, notify=notify)
+    options: dict[str, Any] = {
+        "label_smoothing": label_smoothing,
+        "ce_weight": ce_weight,
+        "lse_square_scale": lse_square_scale,
+    }
     loss_fn: _LossFn = (
-        _liger_loss if resolved == "liger" else functools.partial(linear_cross_entropy, chunk_size=chunk_size)
+        functools.partial(_liger_loss, **options)
+        if resolved == "liger"
+        else functools.partial(linear_cross_entropy, chunk_size=chunk_size, **options)
     )
     result = LossSwapResult(requested=requested, backend=resolved)
     models = find_causal_lms(module)
@@ -401,6 +428,8 @@ def swap_loss(
             f"TunePlugin(loss={requested!r}), which swaps after `configure_model`."
         )
     softcaps = [_check_model(path, model, kind) for path, model, kind in models]  # refuse before changing anything
+    for _, model, kind in models:
+        check_loss_options(label_smoothing, ce_weight, lse_square_scale, vocab=_head(model, kind).out_features)
     for (path, model, kind), softcap in zip(models, softcaps, strict=True):
         head = _head(model, kind)
         head_loss = _HeadLoss(head, _original(head, _HeadLoss), loss_fn, softcap)
