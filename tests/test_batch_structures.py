@@ -374,3 +374,13 @@ def test_a_collate_that_keeps_fewer_samples_trains_as_lightning(
     fit(model, [dyn], tmp_path, accumulation)
     assert dyn.step.consumed == N  # the epoch's position counts what the sampler drew
     assert_same_weights(model, reference)
+
+
+def test_a_ragged_list_with_one_sample_as_long_as_the_batch_is_read_per_sample() -> None:
+    """Whether a ragged list of ids is cut must not hang on one sample's length happening to be the sample count."""
+    from lightning_tune.perf.batch import BatchLayout
+
+    words = [[1, 2], [1, 2, 3, 4], [5], [6, 7, 8]]  # sample 1 holds as many ids as the batch has samples
+    layout = BatchLayout()
+    assert layout.samples({"ids": torch.zeros(4, 3), "words": words}) == 4
+    assert layout.per_sample(("words",))  # cut with its samples, not refused and not sent whole

@@ -8,6 +8,7 @@ twice through an epoch's last batch"). With DynamicBatchSize the counter is set 
 from __future__ import annotations
 
 import collections
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -74,7 +75,7 @@ def fit(
         max_epochs=EPOCHS,
         max_steps=max_steps,
         logger=False,
-        enable_checkpointing=bool(every),
+        enable_checkpointing=bool(every) or any(isinstance(c, ModelCheckpoint) for c in callbacks),
         enable_progress_bar=False,
         enable_model_summary=False,
         accelerator="cpu",
@@ -124,6 +125,7 @@ def _one_behind(path: Path) -> None:
     checkpoint = torch.load(path, weights_only=False)
     for counts in checkpoint["loops"]["fit_loop"]["epoch_progress"].values():
         counts["ready"], counts["started"] = counts["ready"] - 1, counts["started"] - 1
+    del checkpoint["callbacks"]["DynamicBatchSize"]["epoch_counted"]  # as a version before the marker wrote it
     torch.save(checkpoint, path)
 
 
@@ -145,3 +147,27 @@ def test_a_checkpoint_one_epoch_behind_without_the_packs_state_is_named_in_a_war
     fit(tmp_path, [], ckpt=str(ckpt / "step=16.ckpt"), every=8, max_steps=24)  # Lightning alone: one behind
     with pytest.warns(UserWarning, match=r"step=24\.ckpt was saved after 8 batches of epoch 1.*Add 1 to checkpoint"):
         fit(tmp_path, [lt.DynamicBatchSize()], ckpt=str(ckpt / "step=24.ckpt"), max_steps=25)
+
+
+@pytest.mark.parametrize("save", ["epoch-end", "after-fit"])
+def test_a_run_stopped_by_max_steps_mid_epoch_resumes_as_lightning_alone(tmp_path: Path, save: str) -> None:
+    """Counters that look like the defect's but are right: the pack leaves them alone and warns about nothing."""
+
+    def chain(root: Path, pack: bool) -> tuple[Seen, Trainer]:
+        seen = Seen()
+        callbacks: list[Callback] = [seen, *([lt.DynamicBatchSize()] if pack else [])]
+        saving = [ModelCheckpoint(root / "ckpt", filename="{step}")] if save == "epoch-end" else []  # at epoch ends
+        _, first = fit(root, [*callbacks, *saving], max_steps=24)  # stopped mid-epoch 1
+        if save == "after-fit":
+            first.save_checkpoint(root / "ckpt" / "step=24.ckpt")
+        with warnings.catch_warnings():
+            warnings.filterwarnings("error", message=".*epoch counter.*")
+            _, trainer = fit(root, callbacks, ckpt=str(root / "ckpt" / "step=24.ckpt"))
+        return seen, trainer
+
+    alone, lightning = chain(tmp_path / "alone", pack=False)
+    packed, ours = chain(tmp_path / "pack", pack=True)
+    assert ours.global_step == lightning.global_step
+    assert collections.Counter(e for e, _ in packed.seen.elements()) == collections.Counter(
+        e for e, _ in alone.seen.elements()
+    )  # the samples each epoch trained

@@ -104,13 +104,17 @@ def repair_epoch_counter(checkpoint: dict[str, Any], state: dict[str, Any] | Non
     checkpoint) knows the epoch its position counts in: when it is the checkpoint's, the counter is set right before
     Lightning reads it. Checked on Lightning 2.6.6 (the ``loops`` keys of its checkpoints).
     """
+    if state is not None and state.get("epoch_counted"):
+        return  # written by a run that counts the running epoch itself (`start_epoch_from_its_first_batch`)
     loop = checkpoint.get("loops", {}).get("fit_loop", {})
     epochs, batches = loop.get("epoch_progress"), loop.get("epoch_loop.batch_progress")
     if not epochs or not batches or batches.get("is_last_batch") or not batches["current"]["ready"]:
         return
-    current = epochs["current"]
-    if current["ready"] != current["processed"]:
-        return  # a mid-epoch checkpoint counted right
+    current, batch = epochs["current"], batches["current"]
+    if not current["ready"] == current["processed"] == current["completed"]:
+        return  # a mid-epoch checkpoint counted right, or one saved as an epoch ended
+    if batch["completed"] != batch["ready"] - 1:
+        return  # not saved inside a training batch's hooks (as a step checkpoint is): e.g. after a `max_steps` stop
     if state is not None and state.get("epoch") == current["completed"] and state.get("consumed"):
         for counts in (epochs["current"], epochs["total"]):
             counts["ready"], counts["started"] = counts["ready"] + 1, counts["started"] + 1

@@ -384,6 +384,7 @@ class DynamicBatchSize(Callback):
             "order": sampler.saved_order() if sampler is not None and trainer and trainer.world_size == 1 else None,
             "epoch": None if trainer is None else trainer.current_epoch,  # the epoch `consumed` counts in
             "seed": self._seed,
+            "epoch_counted": True,  # Lightning's epoch counter in the same checkpoint is right (no repair on load)
         }
 
     @override

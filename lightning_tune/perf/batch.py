@@ -245,7 +245,7 @@ class BatchLayout:
             elif _is_record(child):
                 fits = self._rows(child, place, n)
             elif isinstance(child, (list, tuple)):
-                fits = len(child) == n or self._rows(child, place, n)
+                fits = len(child) == n or self._rows(child, place, n) is True  # scalars of another length: no
             else:
                 fits = False
             if fits is False:
