@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING
 from lightning_tune._lazy import lazy_exports as _lazy_exports
 
 if TYPE_CHECKING:
-    from lightning_tune.batch import SimulatedMemory, find_batch_size
+    from lightning_tune.batch import SimulatedMemory, TrackedMemory, find_batch_size
     from lightning_tune.callbacks import (
         ActivationCheckpointing,
         AdaptiveLROnPlateau,
@@ -61,6 +61,7 @@ _ORIGINS = {
     "SimulatedMemory": "lightning_tune.batch",
     "ThroughputLatencyMonitor": "lightning_tune.callbacks",
     "TorchCompile": "lightning_tune.callbacks",
+    "TrackedMemory": "lightning_tune.batch",
     "TrainingConfig": "lightning_tune.config",
     "TransformerShape": "lightning_tune.plan",
     "TunePlugin": "lightning_tune.plugins",
@@ -102,6 +103,7 @@ __all__ = [
     "SimulatedMemory",
     "ThroughputLatencyMonitor",
     "TorchCompile",
+    "TrackedMemory",
     "TrainingConfig",
     "TransformerShape",
     "TunePlugin",

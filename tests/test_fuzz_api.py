@@ -72,6 +72,7 @@ BASES: dict[str, Callable[[], dict[str, Any]]] = {
     "OptimizerSwap": dict,
     "ScheduleLR": lambda: {"optimizer": _sgd(), "schedule": lr.LinearWarmupSchedule(base_lrs=(0.1,), warmup_steps=2)},
     "SimulatedMemory": lambda: {"total_bytes": 10**9, "fixed_bytes": 10**6, "bytes_per_sample": 10**5},
+    "TrackedMemory": lambda: {"total_bytes": 10**9},
     "ThroughputLatencyMonitor": dict,
     "TorchCompile": dict,
     "TrainingConfig": dict,

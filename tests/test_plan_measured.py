@@ -13,7 +13,7 @@ from torch import nn
 
 from lightning_tune.demos import DemoGPT, GPTConfig
 from lightning_tune.plan import measure_memory, measured
-from lightning_tune.plan.measured import _fake_modes, _LiveBytes
+from lightning_tune.plan.measured import LiveBytes, _fake_modes
 from lightning_tune.swaps.optimizer import optimizer_state_bytes
 
 CONFIG = GPTConfig(vocab_size=64, seq_len=32, d_model=64, n_layers=2, n_heads=4)
@@ -94,7 +94,7 @@ def test_plain_module_with_a_batch_function_and_an_optimizer_factory() -> None:
 
 def test_live_bytes_follow_storages_not_views() -> None:
     # what the measurement relies on in torch's fake tensors and dispatch modes (checked on torch 2.13)
-    counter = _LiveBytes()
+    counter = LiveBytes()
     fake_mode, tracker = _fake_modes(counter)
     with fake_mode, tracker:
         a = torch.empty(1000)

@@ -7,7 +7,14 @@ runner and the step policy (:class:`DynamicStep`); none of it knows about the Tr
 from lightning_tune.batch.control import BatchSizeController, Decision
 from lightning_tune.batch.logs import StepLogs
 from lightning_tune.batch.memory import MemoryModel
-from lightning_tune.batch.probes import FAILURE_KINDS, CudaMemory, MemoryProbe, SimulatedMemory, expandable_segments
+from lightning_tune.batch.probes import (
+    FAILURE_KINDS,
+    CudaMemory,
+    MemoryProbe,
+    SimulatedMemory,
+    TrackedMemory,
+    expandable_segments,
+)
 from lightning_tune.batch.runner import (
     ALLOCATION_FAILURE_MESSAGES,
     MicroBatch,
@@ -44,6 +51,7 @@ __all__ = [
     "StepLogs",
     "StepOutcome",
     "TokenBudget",
+    "TrackedMemory",
     "all_reduce_max",
     "cut_step",
     "expandable_segments",

@@ -9,17 +9,29 @@ and padded sequence length of every micro-batch just before that micro-batch run
 
 from __future__ import annotations
 
+import bisect
+import contextlib
+import functools
 import gc
 import os
 import random
 import weakref
+from collections.abc import Iterator
 from typing import Any, Literal, Protocol, get_args, runtime_checkable
 
 import torch
 
 from lightning_tune._validation import check_float, check_instance, check_int
 
-__all__ = ["FAILURE_KINDS", "CudaMemory", "FailureKind", "MemoryProbe", "SimulatedMemory", "expandable_segments"]
+__all__ = [
+    "FAILURE_KINDS",
+    "CudaMemory",
+    "FailureKind",
+    "MemoryProbe",
+    "SimulatedMemory",
+    "TrackedMemory",
+    "expandable_segments",
+]
 
 
 FailureKind = Literal["oom", "cublas", "cudnn"]
@@ -163,6 +175,125 @@ class CudaMemory:
         return f"CudaMemory(device={None if self._device is None else str(self._device)!r})"
 
 
+class _CachingAllocator:
+    """The caching allocator :class:`SimulatedMemory` and :class:`TrackedMemory` model: blocks, a cache, a peak.
+
+    A request is rounded up to ``granule`` bytes. A freed block stays reserved in the cache until :meth:`empty_cache`.
+    With ``fragmentation > 0`` and no ``expandable_segments``, a new block is rounded up by that fraction and a cached
+    block serves only a request it is large enough for (the smallest such block, used whole); otherwise cached memory
+    serves any request. A request that does not fit first empties the cache and retries (pressure), then fails.
+    """
+
+    granule = 1
+
+    def __init__(self, total_bytes: int, outside_bytes: int, fragmentation: float, expandable_segments: bool) -> None:
+        self.total, self.outside_bytes = total_bytes, outside_bytes
+        self.fragmentation, self.expandable_segments = fragmentation, expandable_segments
+        self._blocks: dict[int, int] = {}  # live allocation id -> block size
+        self._cache: list[int] = []  # sizes of cached (free but reserved) blocks, sorted
+        self._allocated = self._cached = 0  # their sums
+        self._next = 0
+        self._peak = 0
+        self._retries_at_reset = 0
+        #: Allocation failures raised so far.
+        self.out_of_memory_errors = 0
+        #: Times the allocator emptied its cache to retry an allocation.
+        self.alloc_retries = 0
+
+    def allocated_bytes(self) -> int:
+        """Bytes in live allocations."""
+        return self._allocated
+
+    def reserved_bytes(self) -> int:
+        """Bytes the allocator holds: live blocks plus cached ones."""
+        return self._allocated + self._cached
+
+    def _fungible(self) -> bool:
+        return self.expandable_segments or self.fragmentation == 0.0
+
+    def _set_cache(self, sizes: list[int]) -> None:
+        self._cache, self._cached = sizes, sum(sizes)
+
+    def _from_cache(self, n: int) -> int | None:
+        if self._fungible():
+            pool = self._cached
+            if pool < n:
+                return None
+            self._set_cache([pool - n] if pool > n else [])
+            return n
+        i = bisect.bisect_left(self._cache, n)
+        if i == len(self._cache):
+            return None
+        size = self._cache.pop(i)  # used whole: what it has beyond the request is fragmentation
+        self._cached -= size
+        return size
+
+    def _allocate(self, n: int, what: str, *, exact: bool = False) -> int:
+        n = -(-n // self.granule) * self.granule
+        size = self._from_cache(n)
+        if size is None:
+            want = n if self._fungible() or exact else int(n * (1.0 + self.fragmentation))
+            if self._fungible():  # an expandable segment grows by what the cache cannot give
+                want_new, pool = max(0, n - self._cached), self._cached
+            else:
+                want_new, pool = want, 0
+            if self.reserved_bytes() + want_new > self.capacity_bytes() and self._cache:
+                self._set_cache([])  # free the cached blocks and try again, as the CUDA allocator does
+                self.alloc_retries += 1
+                want_new, pool = want, 0
+            if self.reserved_bytes() + want_new > self.capacity_bytes():
+                self.out_of_memory_errors += 1
+                raise self._failure(what, n)
+            if pool:
+                self._set_cache([])
+            size = want
+        self._next += 1
+        self._blocks[self._next] = size
+        self._allocated += size
+        self._peak = max(self._peak, self.reserved_bytes())
+        return self._next
+
+    def _release(self, block: int | None) -> None:
+        size = self._blocks.pop(block, None) if block is not None else None
+        if size is not None:
+            self._allocated -= size
+            bisect.insort(self._cache, size)
+            self._cached += size
+
+    def _failure(self, what: str, n: int) -> BaseException:
+        raise NotImplementedError
+
+    def total_bytes(self) -> int:
+        """Memory of the device."""
+        return self.total
+
+    def capacity_bytes(self) -> int:
+        """What PyTorch can get: the total less the memory used outside it."""
+        return self.total - self.outside_bytes
+
+    def reset_peak(self) -> None:
+        """Start a new interval: the peak becomes what is reserved now, as ``torch.cuda.reset_peak_memory_stats``."""
+        self._peak = self.reserved_bytes()
+        self._retries_at_reset = self.alloc_retries
+
+    def peak_bytes(self) -> int:
+        """Highest reserved memory since the last reset."""
+        return self._peak
+
+    def pressure(self) -> bool:
+        """Whether the allocator emptied its cache to retry an allocation since the last reset."""
+        return self.alloc_retries > self._retries_at_reset
+
+    def free(self) -> None:
+        """Collect garbage and empty the cache; memory of tensors still alive stays."""
+        gc.collect()
+        self.empty_cache()
+
+    def empty_cache(self) -> None:
+        """Give the cached blocks back; live tensors' memory stays."""
+        self._set_cache([])
+
+
 class _Hold(torch.autograd.Function):
     """Identity whose output owns a simulated allocation; its backward can allocate a transient one."""
 
@@ -178,7 +309,7 @@ class _Hold(torch.autograd.Function):
         return grad, None, None
 
 
-class SimulatedMemory:
+class SimulatedMemory(_CachingAllocator):
     """A simulated CUDA device with a caching allocator, for trying and testing without a GPU.
 
     Memory is ``fixed_bytes`` (weights, gradients, optimizer state, workspace) plus ``bytes_per_sample`` per sample of
@@ -274,81 +405,19 @@ class SimulatedMemory:
                 f"`fixed_bytes` + `outside_bytes` must be below `total_bytes` ({total_bytes}) so that a sample fits, "
                 f"got {fixed_bytes} + {outside_bytes}"
             )
-        self.total, self.fixed_bytes, self.outside_bytes = total_bytes, fixed_bytes, outside_bytes
+        super().__init__(total_bytes, outside_bytes, fragmentation, expandable_segments)
+        self.fixed_bytes, self.seq_len = fixed_bytes, seq_len
         self.bytes_per_sample, self.bytes_per_token, self.noise = bytes_per_sample, bytes_per_token, noise
-        self.fragmentation, self.expandable_segments, self.seq_len = fragmentation, expandable_segments, seq_len
         self.activations: Activations = activations
         self.backward_bytes_per_sample = backward_bytes_per_sample
         self.fail_as: FailureKind = fail_as
         self._rng = random.Random(seed)
-        self._blocks: dict[int, int] = {}  # live allocation id -> block size
-        self._cache: list[int] = []  # sizes of cached (free but reserved) blocks
-        self._next = 0
         self._transient: int | None = None  # the running micro-batch's activations (activations="micro_batch")
         self._length_scale = 1.0
         self._tokens_per_sample = 0  # padded length of the running micro-batch, for bytes_per_token
         self._samples = 0
-        self._peak = 0
-        self._retries_at_reset = 0
-        #: Allocation failures raised so far.
-        self.out_of_memory_errors = 0
-        #: Times the allocator emptied its cache to retry an allocation.
-        self.alloc_retries = 0
         self._fixed = self._allocate(fixed_bytes, "fixed memory", exact=True) if fixed_bytes else None
         self._peak = self.reserved_bytes()
-
-    # -- the allocator -----------------------------------------------------------------------------------------------
-    def allocated_bytes(self) -> int:
-        """Bytes in live allocations."""
-        return sum(self._blocks.values())
-
-    def reserved_bytes(self) -> int:
-        """Bytes the allocator holds: live blocks plus cached ones."""
-        return self.allocated_bytes() + sum(self._cache)
-
-    def _fungible(self) -> bool:
-        return self.expandable_segments or self.fragmentation == 0.0
-
-    def _from_cache(self, n: int) -> int | None:
-        if self._fungible():
-            pool = sum(self._cache)
-            if pool < n:
-                return None
-            self._cache = [pool - n] if pool > n else []
-            return n
-        fitting = [size for size in self._cache if size >= n]
-        if not fitting:
-            return None
-        self._cache.remove(min(fitting))  # used whole: what it has beyond the request is fragmentation
-        return min(fitting)
-
-    def _allocate(self, n: int, what: str, *, exact: bool = False) -> int:
-        size = self._from_cache(n)
-        if size is None:
-            want = n if self._fungible() or exact else int(n * (1.0 + self.fragmentation))
-            if self._fungible():  # an expandable segment grows by what the cache cannot give
-                want_new, pool = max(0, n - sum(self._cache)), sum(self._cache)
-            else:
-                want_new, pool = want, 0
-            if self.reserved_bytes() + want_new > self.capacity_bytes() and self._cache:
-                self._cache.clear()  # free the cached blocks and try again, as the CUDA allocator does
-                self.alloc_retries += 1
-                want_new, pool = want, 0
-            if self.reserved_bytes() + want_new > self.capacity_bytes():
-                self.out_of_memory_errors += 1
-                raise self._failure(what, n)
-            if pool:
-                self._cache = []
-            size = want
-        self._next += 1
-        self._blocks[self._next] = size
-        self._peak = max(self._peak, self.reserved_bytes())
-        return self._next
-
-    def _release(self, block: int | None) -> None:
-        size = self._blocks.pop(block, None) if block is not None else None
-        if size is not None:
-            self._cache.append(size)
 
     def _failure(self, what: str, n: int) -> BaseException:
         detail = (
@@ -403,28 +472,11 @@ class SimulatedMemory:
         tokens = batch_size * self._tokens_per_sample
         return int(self.bytes_per_sample * batch_size * self._length_scale) + self.bytes_per_token * tokens
 
-    def total_bytes(self) -> int:
-        """Memory of the simulated device."""
-        return self.total
-
-    def capacity_bytes(self) -> int:
-        """What PyTorch can get: the total less the memory used outside it."""
-        return self.total - self.outside_bytes
-
-    def reset_peak(self) -> None:
-        """Start a new interval: the peak becomes what is reserved now, as ``torch.cuda.reset_peak_memory_stats``."""
-        self._peak = self.reserved_bytes()
-        self._retries_at_reset = self.alloc_retries
-
     def peak_bytes(self) -> int:
         """Highest (noisy) reserved memory since the last reset."""
         if not self.noise:
             return self._peak
         return min(int(self._peak * (1.0 + self._rng.gauss(0.0, self.noise))), self.total)
-
-    def pressure(self) -> bool:
-        """Whether the allocator emptied its cache to retry an allocation since the last reset."""
-        return self.alloc_retries > self._retries_at_reset
 
     def before_micro_batch(self, batch_size: int, seq_len: int | None = None) -> None:
         """Start a micro-batch: allocate its activations (``activations="micro_batch"``), or raise as a full device."""
@@ -436,16 +488,11 @@ class SimulatedMemory:
         self._transient = None
         self._transient = self._allocate(self._activation_bytes(batch_size), f"micro-batch of {batch_size} samples")
 
-    def free(self) -> None:
-        """Collect garbage and empty the cache; memory of tensors still alive stays."""
-        gc.collect()
-        self.empty_cache()
-
     def empty_cache(self) -> None:
         """Empty the cache (the last micro-batch's activations are garbage by now); live tensors' memory stays."""
         self._release(self._transient)
         self._transient = None
-        self._cache.clear()
+        super().empty_cache()
 
     def __repr__(self) -> str:
         return (
@@ -453,3 +500,178 @@ class SimulatedMemory:
             f"bytes_per_sample={self.bytes_per_sample}, noise={self.noise}"
             + (f", bytes_per_token={self.bytes_per_token})" if self.bytes_per_token else ")")
         )
+
+
+def _cuda_size(n: int) -> str:
+    """A size as the CUDA caching allocator's messages print it.
+
+    Example:
+        >>> _cuda_size(512), _cuda_size(3 << 19), _cuda_size(5 << 29)
+        ('512 bytes', '1.50 MiB', '2.50 GiB')
+    """
+    if n <= 1 << 10:
+        return f"{n} bytes"
+    for unit, scale in (("KiB", 1 << 10), ("MiB", 1 << 20)):
+        if n <= scale << 10:
+            return f"{n / scale:.2f} {unit}"
+    return f"{n / (1 << 30):.2f} GiB"
+
+
+@functools.cache
+def _aliases(func: Any) -> bool:
+    """Whether an operator's outputs are views of, or are, its inputs (its schema says so): nothing is allocated.
+
+    ``OpOverload._schema`` is private torch API (checked on torch 2.13), the one place that says so for every
+    operator; ``tests/test_tracked_memory.py`` fails if views or in-place results start to count.
+    """
+    return any(ret.alias_info is not None for ret in func._schema.returns)
+
+
+class TrackedMemory(_CachingAllocator):
+    """A device of ``total_bytes`` that holds the real tensors of a run on the CPU, for rehearsing without a GPU.
+
+    While :meth:`tracking` is entered, every new tensor storage the run creates is allocated on it: weights (those
+    handed to :meth:`tracking`, and any made inside it), gradients, optimizer state, activations, temporaries, the
+    batches a collate makes. A storage counts once however many views share it and until it is freed. Allocations go
+    through the caching allocator :class:`SimulatedMemory` models (requests rounded up to 512 bytes as CUDA's are;
+    freed blocks stay reserved until :meth:`empty_cache`; ``fragmentation`` and ``expandable_segments`` as there), so
+    the peak read is of reserved memory, as on CUDA. An allocation that would pass what PyTorch can get raises
+    ``torch.OutOfMemoryError`` with CUDA's message from inside the operation that made it, in a forward, a backward,
+    an optimizer step or a collate, so recovery runs where it runs on a GPU.
+
+    Give it to :class:`~lightning_tune.DynamicBatchSize` as its ``probe`` and run the fit inside :meth:`tracking`:
+    DynamicBatchSize then takes its decisions on the model's own memory as a GPU of that size would hold it (the
+    tensors are on the CPU, so the device-independent parts: no CUDA context, cuBLAS workspace or kernels' scratch).
+    The run's own operations are watched with a ``TorchDispatchMode``; of the tensors made before :meth:`tracking`,
+    only those handed to it count (a dataset in host memory is not the device's), and batches made in DataLoader
+    worker processes are not seen (use ``num_workers=0``).
+
+    Args:
+        total_bytes: Memory of the device.
+        outside_bytes: Memory of the device used outside PyTorch (a CUDA context, other processes).
+        fragmentation: Rounding of new blocks when segments do not expand, in [0, 1).
+        expandable_segments: Whether the allocator's segments expand (cached memory serves any request).
+
+    Raises:
+        TypeError: If an argument has the wrong type.
+        ValueError: If a size is negative, ``outside_bytes`` is not below ``total_bytes``, or ``fragmentation`` is
+            outside [0, 1).
+
+    Example:
+        >>> memory = TrackedMemory(total_bytes=1 << 20)
+        >>> weight = torch.ones(1024)  # 4 KiB, made before tracking: counted because it is handed over
+        >>> with memory.tracking(weight):
+        ...     y = weight * 2  # 4 KiB more
+        ...     view = y[:10]  # a view: no new storage
+        ...     print(memory.allocated_bytes())
+        ...     del y, view
+        8192
+        >>> memory.allocated_bytes(), memory.reserved_bytes(), memory.peak_bytes()  # y's block stays cached
+        (4096, 8192, 8192)
+        >>> with memory.tracking():
+        ...     torch.zeros(1 << 18)
+        Traceback (most recent call last):
+          ...
+        torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 1024.00 KiB. ...
+    """
+
+    granule = 512  # CUDA's allocator rounds every request up to a multiple of 512 bytes
+
+    def __init__(
+        self,
+        total_bytes: int,
+        *,
+        outside_bytes: int = 0,
+        fragmentation: float = 0.0,
+        expandable_segments: bool = False,
+    ) -> None:
+        from lightning_tune._validation import check_bool
+        from lightning_tune.plan.measured import LiveBytes
+
+        check_int("total_bytes", total_bytes, minimum=1)
+        check_int("outside_bytes", outside_bytes, minimum=0)
+        check_float("fragmentation", fragmentation, low=0.0, high=1.0, high_inclusive=False)
+        check_bool("expandable_segments", expandable_segments)
+        if outside_bytes >= total_bytes:
+            raise ValueError(
+                f"`outside_bytes` must be below `total_bytes` ({total_bytes}) so that PyTorch gets some memory, got "
+                f"{outside_bytes}"
+            )
+        super().__init__(total_bytes, outside_bytes, fragmentation, expandable_segments)
+        memory = self
+
+        class Storages(LiveBytes):  # each storage first seen is a block of this allocator, released when it dies
+            op: Any = "a tensor handed to tracking()"
+
+            def _hold(self, size: int) -> int:
+                return memory._allocate(size, self.op)
+
+            def _drop(self, size: int, token: int) -> None:
+                memory._release(token)
+
+        self._storages = Storages()
+        self._mode: Any = None
+
+    @contextlib.contextmanager
+    def tracking(self, *objects: torch.nn.Module | torch.optim.Optimizer | torch.Tensor) -> Iterator[TrackedMemory]:
+        """Allocate every storage made inside the block, and those of ``objects`` (made before it), on this device.
+
+        Args:
+            objects: Modules (their parameters, gradients and buffers), optimizers (their state) and tensors that
+                exist already and live on the device: the model, typically. What the run makes inside the block (an
+                optimizer and its state, a precision plugin's copies) is counted without being named here.
+
+        Raises:
+            TypeError: If an object is not a module, an optimizer or a tensor.
+            RuntimeError: If this probe is tracking already.
+            torch.OutOfMemoryError: If the objects alone do not fit.
+        """
+        from torch.utils._python_dispatch import TorchDispatchMode
+
+        if self._mode is not None:
+            raise RuntimeError("TrackedMemory.tracking() is entered already; enter it once around the whole run")
+        for obj in objects:
+            check_instance(
+                "objects", obj, (torch.nn.Module, torch.optim.Optimizer, torch.Tensor), "modules, optimizers or tensors"
+            )
+        storages = self._storages
+        for obj in objects:
+            if isinstance(obj, torch.nn.Module):
+                storages.track([*obj.parameters(), *obj.buffers()])
+                storages.track([p.grad for p in obj.parameters() if p.grad is not None])
+            elif isinstance(obj, torch.optim.Optimizer):
+                storages.track([list(state.values()) for state in obj.state.values()])
+            else:
+                storages.track(obj)
+
+        class Watch(TorchDispatchMode):  # sees every operation's outputs; only non-aliasing ones allocate
+            def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+                out = func(*args, **(kwargs or {}))
+                if not _aliases(func):
+                    storages.op = func
+                    storages.track(out)  # a refused block raises here: inside the operation, as CUDA's allocator
+                return out
+
+        self._mode = Watch()
+        try:
+            with self._mode:
+                yield self
+        finally:
+            self._mode = None
+            storages.op = "a tensor handed to tracking()"
+
+    def _failure(self, what: str, n: int) -> BaseException:
+        reserved, allocated = self.reserved_bytes(), self.allocated_bytes()
+        return torch.OutOfMemoryError(
+            f"CUDA out of memory. Tried to allocate {_cuda_size(n)}. TrackedMemory has a total capacity of "
+            f"{_cuda_size(self.total)} of which {_cuda_size(max(self.capacity_bytes() - reserved, 0))} is free. Of "
+            f"the allocated memory {_cuda_size(allocated)} is allocated by PyTorch, and "
+            f"{_cuda_size(reserved - allocated)} is reserved by PyTorch but unallocated. (real tensors on the CPU; "
+            f"allocated by {what})"
+        )
+
+    def before_micro_batch(self, batch_size: int, seq_len: int | None = None) -> None:
+        """Nothing to do: the micro-batch's own operations allocate, and fail."""
+
+    def __repr__(self) -> str:
+        return f"TrackedMemory(total_bytes={self.total}, allocated_bytes={self.allocated_bytes()})"

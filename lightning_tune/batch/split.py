@@ -15,7 +15,7 @@ import torch
 from torch import Tensor
 
 from lightning_tune._validation import check_instance, check_int
-from lightning_tune.perf.batch import BatchLayout, Path, _children, _is_record
+from lightning_tune.perf.batch import BatchLayout, Path, children, is_record
 
 __all__ = ["select", "split_batch", "split_sizes"]
 
@@ -116,15 +116,15 @@ class _Cut:
             return node
         if isinstance(node, Tensor):
             return self.rows(node) if node.dim() else node
-        if isinstance(node, (list, tuple)) and not _is_record(node) and self.layout.per_sample(path):
+        if isinstance(node, (list, tuple)) and not is_record(node) and self.layout.per_sample(path):
             items = node[self.pick] if isinstance(self.pick, slice) else [node[i] for i in self.pick]
             return items if type(node) is list else type(node)(items)
         if isinstance(node, Mapping):
             out = {key: self.walk(value, (*path, key)) for key, value in node.items()}
             return out if type(node) is dict else type(node)(out)  # type: ignore[call-arg]
         if isinstance(node, (list, tuple)):
-            children = [self.walk(child, (*path, key)) for key, child in _children(node)]
-            return type(node)(*children) if _is_record(node) else type(node)(children)
+            parts = [self.walk(child, (*path, key)) for key, child in children(node)]
+            return type(node)(*parts) if is_record(node) else type(node)(parts)
         return node
 
     def rows(self, tensor: Tensor) -> Tensor:

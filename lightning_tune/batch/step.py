@@ -18,7 +18,15 @@ from typing import Any, Literal, Protocol, get_args
 import torch
 
 from lightning_tune import keys
-from lightning_tune._validation import check_bool, check_callable, check_choice, check_float, check_int, check_strings
+from lightning_tune._validation import (
+    changed_arguments,
+    check_bool,
+    check_callable,
+    check_choice,
+    check_float,
+    check_int,
+    check_strings,
+)
 from lightning_tune.batch.control import BatchSizeController, Decision
 from lightning_tune.batch.memory import MemoryModel
 from lightning_tune.batch.probes import MemoryProbe
@@ -174,6 +182,7 @@ class DynamicStep:
         self.agreed: IntervalFigures | None = None  # the interval's figures, agreed in the last step's collective
         self.validation: tuple[float, bool] = (0, False)  # training's peak and pressure before validation runs
         self.base = 0.0  # memory live tensors hold at the interval's start (the model's base_bytes)
+        self.base_due = False  # whether the interval's first micro-batch reads the base again (new_interval)
         self.shift, self.compiled = 0, False  # label_shift as resolved, and whether the module runs compiled code
         self.causal_lm = False  # whether the module holds a Hugging Face causal LM
         #: What the step's losses are weighted by: ``loss_weight``, or what ``"auto"`` chose at the first step.
@@ -429,6 +438,8 @@ class DynamicStep:
         """Note a micro-batch about to run (its tokens; the probe's simulated allocation)."""
         self.tokens.largest = max(self.tokens.largest, piece.samples * (piece.seq_len or 1))
         if self.probe is not None:
+            if self.base_due:  # the step's zero_grad ran: the last step's gradients, alive at its end, are freed
+                self.base, self.base_due = min(self.base, self.live_bytes()), False
             self.probe.before_micro_batch(piece.samples, piece.seq_len)
 
     def step_run(self) -> StepRun:
@@ -499,11 +510,21 @@ class DynamicStep:
         assert self.probe is not None
         self.probe.empty_cache()
         self.probe.reset_peak()
-        # the base is what live tensors hold, not what stays reserved: a segment a live tensor holds keeps its free
-        # room reserved, the next step's activations fill that room first, and a reserved base would under-state the
-        # slope (to nothing when they fit in it) and so over-state the size that fits
+        # the base is read again at the interval's first micro-batch, after the step's zero_grad: read here, between
+        # steps, it holds the gradients, which a peak need not hold (one micro-batch a step, the first of several), and
+        # the line from it through that peak would under-state the slope and over-state the size that fits
+        self.base, self.base_due = self.live_bytes(), True
+
+    def live_bytes(self) -> float:
+        """What live tensors hold now (allocated, not reserved, where the probe tells them apart).
+
+        Not what stays reserved: a segment a live tensor holds keeps its free room reserved, the next step's
+        activations fill that room first, and a reserved base would under-state the slope (to nothing when they fit
+        in it) and so over-state the size that fits.
+        """
+        assert self.probe is not None
         allocated = getattr(self.probe, "allocated_bytes", None)
-        self.base = float(allocated() if callable(allocated) else self.probe.peak_bytes())
+        return float(allocated() if callable(allocated) else self.probe.peak_bytes())
 
     def shrink(self, failed: int) -> int:
         """A smaller micro-batch after ``failed`` ran out of memory; the interval starts again.
@@ -633,11 +654,7 @@ class DynamicStep:
         limits = [x for x in (state["batch_size"], self.cap(), self.max_batch_size) if x is not None]
         self.batch_size = max(self.min_batch_size, min(limits))
         before = state.get("arguments", {})
-        changed = [
-            f"{k} {before[k]!r} -> {v!r}"
-            for k, v in self.arguments().items()
-            if k in before and before[k] != v and k != "loss_weight"
-        ]
+        changed = changed_arguments(before, self.arguments(), ignore=("loss_weight",))
         # the weighting the checkpoint's steps ran with (a checkpoint from before "auto" records only its argument)
         ran: Weighting | None = state.get("weighting") or (
             None if before.get("loss_weight") == "auto" else before.get("loss_weight")

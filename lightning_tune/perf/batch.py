@@ -76,11 +76,13 @@ def path_text(path: Path) -> str:
     return "batch" + "".join(f"[{key!r}]" for key in path)
 
 
-def _is_record(node: Any) -> bool:
+def is_record(node: Any) -> bool:
+    """Whether ``node`` holds named values (a mapping or a named tuple), not a sequence of items."""
     return isinstance(node, Mapping) or (isinstance(node, tuple) and hasattr(node, "_fields"))
 
 
-def _children(node: Any) -> list[tuple[Any, Any]]:
+def children(node: Any) -> list[tuple[Any, Any]]:
+    """``node``'s (key, value) pairs: a mapping's items, else its items by index."""
     return list(node.items()) if isinstance(node, Mapping) else list(enumerate(node))
 
 
@@ -171,7 +173,7 @@ class BatchLayout:
             if as_items:
                 found.append((path, len(seq), False))
             else:
-                for key, child in _children(seq):
+                for key, child in children(seq):
                     self._scan(child, (*path, key), found, open_, check)
         wrong = [(path, k, tensor) for path, k, tensor in found if k != n]
         if check and wrong:
@@ -193,8 +195,8 @@ class BatchLayout:
         if isinstance(node, Tensor):
             if node.dim():
                 found.append((path, int(node.shape[0]), True))
-        elif _is_record(node):
-            for key, child in _children(node):
+        elif is_record(node):
+            for key, child in children(node):
                 self._scan(child, (*path, key), found, open_, check)
         elif isinstance(node, (list, tuple)):
             items = self._items.get(path)
@@ -205,7 +207,7 @@ class BatchLayout:
             elif items:
                 found.append((path, len(node), False))
             else:
-                for key, child in _children(node):
+                for key, child in children(node):
                     self._scan(child, (*path, key), found, open_, check)
         elif check and not isinstance(node, _SCALARS):
             raise TypeError(
@@ -236,13 +238,13 @@ class BatchLayout:
     def _rows(self, node: Any, path: Path, n: int) -> bool | None:
         """Whether ``node``'s items are values of ``n`` rows: True, False (one cannot be), None (none is per-sample)."""
         seen: bool | None = None
-        for key, child in _children(node):
+        for key, child in children(node):
             place = (*path, key)
             if self.whole(place) or isinstance(child, _SCALARS) or (isinstance(child, Tensor) and not child.dim()):
                 continue
             if isinstance(child, Tensor):
                 fits: bool | None = child.shape[0] == n
-            elif _is_record(child):
+            elif is_record(child):
                 fits = self._rows(child, place, n)
             elif isinstance(child, (list, tuple)):
                 fits = len(child) == n or self._rows(child, place, n) is True  # scalars of another length: no

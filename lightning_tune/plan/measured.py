@@ -48,8 +48,12 @@ LossFn = Callable[[nn.Module, Any], Tensor]
 OptimizerFactory = Callable[[list[nn.Parameter]], Optimizer]
 
 
-class _LiveBytes:
-    """Running total of the bytes held by live tensor storages, and its peak."""
+class LiveBytes:
+    """Running total of the bytes held by live tensor storages, and its peak.
+
+    A subclass can hold each storage's bytes elsewhere (an allocator model, which may refuse them): ``_hold(size)``
+    is called once per storage first seen and returns a token, ``_drop(size, token)`` when that storage is freed.
+    """
 
     def __init__(self) -> None:
         self.current = 0
@@ -65,13 +69,19 @@ class _LiveBytes:
             if ref is not None and ref() is storage:
                 continue
             size = storage.nbytes()
-            self._refs[key] = weakref.ref(storage, functools.partial(self._release, key, size))
-            self.current += size
-            self.peak = max(self.peak, self.current)
+            token = self._hold(size)
+            self._refs[key] = weakref.ref(storage, functools.partial(self._release, key, size, token))
 
-    def _release(self, key: int, size: int, _: Any) -> None:
-        """The storage counted under ``key`` was freed."""
+    def _hold(self, size: int) -> Any:
+        self.current += size
+        self.peak = max(self.peak, self.current)
+
+    def _drop(self, size: int, token: Any) -> None:
         self.current -= size
+
+    def _release(self, key: int, size: int, token: Any, _: Any) -> None:
+        """The storage counted under ``key`` was freed."""
+        self._drop(size, token)
         self._refs.pop(key, None)
 
     def reset_peak(self) -> None:
@@ -90,7 +100,7 @@ def _tensors(value: Any) -> Iterator[Tensor]:
             yield from _tensors(item)
 
 
-def _fake_modes(counter: _LiveBytes) -> tuple[Any, Any]:
+def _fake_modes(counter: LiveBytes) -> tuple[Any, Any]:
     """A fake-tensor mode and a dispatch mode that reports every op's outputs to ``counter``.
 
     These are the only private torch APIs of the package, checked on torch 2.13: ``FakeTensorMode`` (tensors with
@@ -230,7 +240,7 @@ def _run(
     foreach: bool,
 ) -> dict[str, int]:
     """Two training steps on fake tensors at one batch size; the second step's phase peaks and breakdown."""
-    counter = _LiveBytes()
+    counter = LiveBytes()
     fake_mode, tracker = _fake_modes(counter)
     step = _Step(model, loss_fn)
     mixed = precision.endswith("-mixed")  # float32 weights, autocast to the 16-bit dtype
