@@ -59,7 +59,8 @@ class DynamicBatchSize(Callback):
         lr_rule: ``"sqrt"`` or ``"linear"``, as :func:`~lightning_tune.scale_lr` (used with ``keep="lr"``).
         multiple_of: Micro-batch sizes at or above this are multiples of it.
         probe: Where memory is read: ``None`` for :class:`~lightning_tune.batch.CudaMemory` on a CUDA device, or a
-            :class:`~lightning_tune.SimulatedMemory` to try the callback without one. Elsewhere without a probe
+            :class:`~lightning_tune.SimulatedMemory` (a priced device) or :class:`~lightning_tune.TrackedMemory` (the
+            run's real tensors, counted on the CPU) to try the callback without one. Elsewhere without a probe
             there is no memory to target: the micro-batch stays the DataLoader's, and padding is still trimmed.
         prior: A :class:`~lightning_tune.MemoryEstimate` (from :func:`~lightning_tune.estimate_memory` or
             :func:`~lightning_tune.measure_memory`) that starts the memory model, so the first decision need not probe.

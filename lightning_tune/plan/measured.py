@@ -103,7 +103,8 @@ def _tensors(value: Any) -> Iterator[Tensor]:
 def _fake_modes(counter: LiveBytes) -> tuple[Any, Any]:
     """A fake-tensor mode and a dispatch mode that reports every op's outputs to ``counter``.
 
-    These are the only private torch APIs of the package, checked on torch 2.13: ``FakeTensorMode`` (tensors with
+    With ``TrackedMemory``'s (which also reads an op's schema to tell an aliasing output) these are the only private
+    torch APIs of the package, checked on torch 2.13: ``FakeTensorMode`` (tensors with
     metadata and no data; torch has no public way to run a module without allocating its activations) and
     ``TorchDispatchMode`` (the hook that sees each op's outputs; ``torch.cuda`` memory statistics do not exist for
     fake tensors). ``tests/test_plan_measured.py`` fails if either changes what this relies on.
