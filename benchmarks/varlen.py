@@ -3,7 +3,7 @@ side in one process.
 
 A Hugging Face GPT-2 built from a config is fine-tuned on long-tailed sequence lengths (lognormal, ``--median``,
 clipped to ``--max-len``), right-padded by Hugging Face's ``DataCollatorForLanguageModeling`` (``-100`` labels at the
-padding), with the user's DataLoader at ``--batch-size`` and ``accumulate_grad_batches=--accumulate``. Three runs from
+padding), with the user's DataLoader at ``--batch-size`` and ``accumulate_grad_batches=--accumulate``. Four runs from
 the same seed, the same effective batch per optimizer step:
 
 - ``fixed``: the user's own run: shuffled micro-batches of ``--batch-size``, each padded to its own longest;
@@ -12,7 +12,10 @@ the same seed, the same effective batch per optimizer step:
 - ``dynamic``: the user's loader with ``DynamicBatchSize(loss_weight="tokens")``: each step's samples are ordered by
   length, cut into micro-batches, each trimmed to its own longest, the micro-batch a budget of padded tokens adjusted
   to ``--target`` of the device (on a CPU, of a ``SimulatedMemory`` that charges ``--bytes-per-token`` per padded
-  token).
+  token);
+- ``packed``: the same with ``pack=True``: each micro-batch one row of its samples' real tokens with their
+  boundaries (padding 0), attention through the model's varlen path where it has one (a GPU's flash-attn; on a CPU
+  SDPA's block-diagonal mask, which is slower: the row's length squared).
 
 Reported per run: real (non-pad) tokens/s and samples/s over the optimizer steps after ``--warmup`` (one clock read
 per optimizer step, the device synchronised), padded and real tokens (``input_ids.numel()`` and the attention mask
@@ -59,11 +62,12 @@ from _results import (  # noqa: E402
 
 import lightning_tune as lt  # noqa: E402
 
-MODES = ("fixed", "grouped", "dynamic")
+MODES = ("fixed", "grouped", "dynamic", "packed")
 LABELS = {
     "fixed": "the user's fixed micro-batches",
     "grouped": "length-grouped sampler (`group_by_length`)",
     "dynamic": 'DynamicBatchSize (token budget, `loss_weight="tokens"`)',
+    "packed": "DynamicBatchSize(pack=True) (padding-free rows)",
 }
 
 
@@ -116,8 +120,10 @@ class FineTune(LightningModule):
         self.padded = self.real = 0
 
     def training_step(self, batch: Any, batch_idx: int) -> torch.Tensor:
-        self.padded += batch["input_ids"].numel()
-        self.real += int(batch["attention_mask"].sum())
+        if torch.is_grad_enabled():  # not the packing guard's check of the first packed row
+            self.padded += batch["input_ids"].numel()
+            mask = batch.get("attention_mask")  # a packed row has none: every token is real
+            self.real += int(mask.sum()) if mask is not None else batch["input_ids"].numel()
         return self.model(**batch).loss
 
     def configure_optimizers(self) -> torch.optim.Optimizer:
@@ -158,7 +164,7 @@ def run(args: argparse.Namespace, lengths: list[int], mode: str, steps: int) -> 
     module, clock = FineTune(args, lengths, mode), Clock()
     callbacks: list[Callback] = [clock]
     dyn = None
-    if mode == "dynamic":
+    if mode in ("dynamic", "packed"):
         probe = None
         if not cuda:
             probe = lt.SimulatedMemory(
@@ -168,7 +174,11 @@ def run(args: argparse.Namespace, lengths: list[int], mode: str, steps: int) -> 
                 bytes_per_token=args.bytes_per_token,
             )
         dyn = lt.DynamicBatchSize(
-            target_vram=args.target, probe=probe, adjust_every=args.adjust_every, loss_weight="tokens"
+            target_vram=args.target,
+            probe=probe,
+            adjust_every=args.adjust_every,
+            loss_weight="tokens",
+            pack=mode == "packed",
         )
         callbacks.append(dyn)
     oom_at = None
@@ -247,7 +257,7 @@ HEADER = (
 )
 
 
-ROLES = {"fixed": BASELINE, "dynamic": SCENARIO, "grouped": EXTRA}
+ROLES = {"fixed": BASELINE, "dynamic": SCENARIO, "packed": SCENARIO, "grouped": EXTRA}
 
 
 def compare(rows: Rows, args: argparse.Namespace, *, calibrate_first: bool = False, max_steps: int = 40) -> str:
@@ -303,12 +313,15 @@ def compare(rows: Rows, args: argparse.Namespace, *, calibrate_first: bool = Fal
 
     rows.run_plan([Row(LABELS[m], overhead + args.steps * step_s, partial(measure, m), ROLES[m]) for m in MODES])
     if "fixed" not in results or "dynamic" not in results:
-        return f"{len(results)} of 3 runs measured"
+        return f"{len(results)} of {len(MODES)} runs measured"
     ratio = results["dynamic"]["real_tokens_per_sec"] / results["fixed"]["real_tokens_per_sec"]
     grouped = results.get("grouped")
     against = ""
     if grouped:
         against = f", {results['dynamic']['real_tokens_per_sec'] / grouped['real_tokens_per_sec']:.2f}x grouped"
+    if "packed" in results:
+        packed = results["packed"]["real_tokens_per_sec"] / results["dynamic"]["real_tokens_per_sec"]
+        against += f"; packed {packed:.2f}x the token budget"
     return (
         f"DynamicBatchSize real tokens/s {ratio:.2f}x fixed{against}; padding {results['fixed']['padding_frac']:.0%} "
         f"fixed, {results['dynamic']['padding_frac']:.0%} dynamic"

@@ -138,10 +138,11 @@ def test_smoke_suite_calibrates_and_writes_every_part_row_by_row(tmp_path: Path)
     sweep = kind("dynamic-batch", "sweep")
     assert [r["micro_batch"] for r in sweep] == [8, 16, 32] and sweep[-1]["oom_at_step"] == 1  # 32 > what fits
     varlen = {r["mode"]: r for r in kind("varlen", "run")}
-    assert set(varlen) == {"fixed", "grouped", "dynamic"}
+    assert set(varlen) == {"fixed", "grouped", "dynamic", "packed"}
     assert len({r["real_tokens"] for r in varlen.values()}) == 1  # the same samples in every run
     # grouping by length pads less than the user's batches, and the token budget's trimmed micro-batches less still
     assert varlen["dynamic"]["padding_frac"] < varlen["grouped"]["padding_frac"] < varlen["fixed"]["padding_frac"]
+    assert varlen["packed"]["padding_frac"] == 0  # and packing none
     # loss: the swap ran on the same batches from the same weights and gave the unswapped losses; liger said why not
     loss = {r["setting"]: r for r in kind("loss", "run")}
     assert set(loss) == {"none", "chunked"} and loss["chunked"]["loss_gap"] < 1e-4

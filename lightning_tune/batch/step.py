@@ -29,6 +29,7 @@ from lightning_tune._validation import (
 )
 from lightning_tune.batch.control import BatchSizeController, Decision
 from lightning_tune.batch.memory import MemoryModel
+from lightning_tune.batch.pack import check_packed, cut_packed, hf_models, ignore_first_labels, no_cache, unpacked
 from lightning_tune.batch.probes import MemoryProbe
 from lightning_tune.batch.runner import MicroBatch, MicroBatchRunner, StepOutcome, count_step, cut_step
 from lightning_tune.batch.tokens import TokenBudget
@@ -124,6 +125,8 @@ class DynamicStep:
         pad_to_multiple_of: int = 8,
         per_batch: Sequence[str] = (),
         split_batch: Callable[[Any, list[int]], Sequence[Any]] | None = None,
+        pack: bool = False,
+        pack_guard: bool = True,
         warn: Callable[[str], Any] = warnings.warn,
         info: Callable[[str], Any] = _LOG.info,
     ) -> None:
@@ -144,6 +147,10 @@ class DynamicStep:
             )
         check_strings("trim_keys", trim_keys, what="key names (strings)")
         check_callable("split_batch", split_batch, allow_none=True)
+        check_bool("pack", pack)
+        check_bool("pack_guard", pack_guard)
+        if pack:
+            check_packing(keep=keep, loss_weight=loss_weight, split_batch=split_batch)
         check_callable("warn", warn)
         check_callable("info", info)
         if probe is not None and not isinstance(probe, MemoryProbe):
@@ -161,6 +168,10 @@ class DynamicStep:
         self.probe: MemoryProbe | None = probe
         self.loss_weight, self.label_shift, self.pad_to_multiple_of = loss_weight, label_shift, pad_to_multiple_of
         self.trim_keys, self.warn, self.info = tuple(trim_keys), warn, info
+        self.pack, self.pack_guard = pack, pack_guard
+        self.guard_due = False  # whether the fit's next packed micro-batch is checked against its padded samples
+        self.guard_batch: Any = None  # those samples, padded, while the check is due
+        self.hf_models: list[torch.nn.Module] = []  # the module's Hugging Face models (use_cache off when packed)
         self.batch_layout, self.split_batch = BatchLayout(per_batch), split_batch  # how a step is counted and cut
         self.drawn = 0  # samples the sampler drew for the last step (its collated batch may hold fewer)
         self.controller = BatchSizeController(
@@ -186,14 +197,18 @@ class DynamicStep:
         self.shift, self.compiled = 0, False  # label_shift as resolved, and whether the module runs compiled code
         self.causal_lm = False  # whether the module holds a Hugging Face causal LM
         #: What the step's losses are weighted by: ``loss_weight``, or what ``"auto"`` chose at the first step.
-        self.weighting: Weighting | None = None if loss_weight == "auto" else loss_weight
-        self.weighting_reason = "" if loss_weight == "auto" else "as given"
+        self.weighting: Weighting | None = None
+        self.weighting_reason = ""
+        self._given_weighting()
         self.lr_factor = 1.0  # with keep="lr", what the LR is multiplied by now
         self.recoverable = True  # whether an out-of-memory error can be recovered (not under DDP without agreement)
         self.step_tokens: tuple[int, int] | None = None  # real and padded tokens the last step ran (None: no mask)
         self.step_shapes: list[tuple[int, int]] | None = None  # its micro-batches' (samples, padded length), trimmed
         self.shapes: set[tuple[int, int]] = set()  # the distinct shapes run (each a compile under torch.compile)
         self.micro_batches = 0  # micro-batches the last step ran
+        self.sequences: list[tuple[int, int]] = []  # packed: each sequence the last step ran, (1, its length)
+        self.model_name, self.precise = "the model", True  # what the packing guard names, and its tolerance's
+        self.module: torch.nn.Module | None = None  # packed: the module the guard runs in eval mode
         self._layout_warned = self._compile_warned = False
 
     # -- the keep arithmetic and the budget --------------------------------------------------------------------------
@@ -242,7 +257,7 @@ class DynamicStep:
 
     def describe(self, size: int) -> str:
         """A micro-batch size with the policy's unit."""
-        return f"{size} {self.policy.unit}"
+        return f"{size} {'tokens' if self.pack and self.policy is self.tokens else self.policy.unit}"
 
     def budget(self) -> tuple[int, float]:
         """What PyTorch can get now, and the peak allowed: ``target_vram`` of it, ``reserve_gib`` kept free."""
@@ -272,8 +287,15 @@ class DynamicStep:
         causal = causal_lm_shift(module)
         self.shift, self.causal_lm = (self.label_shift if self.label_shift is not None else causal), bool(causal)
         # "auto" chooses again at this fit's first step (or takes a checkpoint's choice)
-        self.weighting = None if self.loss_weight == "auto" else self.loss_weight
-        self.weighting_reason = "" if self.weighting is None else "as given"
+        self._given_weighting()
+        if self.pack:
+            self.hf_models, self.guard_due, self.module = hf_models(module), self.pack_guard, module
+            named = self.hf_models[0] if self.hf_models else module
+            implementation = getattr(getattr(named, "config", None), "_attn_implementation", None)
+            self.model_name = f"{type(named).__name__} (config._attn_implementation={implementation!r})"
+            dtype = next((p.dtype for p in module.parameters() if p.is_floating_point()), torch.float32)
+            highest = torch.get_float32_matmul_precision() == "highest"  # TF32 matmuls differ by more
+            self.precise = dtype in (torch.float32, torch.float64) and highest
         self.compiled = has_compiled(module)
         self.batch_layout = BatchLayout(sorted(self.batch_layout.per_batch))  # read again from this fit's batches
         capacity = self.probe.capacity_bytes() if self.probe is not None else None
@@ -316,10 +338,18 @@ class DynamicStep:
         self.step_tokens = self.step_shapes = None
         reorders = n > 0 and self.split_batch is None  # an empty step runs whole; a user's cut is never reordered
         layout, size = self.layout(batch) if reorders else None, self.batch_size
+        if self.pack and n:  # each sample's first label is -100 packed: so it is in the padded step
+            batch = ignore_first_labels(batch, layout)
         tokens = sample_tokens(batch, self.shift) if self.weigh_by(batch) == "tokens" and n else None
         if layout is not None and self.keep == "effective":  # micro-batches become budgets of padded tokens
             first, size = self.tokens.budget is None, self.tokens.start(layout.padded, size, agree=agree)
-            if first:
+            if first and self.pack:
+                self.info(
+                    f"DynamicBatchSize: packed rows: each micro-batch is one row of at most {size} tokens (the "
+                    f"micro-batch of {self.batch_size} samples at the first step's padded length "
+                    f"{size // self.batch_size}), its samples' real tokens only, with their boundaries"
+                )
+            elif first:
                 self.info(
                     f"DynamicBatchSize: padded batches: each micro-batch is a budget of {size} padded tokens (the "
                     f"micro-batch of {self.batch_size} samples at the first step's padded length "
@@ -363,6 +393,9 @@ class DynamicStep:
         """
         if not n:
             return [MicroBatch(batch, 0, 1.0)]
+        if self.pack:
+            assert layout is not None and tokens is not None  # (ignore_first_labels refused a batch without them)
+            return self._cut_packed(batch, size, layout, tokens)
         sample_weight, tail_weight = 1.0 / n, 0.0
         if self.keep == "effective":
             sample_weight, tail_weight = 1.0 / self.configured_effective, 1.0 / max(tail * self.user_accumulation, 1)
@@ -386,6 +419,52 @@ class DynamicStep:
             self._shapes(pieces, layout)
         self.micro_batches = len(pieces)
         return pieces
+
+    def _cut_packed(self, batch: Any, size: int, layout: PaddingLayout, tokens: Sequence[int]) -> list[MicroBatch]:
+        """The step's samples packed in rows of at most ``size`` tokens (the first row's kept padded for the guard)."""
+        packed = cut_packed(batch, layout, size, tokens=tokens)
+        pieces = [piece for piece, _ in packed]
+        if self.guard_due:
+            self.guard_batch = unpacked(batch, layout, packed[0][1], self.batch_layout)
+        rows = [(p.samples, p.seq_len or 0) for p in pieces]
+        self.step_shapes, self.step_tokens = rows, (sum(layout.lengths), sum(layout.lengths))
+        self.sequences = [(1, layout.lengths[i]) for _, indices in packed for i in indices]
+        self.shapes.update(rows)
+        self.batch_size, self.micro_batches = max(b for b, _ in rows), len(pieces)
+        if self.compiled:  # one graph for every row length and sample count
+            for piece in pieces:
+                for value in piece.batch.values():
+                    if isinstance(value, torch.Tensor):
+                        torch._dynamo.maybe_mark_dynamic(value, value.dim() - 1)
+        return pieces
+
+    def forward(self, piece: MicroBatch, run: Callable[[Any], Any], *, quiet: Callable[[], Any]) -> Any:
+        """``run(piece.batch)``, the module's ``training_step`` on a micro-batch.
+
+        Packed, with ``use_cache`` off on the module's Hugging Face models, and the fit's first packed micro-batch
+        checked first against its samples padded (two forwards without gradients, under ``quiet()``: not logged).
+
+        Raises:
+            PackingError: If the packed loss is not the padded one (``pack_guard=False`` turns the check off).
+        """
+        if not self.pack:
+            return run(piece.batch)
+        with no_cache(self.hf_models):
+            if self.guard_due and self.guard_batch is not None:
+                with quiet():
+                    name, precise, module = self.model_name, self.precise, self.module
+                    check_packed(run, piece.batch, self.guard_batch, model=name, precise=precise, module=module)
+                self.guard_due, self.guard_batch = False, None
+            return run(piece.batch)
+
+    def _given_weighting(self) -> None:
+        """The weighting before a step: ``loss_weight``'s, tokens when packing, or none yet (``"auto"`` chooses)."""
+        if self.loss_weight != "auto":
+            self.weighting, self.weighting_reason = self.loss_weight, "as given"
+        elif self.pack:
+            self.weighting, self.weighting_reason = "tokens", "pack=True: a packed row's loss is a mean over tokens"
+        else:
+            self.weighting, self.weighting_reason = None, ""
 
     def weigh_by(self, batch: Any) -> Weighting:
         """What the step of ``batch`` weighs its micro-batch losses by; ``"auto"`` chooses at the first step, once.
@@ -436,15 +515,20 @@ class DynamicStep:
 
     def before_micro_batch(self, piece: MicroBatch) -> None:
         """Note a micro-batch about to run (its tokens; the probe's simulated allocation)."""
-        self.tokens.largest = max(self.tokens.largest, piece.samples * (piece.seq_len or 1))
+        rows = 1 if self.pack else piece.samples  # a packed micro-batch is one row of seq_len tokens
+        self.tokens.largest = max(self.tokens.largest, rows * (piece.seq_len or 1))
         if self.probe is not None:
             if self.base_due:  # the step's zero_grad ran: the last step's gradients, alive at its end, are freed
                 self.base, self.base_due = min(self.base, self.live_bytes()), False
-            self.probe.before_micro_batch(piece.samples, piece.seq_len)
+            self.probe.before_micro_batch(rows, piece.seq_len)
 
     def step_run(self) -> StepRun:
-        """The micro-batches the last step ran, as the monitor reads them."""
-        shapes = None if self.step_shapes is None else tuple(self.step_shapes)
+        """The micro-batches the last step ran, as the monitor reads them.
+
+        Packed, the shapes are each sequence's, ``(1, length)``: a packed row attends within each of its sequences, so
+        its FLOPs are those of its sequences run apart (the attention's a sum over them, not the row's length squared).
+        """
+        shapes = None if self.step_shapes is None else tuple(self.sequences if self.pack else self.step_shapes)
         return StepRun(self.micro_batches, shapes, self.step_tokens)
 
     # -- decisions ---------------------------------------------------------------------------------------------------
@@ -602,8 +686,9 @@ class DynamicStep:
         else:  # a budget of padded tokens: the samples of a micro-batch follow its length
             low, high = min((b for b, _ in self.shapes), default=0), max((b for b, _ in self.shapes), default=0)
             held = f"{low} to {high}" if low != high else f"{high}"
+            unit = "tokens packed in one row" if self.pack else "padded tokens"
             size = (
-                f"micro-batches of at most {self.micro_batch_tokens} padded tokens ({held} samples each; "
+                f"micro-batches of at most {self.micro_batch_tokens} {unit} ({held} samples each; "
                 f"{self.micro_batches} in the last {step})"
             )
         weighting = "" if self.weighting is None else f"; losses weighted by {self.weighting} ({self.weighting_reason})"
@@ -637,7 +722,7 @@ class DynamicStep:
         names = (
             "target_vram min_batch_size max_batch_size adjust_every keep lr_rule multiple_of reserve_gib loss_weight"
         )
-        values = {name: getattr(self, name) for name in (*names.split(), "label_shift", "pad_to_multiple_of")}
+        values = {name: getattr(self, name) for name in (*names.split(), "label_shift", "pad_to_multiple_of", "pack")}
         rule = {"per_batch": sorted(self.batch_layout.per_batch)}
         return values | {"min_change": self.controller.min_change, "trim_keys": list(self.trim_keys)} | rule
 
@@ -659,9 +744,9 @@ class DynamicStep:
         ran: Weighting | None = state.get("weighting") or (
             None if before.get("loss_weight") == "auto" else before.get("loss_weight")
         )
-        if ran is not None and self.loss_weight == "auto":  # the resumed run goes on as it started
+        if ran is not None and self.loss_weight == "auto" and not self.pack:  # the resumed run goes on as it started
             self.weighting, self.weighting_reason = ran, "as the checkpoint's run chose"
-        elif ran is not None and ran != self.loss_weight:
+        elif ran is not None and ran != (self.weighting or self.loss_weight):  # packed "auto" is "tokens"
             changed.append(f"loss_weight {ran!r} -> {self.loss_weight!r}")
         if changed:
             moved = f"; micro-batch {state['batch_size']} -> {self.batch_size}"
@@ -716,3 +801,23 @@ def has_compiled(module: torch.nn.Module) -> bool:
     from lightning_tune.swaps.compile import is_compiled
 
     return any(isinstance(m, torch._dynamo.eval_frame.OptimizedModule) or is_compiled(m) for m in module.modules())
+
+
+def check_packing(*, keep: str, loss_weight: str, split_batch: Any) -> None:
+    """Refuse arguments ``pack=True`` cannot train with.
+
+    Raises:
+        ValueError: Naming the argument, its value and what packing allows.
+    """
+    if keep != "effective":
+        raise ValueError(
+            "`pack=True` packs the samples of an optimizer step held at its effective batch: `keep` must be "
+            f"'effective', got {keep!r}"
+        )
+    if loss_weight == "samples":
+        raise ValueError(
+            "`pack=True` weighs each packed row by its label tokens (its loss is a mean over them): `loss_weight` must "
+            f"be 'tokens' or 'auto', got {loss_weight!r}"
+        )
+    if split_batch is not None:
+        raise ValueError("`pack=True` packs the samples itself: `split_batch` must be None, got a callable")

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -88,11 +88,22 @@ class DynamicBatchSize(Callback):
         split_batch: ``split_batch(batch, sizes) -> pieces`` cuts a step's batch into consecutive pieces of
             ``sizes`` samples, for batches the rule refuses (``None``: the rule). Its samples are still counted by
             the rule; its pieces are not reordered or trimmed.
+        pack: Padding-free micro-batches: each is one row of its samples' real tokens, with ``position_ids``
+            restarting at every sample, its first label -100 and the boundaries Hugging Face's varlen attention reads
+            (``cu_seq_lens_q/k``, ``max_length_q/k``), as ``DataCollatorWithFlattening`` makes them; the token budget
+            is the row's length. Needs ``keep="effective"``, weighs by tokens, and runs the module's Hugging Face
+            models with ``use_cache=False``. See "Packing" in the docs.
+        pack_guard: With ``pack``, check the fit's first packed micro-batch: its loss must be its samples' padded
+            loss (two forwards without gradients), else the run stops naming the model and its attention.
 
     Raises:
         TypeError: If an argument has the wrong type.
-        ValueError: If an argument is out of range, ``min_batch_size > max_batch_size``, or ``label_shift`` is given
-            with ``loss_weight="samples"``. At the start of training: if ``reserve_gib`` is all the device has.
+        ValueError: If an argument is out of range, ``min_batch_size > max_batch_size``, ``label_shift`` is given
+            with ``loss_weight="samples"``, or ``pack`` with ``keep`` other than ``"effective"``,
+            ``loss_weight="samples"`` or a ``split_batch``. At the start of training: if ``reserve_gib`` is all the
+            device has.
+        ~lightning_tune.batch.pack.PackingError: With ``pack``, at the first packed micro-batch, if its loss is not
+            its samples' padded loss.
 
     Example:
         >>> from lightning_tune import DynamicBatchSize, SimulatedMemory
@@ -117,6 +128,8 @@ class DynamicBatchSize(Callback):
     agree_timeout: Engine[float] = Engine()
     probe: Engine[MemoryProbe | None] = Engine()
     trim_keys: Engine[tuple[str, ...]] = Engine()
+    pack: Engine[bool] = Engine()
+    pack_guard: Engine[bool] = Engine()
     controller: Engine[BatchSizeController] = Engine()
     tokens: Engine[TokenBudget] = Engine()
     batch_size: Engine[int | None] = Engine()
@@ -154,6 +167,8 @@ class DynamicBatchSize(Callback):
         pad_to_multiple_of: int = 8,
         per_batch: Sequence[str] = (),
         split_batch: Callable[[Any, list[int]], Sequence[Any]] | None = None,
+        pack: bool = False,
+        pack_guard: bool = True,
     ) -> None:
         engine = {k: v for k, v in locals().items() if k not in ("self", "__class__")}
         self.step = DynamicStep(**engine, warn=rank_zero_warn, info=rank_zero_info)
@@ -337,7 +352,9 @@ class DynamicBatchSize(Callback):
         self.step.before_micro_batch(piece)
         self._logs.weight = piece.weight  # what it logs weighs as its loss
         batch_idx, args, kwargs = self._step_args
-        return self._originals["training_step"](piece.batch, batch_idx, *args, **kwargs)
+        training_step = self._originals["training_step"]
+        quiet = functools.partial(_unlogged, self._trainer.lightning_module if self._trainer else None)
+        return self.step.forward(piece, lambda batch: training_step(batch, batch_idx, *args, **kwargs), quiet=quiet)
 
     def _backward(self, loss: torch.Tensor, *args: Any, **kwargs: Any) -> None:
         if self.runner is not None and not loss.requires_grad:  # the runner ran every backward of the step
@@ -421,3 +438,20 @@ class DynamicBatchSize(Callback):
     def _unquiet(self) -> None:
         loaders.unsilence(self._quiet)
         self._quiet = None
+
+
+@contextlib.contextmanager
+def _unlogged(module: pl.LightningModule | None) -> Iterator[None]:
+    """What ``module`` logs inside is dropped (the packing guard's forwards are no training)."""
+    if module is None:
+        yield
+        return
+    own = vars(module).get("log")  # the instance's (StepLogs collects through it), else the class's
+    module.log = lambda *args, **kwargs: None  # type: ignore[method-assign]
+    try:
+        yield
+    finally:
+        if own is None:
+            del module.log
+        else:
+            module.log = own  # type: ignore[method-assign]
