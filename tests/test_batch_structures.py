@@ -22,6 +22,7 @@ from torch.utils.data import DataLoader, Dataset
 
 import lightning_tune as lt
 from lightning_tune.perf import count_samples
+from tests.helpers import make_trainer
 from tests.hf_data import VOCAB, tokenizer
 
 N = 20  # samples: two steps of 8 and a short one of 4
@@ -220,18 +221,7 @@ CASES = {
 
 
 def fit(module: LightningModule, callbacks: list[Any], tmp_path: Path, accumulation: int) -> Trainer:
-    trainer = Trainer(
-        default_root_dir=tmp_path,
-        callbacks=callbacks,
-        max_epochs=1,
-        accumulate_grad_batches=accumulation,
-        logger=False,
-        enable_checkpointing=False,
-        enable_progress_bar=False,
-        enable_model_summary=False,
-        accelerator="cpu",
-        devices=1,
-    )
+    trainer = make_trainer(tmp_path, callbacks, max_epochs=1, accumulate_grad_batches=accumulation)
     trainer.fit(module)
     return trainer
 

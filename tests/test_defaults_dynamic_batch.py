@@ -16,6 +16,7 @@ from torch.utils.data import DataLoader
 
 import lightning_tune as lt
 from lightning_tune.batch.step import DynamicStep, auto_weighting
+from tests.helpers import make_trainer
 from tests.hf_data import VOCAB, TokenDataset, long_tailed_lengths, tokenizer
 
 transformers.logging.set_verbosity_error()
@@ -79,18 +80,7 @@ class CausalLM(LightningModule):
 
 
 def fit(module: LightningModule, callbacks: list[Callback], tmp_path: Path, **kwargs: Any) -> Trainer:
-    trainer = Trainer(
-        default_root_dir=tmp_path,
-        callbacks=callbacks,
-        max_epochs=1,
-        logger=False,
-        enable_checkpointing=False,
-        enable_progress_bar=False,
-        enable_model_summary=False,
-        accelerator="cpu",
-        devices=1,
-        **kwargs,
-    )
+    trainer = make_trainer(tmp_path, callbacks, max_epochs=1, **kwargs)
     trainer.fit(module)
     return trainer
 

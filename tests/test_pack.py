@@ -17,7 +17,7 @@ import lightning_tune as lt
 from lightning_tune.batch.pack import PackingError, no_cache, pack
 from lightning_tune.batch.trim import padding_layout
 from lightning_tune.perf.counting import count_step_flops
-from tests.helpers import run_ddp_script
+from tests.helpers import make_trainer, run_ddp_script
 from tests.hf_data import VOCAB, TokenDataset, lm_collator, long_tailed_lengths
 from tests.test_dynamic_batch_varlen import Metrics
 
@@ -130,17 +130,7 @@ class CausalLM(LightningModule):
 def fit(module: LightningModule, callbacks: list[Callback], tmp_path: Path, **kwargs: Any) -> Trainer:
     ckpt_path = kwargs.pop("ckpt_path", None)
     kwargs.setdefault("enable_checkpointing", any(isinstance(c, ModelCheckpoint) for c in callbacks))
-    kwargs.setdefault("logger", False)
-    trainer = Trainer(
-        default_root_dir=tmp_path,
-        callbacks=callbacks,
-        max_epochs=1,
-        enable_progress_bar=False,
-        enable_model_summary=False,
-        accelerator="cpu",
-        devices=1,
-        **kwargs,
-    )
+    trainer = make_trainer(tmp_path, callbacks, max_epochs=1, **kwargs)
     trainer.fit(module, ckpt_path=ckpt_path)
     return trainer
 
