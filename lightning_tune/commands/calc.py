@@ -150,12 +150,12 @@ def format_count(n: int) -> str:
     """A parameter count in the largest unit that keeps it at 1 or more, three significant digits.
 
     Example:
-        >>> format_count(6_738_415_616), format_count(1_200_000), format_count(350_123), format_count(96)
-        ('6.74 B', '1.2 M', '350 K', '96')
+        >>> format_count(6_738_415_616), format_count(1_200_000), format_count(999_999), format_count(96)
+        ('6.74 B', '1.2 M', '1 M', '96')
     """
     for unit, size in (("T", 10**12), ("B", 10**9), ("M", 10**6), ("K", 10**3)):
-        if n >= size:
-            return f"{n / size:.3g} {unit}"
+        if float(f"{n / size:.3g}") >= 1:  # as printed: 999,999 is "1 M", not "1e+03 K"
+            return f"{float(f'{n / size:.3g}'):g} {unit}"
     return str(n)
 
 

@@ -403,8 +403,9 @@ def swap_optimizers(
         if repoint_schedulers(configs, result.old, result.new):
             result._undo.append(functools.partial(repoint_schedulers, configs, result.new, result.old))
     for config in name_lr_configs(configs):
-        owner = next(result for result in results if result.new is config.scheduler.optimizer)
-        owner._undo.append(functools.partial(setattr, config, "name", None))
+        owner = next((result for result in results if result.new is config.scheduler.optimizer), None)
+        if owner is not None:  # else swapped by an earlier call, whose undo keeps its own name
+            owner._undo.append(functools.partial(setattr, config, "name", None))
     return [result.new for result in results], configs, results
 
 
