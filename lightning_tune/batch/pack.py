@@ -73,8 +73,8 @@ def ignore_first_labels(batch: Any, layout: PaddingLayout | None) -> Any:
     labels = batch[_LABELS].clone()
     firsts = [(_real(layout, i).start, i) for i in range(len(layout.lengths)) if layout.lengths[i]]
     if firsts:
-        columns, rows = zip(*firsts, strict=True)
-        labels[list(rows), list(columns)] = -100
+        where = torch.tensor(firsts).T.to(labels.device, non_blocking=True)  # a list index would copy it blocking
+        labels[where[1], where[0]] = -100
     out = {**batch, _LABELS: labels}
     return out if type(batch) is dict else type(batch)(out)
 
@@ -114,9 +114,10 @@ def pack(batch: Mapping[str, Any], layout: PaddingLayout, indices: Sequence[int]
             parts = [torch.cat([part.new_full(part[:1].shape, -100), part[1:]]) for part in parts]
         row[key] = torch.cat(parts)[None]
     lengths = [layout.lengths[i] for i in indices]
-    device = batch[_LABELS].device
-    row[_POSITIONS] = torch.cat([torch.arange(n, device=device) for n in lengths])[None]
-    bounds = torch.tensor([0, *itertools.accumulate(lengths)], dtype=torch.int32, device=device)
+    device = batch[_LABELS].device  # made on the host, copied without waiting for the device
+    positions = torch.cat([torch.arange(n) for n in lengths]) if lengths else torch.zeros(0, dtype=torch.long)
+    row[_POSITIONS] = positions[None].to(device, non_blocking=True)
+    bounds = torch.tensor([0, *itertools.accumulate(lengths)], dtype=torch.int32).to(device, non_blocking=True)
     row["cu_seq_lens_q"], row["cu_seq_lens_k"] = bounds, bounds.clone()
     row["max_length_q"] = row["max_length_k"] = max(lengths, default=0)
     return row
