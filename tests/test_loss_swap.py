@@ -738,3 +738,18 @@ def test_token_weighted_dynamic_batches_give_the_unswapped_weights(tmp_path: Any
     assert len(swapped.kept_logits) == len(plain.kept_logits) > 1
     for (name, want), got in zip(plain.named_parameters(), swapped.parameters(), strict=True):
         torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5, msg=lambda m, n=name: f"{n}: {m}")
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "error", "message"),
+    [
+        pytest.param({"vocab": 0}, ValueError, r"`vocab` must be an integer >= 1, got 0", id="vocab"),
+        pytest.param({"itemsize": 0}, ValueError, r"`itemsize` must be an integer >= 1, got 0", id="itemsize"),
+        pytest.param({"tokens": 10.5}, TypeError, r"`tokens` must be an integer", id="tokens-float"),
+    ],
+)
+def test_default_chunk_size_bad_inputs(kwargs: dict[str, Any], error: type, message: str) -> None:
+    from lightning_tune.swaps.cross_entropy import default_chunk_size
+
+    with pytest.raises(error, match=message):
+        default_chunk_size(**({"tokens": 1024, "vocab": 32_000} | kwargs))

@@ -55,6 +55,9 @@ def default_chunk_size(tokens: int, vocab: int, *, itemsize: int = 4) -> int:
         >>> default_chunk_size(16_384, 128_256), default_chunk_size(16_384, 32_000), default_chunk_size(100, 32_000)
         (261, 1048, 100)
     """
+    check_int("tokens", tokens, minimum=0)
+    check_int("vocab", vocab, minimum=1)
+    check_int("itemsize", itemsize, minimum=1)
     return max(1, min(tokens, max(MIN_CHUNK_TOKENS, CHUNK_LOGITS_BYTES // (vocab * itemsize))))
 
 
