@@ -6,6 +6,10 @@ reports the bytes each sample adds to the step's peak. The model is Llama-3.2-1B
 vocabulary of 128,256 (Llama 3) and of 32,000 (Llama 2, Mistral). The swap's claim: at 128k the bytes per sample
 fall by at least 40 %.
 
+The evaluation rows do the same for a validation step (eval mode, no gradients, labels given: the loss, as a
+``validation_step`` computes it), without the swap and with ``swap_loss(model, "chunked", eval=True)``: the peak of
+one forward pass on fake tensors at two batch sizes, whose slope is the bytes per sample.
+
     python benchmarks/loss_memory.py
 
 :func:`part` is the suite's ``loss`` part: real training steps of a Llama-shaped model built from its config at
@@ -32,6 +36,7 @@ from _results import BASELINE, EXTRA, MARGIN, SCENARIO, Row, Rows, plan, transfo
 
 from lightning_tune import _imports  # noqa: E402
 from lightning_tune.plan import measure_memory  # noqa: E402
+from lightning_tune.plan.measured import LiveBytes, _fake_modes  # noqa: E402
 from lightning_tune.swaps import swap_loss  # noqa: E402
 
 GIB = float(1 << 30)
@@ -58,6 +63,26 @@ def per_sample(model: torch.nn.Module, vocab: int, seq: int, precision: str) -> 
         return {"input_ids": ids, "labels": ids}
 
     return measure_memory(model, batch, precision=precision, for_device="cuda").bytes_per_sample  # type: ignore[arg-type]
+
+
+def eval_per_sample(model: torch.nn.Module, vocab: int, seq: int, precision: str) -> int:
+    """Bytes each sample adds to the peak of a validation forward (eval mode, no grad, labels) on fake tensors."""
+    mixed = precision.endswith("-mixed")
+    dtype = torch.float32 if mixed or precision == "32-true" else torch.bfloat16
+    peaks = []
+    for size in (1, 2):
+        counter = LiveBytes()
+        fake_mode, tracker = _fake_modes(counter)
+        with fake_mode, tracker, torch.no_grad():
+            state = {name: torch.empty(p.shape, dtype=dtype) for name, p in model.named_parameters()}
+            state.update({name: torch.empty(b.shape, dtype=b.dtype) for name, b in model.named_buffers()})
+            ids = torch.randint(0, vocab, (size, seq))
+            counter.reset_peak()
+            with torch.autocast("cpu", dtype=torch.bfloat16, enabled=mixed):
+                loss = torch.func.functional_call(model.eval(), state, (), {"input_ids": ids, "labels": ids}).loss
+            peaks.append(counter.peak)
+            del loss, state
+    return peaks[1] - peaks[0]
 
 
 #: the suite part's settings: name -> label
@@ -190,6 +215,17 @@ def main() -> None:
         saving = 1 - after / before
         elapsed = time.perf_counter() - start
         print(f"{vocab:>10,}  {before / GIB:>18.3f}  {after / GIB:>18.3f}  {saving:>7.1%}  {elapsed:.0f}")
+    print(f"\nEvaluation (eval mode, no grad, labels), {args.precision}, fake tensors")
+    print(f"{'vocabulary':>10}  {'no swap GiB/sample':>18}  {'eval=True GiB/sample':>20}  {'saving':>7}  seconds")
+    for vocab in (128_256, 32_000):
+        start = time.perf_counter()
+        model = llama(vocab, layers=args.layers)
+        before = eval_per_sample(model, vocab, args.seq, args.precision)
+        with swap_loss(model, "chunked", eval=True):
+            after = eval_per_sample(model, vocab, args.seq, args.precision)
+        saving = 1 - after / before
+        elapsed = time.perf_counter() - start
+        print(f"{vocab:>10,}  {before / GIB:>18.3f}  {after / GIB:>20.3f}  {saving:>7.1%}  {elapsed:.0f}")
 
 
 if __name__ == "__main__":

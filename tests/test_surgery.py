@@ -13,11 +13,18 @@ from typing import Any
 import pytest
 import torch
 from lightning.pytorch import Callback
+from lightning.pytorch.profilers import PassThroughProfiler
 from lightning.pytorch.strategies import deepspeed as lightning_deepspeed
 from torch import nn
 
 from lightning_tune import _surgery
-from lightning_tune.callbacks import ActivationCheckpointing, AttentionSwap, SurgeryCallback, TorchCompile
+from lightning_tune.callbacks import (
+    ActivationCheckpointing,
+    AttentionSwap,
+    OptimizerSwap,
+    SurgeryCallback,
+    TorchCompile,
+)
 from lightning_tune.demos import DemoGPT, GPTConfig, SyntheticTokenDataModule
 from lightning_tune.plugins import DeepSpeedSettings, deepspeed_settings, deepspeed_strategy
 from lightning_tune.swaps import checkpoint_blocks, compile_modules
@@ -71,6 +78,50 @@ def test_surgery_callbacks_swap_in_setup_undo_in_teardown_and_never_stack(
         trainer.fit(model, datamodule=SyntheticTokenDataModule(2, seq_len=16, vocab_size=32, train_sequences=8))
         assert instance_forwards(model) == {} and callback.result is None
     assert seen == [paths, paths]
+
+
+#: Lightning's callback hooks that run every batch
+STEP_HOOKS = {
+    f"on_{hook}"
+    for hook in ("before_backward", "after_backward", "before_optimizer_step", "before_zero_grad")
+    + tuple(
+        f"{stage}_batch_{when}" for stage in ("train", "validation", "test", "predict") for when in ("start", "end")
+    )
+}
+
+
+class _Dispatched(PassThroughProfiler):
+    """Records the callback hooks Lightning dispatches (each inside a profiler action ``[Callback]<key>.<hook>``)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.actions: list[str] = []
+
+    def start(self, action_name: str) -> None:
+        self.actions.append(action_name)
+
+
+def test_swap_callbacks_get_no_per_batch_hook_calls_and_a_subclass_hook_still_runs(tmp_path: Any) -> None:
+    """Lightning skips the swap callbacks in every step (it dispatches a hook only when it is callable, checked on
+    Lightning 2.6.6): the test fails if Lightning starts dispatching them again or calling a ``None`` hook."""
+    ran: list[int] = []
+
+    class Counting(AttentionSwap):
+        def on_train_batch_end(self, trainer: Any, pl_module: Any, outputs: Any, batch: Any, batch_idx: int) -> None:
+            ran.append(batch_idx)
+
+    profiler = _Dispatched()
+    callbacks = [ActivationCheckpointing(verbose=False), OptimizerSwap("adamw_fused"), Counting("sdpa", verbose=False)]
+    trainer = make_trainer(tmp_path, callbacks, max_steps=3, limit_val_batches=1, val_check_interval=3)
+    trainer.profiler = profiler
+    data = SyntheticTokenDataModule(2, seq_len=16, vocab_size=32, train_sequences=8, val_sequences=2)
+    trainer.fit(DemoGPT(TINY), datamodule=data)
+    dispatched = {tuple(a[len("[Callback]") :].rsplit(".", 1)) for a in profiler.actions if a.startswith("[Callback]")}
+    assert ("OptimizerSwap", "on_fit_start") in dispatched and ("ActivationCheckpointing", "setup") in dispatched
+    step_hooks = {(owner.rsplit(".", 1)[-1], hook) for owner, hook in dispatched if hook in STEP_HOOKS}
+    assert step_hooks == {("Counting", "on_train_batch_end")}
+    assert ran == [0, 1, 2]
+    assert callbacks[1].state_bytes_after is not None  # OptimizerSwap still reports after the first step
 
 
 def test_surgery_callback_prints_what_it_changed(monkeypatch: pytest.MonkeyPatch, tmp_path: Any) -> None:

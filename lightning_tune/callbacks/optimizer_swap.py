@@ -7,6 +7,9 @@ therefore loads its saved state straight into the swapped optimizer. Unlike the 
 nothing at teardown: the swapped optimizer holds the trained state, which ``trainer.save_checkpoint`` after ``fit``
 must save, and the next ``fit`` swaps the fresh optimizers ``configure_optimizers`` returns, so swaps never stack.
 
+The callback has no per-batch hooks: the first step's report comes from a step hook on the swapped optimizers
+(``Optimizer.register_step_post_hook``), removed once it has reported.
+
 Logged keys (straight to the Trainer's loggers, once, after the first optimizer step):
 
 ==============================  ========================================================================
@@ -30,6 +33,7 @@ from typing_extensions import override
 from lightning_tune import _imports
 from lightning_tune._validation import check_int
 from lightning_tune.callbacks._logging import log
+from lightning_tune.callbacks.surgery import without_step_hooks
 from lightning_tune.keys import OPTIMIZER_STATE_BYTES as STATE_BYTES_KEY  # logged once, after the first step
 from lightning_tune.swaps.optimizer import (
     TARGETS,
@@ -45,11 +49,14 @@ from lightning_tune.vocab import OptimizerName, canonical_optimizer
 
 if TYPE_CHECKING:
     import lightning.pytorch as pl
+    from torch.optim import Optimizer
+    from torch.utils.hooks import RemovableHandle
 
 #: State keys that only bitsandbytes optimizers write (``__bnb_optimizer_quant_state__`` wraps them in checkpoints).
 _BNB_STATE_KEYS = frozenset({"state1", "__bnb_optimizer_quant_state__"})
 
 
+@without_step_hooks
 class OptimizerSwap(Callback):
     """Replace every optimizer with a bitsandbytes 8-bit optimizer (or torch's fused AdamW) at fit start.
 
@@ -98,7 +105,7 @@ class OptimizerSwap(Callback):
         self.results: list[OptimizerSwapResult] = []
         self.state_bytes_before: int | None = None
         self.state_bytes_after: int | None = None
-        self._pending = False
+        self._step_hooks: list[RemovableHandle] = []
 
     @override
     def on_load_checkpoint(
@@ -139,20 +146,28 @@ class OptimizerSwap(Callback):
         trainer.strategy.optimizers = new
         trainer.strategy.lr_scheduler_configs = configs
         self.state_bytes_before = replaced_state_bytes(self.results)
-        self._pending = True
         rank_zero_info("OptimizerSwap:\n" + "\n".join(result.describe() for result in self.results))
 
-    @override
-    def on_train_batch_end(
-        self, trainer: pl.Trainer, pl_module: pl.LightningModule, outputs: Any, batch: Any, batch_idx: int
-    ) -> None:
-        if self._pending:
+        def after_step(optimizer: Optimizer, args: Any, kwargs: Any) -> None:
             self.state_bytes_after = report_state(trainer, type(self).__name__, self.results, self.state_bytes_before)
-            self._pending = self.state_bytes_after is None
+            if self.state_bytes_after is not None:
+                self._remove_step_hooks()
+
+        self._remove_step_hooks()
+        self._step_hooks = [optimizer.register_step_post_hook(after_step) for optimizer in new]
 
     @override
     def on_fit_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
-        self._pending = False
+        self._remove_step_hooks()
+
+    @override
+    def on_exception(self, trainer: pl.Trainer, pl_module: pl.LightningModule, exception: BaseException) -> None:
+        self._remove_step_hooks()
+
+    def _remove_step_hooks(self) -> None:
+        for handle in self._step_hooks:
+            handle.remove()
+        self._step_hooks = []
 
     def summary(self) -> str:
         """One line comparing the measured state size with the estimate for the replaced optimizers.

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import weakref
 from collections.abc import Callable, Mapping, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from lightning.pytorch.callbacks import Callback
 from lightning.pytorch.utilities import rank_zero_info
@@ -32,11 +32,40 @@ _MADE: weakref.WeakKeyDictionary[nn.Module, list[SurgeryResult]] = weakref.WeakK
 
 __all__ = ["ActivationCheckpointing", "AttentionSwap", "LossSwap", "SurgeryCallback", "TorchCompile"]
 
+#: Lightning's callback hooks that run every batch (training, validation, test, predict).
+STEP_HOOKS = (
+    "on_train_batch_start",
+    "on_before_backward",
+    "on_after_backward",
+    "on_before_optimizer_step",
+    "on_before_zero_grad",
+    "on_train_batch_end",
+    *(f"on_{stage}_batch_{when}" for stage in ("validation", "test", "predict") for when in ("start", "end")),
+)
+_C = TypeVar("_C", bound=type[Callback])
 
+
+def without_step_hooks(cls: _C) -> _C:
+    """Class decorator: the per-batch hooks ``cls`` does not define itself are ``None``, so Lightning skips them.
+
+    Lightning dispatches every hook to every callback, the base class's no-ops included, each inside a profiler
+    context: about 5 Python calls a hook a step. Its dispatcher (``trainer/call.py``'s ``_call_callback_hooks``) calls
+    a hook only when ``callable(getattr(callback, name))``, so a callback with nothing to do per batch costs nothing
+    there. Checked on Lightning 2.6.6; ``tests/test_surgery.py`` fails if the dispatcher stops skipping them. A
+    subclass that defines one of these hooks gets it called as usual (without ``super()``: there is none to call).
+    """
+    for name in STEP_HOOKS:
+        if name not in vars(cls):
+            setattr(cls, name, None)
+    return cls
+
+
+@without_step_hooks
 class SurgeryCallback(Callback):
     """Apply a module surgery in ``setup`` and undo it in ``teardown``; a subclass implements :meth:`apply`.
 
     ``setup`` runs before the strategy moves the model and wraps it in DDP/FSDP, so the surgery sees the bare model.
+    It has no per-batch hooks (:func:`without_step_hooks`), so Lightning spends nothing on it during a step.
     A ``setup`` without its ``teardown`` (an interrupted run) first undoes the earlier change, so changes never stack.
     The surgeries made on a module are undone last made first, whichever callback's ``teardown`` comes first.
 
@@ -229,7 +258,8 @@ class LossSwap(SurgeryCallback):
     Each Hugging Face ``*ForCausalLM`` instance in the module is swapped by
     :func:`~lightning_tune.swaps.loss.swap_loss` in ``setup`` and restored in ``teardown``: while training, a call
     with ``labels`` returns the model's own loss (shift, ``ignore_index``, token mean, ``num_items_in_batch``) computed
-    chunk by chunk from the hidden states, and no ``logits``. Validation and predict (eval mode) are unchanged.
+    chunk by chunk from the hidden states, and no ``logits``. Validation, test and predict (eval mode) are unchanged
+    unless ``eval=True``.
 
     Args:
         backend: ``"auto"`` (Liger-Kernel on CUDA when installed, else ``"chunked"``), ``"chunked"`` (PyTorch, any
@@ -239,11 +269,15 @@ class LossSwap(SurgeryCallback):
         ce_weight: Class weights ``[vocab]`` of the loss, as ``F.cross_entropy``'s ``weight``.
         lse_square_scale: Adds Liger-Kernel's z-loss, ``lse_square_scale * logsumexp(logits) ** 2`` per labelled
             token.
+        eval: Swap evaluation too: in eval mode (validation, test, predict) a call with ``labels`` returns the loss,
+            ``token_accuracy`` (the share of labelled tokens predicted right) and ``predictions`` (each position's
+            argmax, as ``logits.argmax(-1)``), computed chunk by chunk, and no ``logits``. Off by default because a
+            ``validation_step`` that reads ``outputs.logits`` for its own metrics would then get an error.
         verbose: Print the swapped models at setup.
 
     Raises:
-        TypeError: If ``backend`` is not a string, ``chunk_size`` not an int, ``verbose`` not a bool, or a loss
-            option has the wrong type.
+        TypeError: If ``backend`` is not a string, ``chunk_size`` not an int, ``eval`` or ``verbose`` not a bool, or
+            a loss option has the wrong type.
         ValueError: If ``backend`` is unknown, ``chunk_size`` < 1 or a loss option is out of range. A backend that
             cannot run on the Trainer's device, a module with no causal LM to swap (one built in ``configure_model``
             is not there yet: use ``TunePlugin(loss=...)``), a ``ce_weight`` of another length than a model's
@@ -251,7 +285,7 @@ class LossSwap(SurgeryCallback):
 
     Example:
         >>> from lightning.pytorch import Trainer
-        >>> trainer = Trainer(callbacks=[LossSwap("chunked")], logger=False)
+        >>> trainer = Trainer(callbacks=[LossSwap("chunked", eval=True)], logger=False)
     """
 
     def __init__(
@@ -262,13 +296,15 @@ class LossSwap(SurgeryCallback):
         label_smoothing: float = 0.0,
         ce_weight: Tensor | None = None,
         lse_square_scale: float = 0.0,
+        eval: bool = False,
         verbose: bool = True,
     ) -> None:
         super().__init__(verbose=verbose)
         self.backend = canonical_loss(backend, arg="backend")
         check_int("chunk_size", chunk_size, minimum=1, allow_none=True)
         check_loss_options(label_smoothing, ce_weight, lse_square_scale)
-        self.chunk_size = chunk_size
+        check_bool("eval", eval)
+        self.chunk_size, self.eval = chunk_size, eval
         self.loss_options: dict[str, Any] = {
             "label_smoothing": label_smoothing,
             "ce_weight": ce_weight,
@@ -282,6 +318,7 @@ class LossSwap(SurgeryCallback):
             self.backend,
             device=trainer.strategy.root_device,
             chunk_size=self.chunk_size,
+            eval=self.eval,
             notify=rank_zero_info,
             **self.loss_options,
         )

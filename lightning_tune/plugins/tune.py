@@ -40,7 +40,7 @@ from torch.optim import Optimizer
 from typing_extensions import override
 
 from lightning_tune import _imports
-from lightning_tune._validation import check_choice, check_int
+from lightning_tune._validation import check_bool, check_choice, check_int
 from lightning_tune.vocab import (
     PRECISIONS,
     Attention,
@@ -135,6 +135,9 @@ class TunePlugin(FSDPPrecision):
             attention alone.
         loss: Compute causal language models' training loss without their logits (see
             :class:`~lightning_tune.LossSwap`: ``"auto"``, ``"chunked"`` or ``"liger"``); ``None`` leaves it alone.
+        loss_eval: With ``loss``, swap evaluation too, as ``LossSwap(eval=True)``: in eval mode (validation, test,
+            predict) a call with labels gives the loss, ``token_accuracy`` and ``predictions`` and no ``logits``. Off
+            by default: a ``validation_step`` reading ``outputs.logits`` would get an error.
         keep_32bit: With an 8-bit optimizer, which parameters keep 32-bit state (``"embeddings"``, ``"none"`` or
             ``fn(name, param) -> bool``).
         min_8bit_size: With an 8-bit optimizer, tensors with fewer elements keep 32-bit state.
@@ -157,6 +160,7 @@ class TunePlugin(FSDPPrecision):
         optimizer: OptimizerName | None = None,
         attention: Attention | None = None,
         loss: LossBackend | None = None,
+        loss_eval: bool = False,
         keep_32bit: Keep32bit = "embeddings",
         min_8bit_size: int = 4096,
         device: Literal["cuda", "cpu"] | None = None,
@@ -175,6 +179,9 @@ class TunePlugin(FSDPPrecision):
             attention = canonical_attention(attention)
         if loss is not None:
             loss = canonical_loss(loss)
+        check_bool("loss_eval", loss_eval)
+        if loss_eval and loss is None:
+            raise ValueError("`loss_eval=True` swaps the evaluation loss and needs `loss` (e.g. loss='auto'), got None")
         check_int("min_8bit_size", min_8bit_size, minimum=1)
         check_keep_32bit(keep_32bit)
         self._explicit_device = device is not None
@@ -186,7 +193,7 @@ class TunePlugin(FSDPPrecision):
         self._inner_strategy: str | None = None
         self.optimizer = optimizer
         self.attention = attention
-        self.loss = loss
+        self.loss, self.loss_eval = loss, loss_eval
         self.keep_32bit = keep_32bit
         self.min_8bit_size = min_8bit_size
         self.attention_swap: AttentionSwapResult | None = None
@@ -200,7 +207,8 @@ class TunePlugin(FSDPPrecision):
     def __repr__(self) -> str:
         return (
             f"TunePlugin(precision={self.requested_precision!r}, optimizer={self.optimizer!r}, "
-            f"attention={self.attention!r}{'' if self.loss is None else f', loss={self.loss!r}'})"
+            f"attention={self.attention!r}{'' if self.loss is None else f', loss={self.loss!r}'}"
+            f"{', loss_eval=True' if self.loss_eval else ''})"
         )
 
     def __format__(self, spec: str) -> str:
@@ -301,7 +309,9 @@ class TunePlugin(FSDPPrecision):
         if self.loss is not None and self.loss_swap is None:
             from lightning_tune.swaps.loss import swap_loss
 
-            self.loss_swap = swap_loss(module, self.loss, device=torch.device(self.device), notify=rank_zero_info)
+            self.loss_swap = swap_loss(
+                module, self.loss, device=torch.device(self.device), eval=self.loss_eval, notify=rank_zero_info
+            )
             rank_zero_info(self.loss_swap.describe())
         return module
 

@@ -91,18 +91,21 @@ def check_loss_options(
 
 
 class LinearCrossEntropyOutput(NamedTuple):
-    """What :func:`linear_cross_entropy` returns when ``return_z_loss`` or ``return_token_accuracy`` is set.
+    """What :func:`linear_cross_entropy` returns when a ``return_*`` flag is set.
 
     Args:
         loss: The loss, z-loss included.
         z_loss: Its z-loss part (``None`` unless ``return_z_loss``).
         token_accuracy: The share of tokens with a label whose largest logit is the label's (``None`` unless
             ``return_token_accuracy``); per token (1 or 0, 0 where ignored) for ``reduction="none"``.
+        predictions: Each position's largest logit's class, ``logits.argmax(-1)``: int64, in the shape of ``labels``,
+            at every position, ignored ones included (``None`` unless ``return_predictions``).
     """
 
     loss: Tensor
     z_loss: Tensor | None
     token_accuracy: Tensor | None
+    predictions: Tensor | None = None
 
 
 def _chunk_logits(hidden: Tensor, weight: Tensor, bias: Tensor | None, softcap: float | None) -> Tensor:
@@ -122,7 +125,7 @@ class _LinearCrossEntropy(torch.autograd.Function):
     """Per-token cross-entropy and log-sum-exp of ``hidden @ weight.T + bias``, chunked over tokens.
 
     The cross-entropy is ``F.cross_entropy(..., weight=, label_smoothing=, reduction="none")``'s; both are 0 where the
-    label is ignored. With ``accuracy``, also whether each token's largest logit is its label's.
+    label is ignored. With ``argmax``, also each token's largest logit's class (int64; empty without).
     """
 
     @staticmethod
@@ -137,12 +140,12 @@ class _LinearCrossEntropy(torch.autograd.Function):
         chunk: int,
         softcap: float | None,
         smoothing: float,
-        accuracy: bool,
+        argmax: bool,
     ) -> tuple[Tensor, Tensor, Tensor]:
         dtype, rows_total = _reduced(hidden.dtype), hidden.shape[0]
         losses = torch.zeros(rows_total, dtype=dtype, device=hidden.device)
         lse = torch.zeros_like(losses)
-        correct = torch.zeros(rows_total if accuracy else 0, dtype=dtype, device=hidden.device)
+        predictions = torch.zeros(rows_total if argmax else 0, dtype=torch.int64, device=hidden.device)
         for start in range(0, rows_total, chunk):
             rows = slice(start, start + chunk)
             logits = _chunk_logits(hidden[rows], weight, bias, softcap)
@@ -158,13 +161,13 @@ class _LinearCrossEntropy(torch.autograd.Function):
                     spread = lse[rows] * class_weight.sum() - logits @ class_weight
                 loss = (1.0 - smoothing) * loss + smoothing / logits.shape[1] * spread
             losses[rows] = torch.where(valid, loss, 0.0)
-            if accuracy:
-                correct[rows] = (valid & (logits.argmax(1) == target)).to(dtype)
+            if argmax:
+                predictions[rows] = logits.argmax(1)
         ctx.save_for_backward(hidden, weight, bias, labels, class_weight, lse)
         ctx.ignore_index, ctx.chunk, ctx.softcap, ctx.smoothing = ignore_index, chunk, softcap, smoothing
-        ctx.mark_non_differentiable(correct)
+        ctx.mark_non_differentiable(predictions)
         valid_lse = torch.where(labels != ignore_index, lse, 0.0)
-        return losses, valid_lse, correct
+        return losses, valid_lse, predictions
 
     @staticmethod
     def backward(ctx: Any, grad_losses: Tensor, grad_lse: Tensor, _: Tensor) -> tuple[Tensor | None, ...]:
@@ -227,6 +230,7 @@ def linear_cross_entropy(
     lse_square_scale: float = ...,
     return_z_loss: Literal[False] = ...,
     return_token_accuracy: Literal[False] = ...,
+    return_predictions: Literal[False] = ...,
 ) -> Tensor: ...
 
 
@@ -245,28 +249,9 @@ def linear_cross_entropy(
     label_smoothing: float = ...,
     ce_weight: Tensor | None = ...,
     lse_square_scale: float = ...,
-    return_z_loss: Literal[True],
-    return_token_accuracy: bool = ...,
-) -> LinearCrossEntropyOutput: ...
-
-
-@overload
-def linear_cross_entropy(
-    hidden: Tensor,
-    weight: Tensor,
-    labels: Tensor,
-    *,
-    bias: Tensor | None = ...,
-    ignore_index: int = ...,
-    reduction: Reduction = ...,
-    shift: bool = ...,
-    chunk_size: int | None = ...,
-    softcap: float | None = ...,
-    label_smoothing: float = ...,
-    ce_weight: Tensor | None = ...,
-    lse_square_scale: float = ...,
     return_z_loss: bool = ...,
-    return_token_accuracy: Literal[True],
+    return_token_accuracy: bool = ...,
+    return_predictions: bool = ...,
 ) -> LinearCrossEntropyOutput: ...
 
 
@@ -286,6 +271,7 @@ def linear_cross_entropy(
     lse_square_scale: float = 0.0,
     return_z_loss: bool = False,
     return_token_accuracy: bool = False,
+    return_predictions: bool = False,
 ) -> Tensor | LinearCrossEntropyOutput:
     """``F.cross_entropy(hidden @ weight.T + bias, labels)`` without ever holding all the logits.
 
@@ -320,10 +306,12 @@ def linear_cross_entropy(
         return_z_loss: Return a :class:`LinearCrossEntropyOutput` with the z-loss part of the loss.
         return_token_accuracy: Return a :class:`LinearCrossEntropyOutput` with the token accuracy (one argmax per
             chunk; for metrics, no gradient).
+        return_predictions: Return a :class:`LinearCrossEntropyOutput` with each position's argmax, as
+            ``logits.argmax(-1)`` gives it (int64, the shape of ``labels``, taken per chunk; no gradient).
 
     Returns:
         The loss, a float32 scalar (``"mean"``, ``"sum"``) or a float32 tensor of ``labels``' shape (``"none"``); a
-        :class:`LinearCrossEntropyOutput` when ``return_z_loss`` or ``return_token_accuracy`` is set.
+        :class:`LinearCrossEntropyOutput` when a ``return_*`` flag is set.
 
     Raises:
         TypeError: If an argument has the wrong type.
@@ -365,6 +353,7 @@ def linear_cross_entropy(
     check_float("softcap", softcap, low=0.0, low_inclusive=False, allow_none=True)
     check_bool("return_z_loss", return_z_loss)
     check_bool("return_token_accuracy", return_token_accuracy)
+    check_bool("return_predictions", return_predictions)
     if shift:
         labels = F.pad(labels, (0, 1), value=ignore_index)[..., 1:]
     flat_hidden, flat_labels = hidden.reshape(-1, hidden.shape[-1]), labels.reshape(-1).to(hidden.device)
@@ -377,7 +366,7 @@ def linear_cross_entropy(
     class_weight = None if ce_weight is None else ce_weight.detach().to(flat_hidden.device, reduced)
     chunk = chunk_size or default_chunk_size(flat_hidden.shape[0], weight.shape[0], itemsize=reduced.itemsize)
     with torch.autocast(hidden.device.type, enabled=False):
-        losses, lse, correct = _LinearCrossEntropy.apply(
+        losses, lse, predictions = _LinearCrossEntropy.apply(
             flat_hidden,
             weight,
             bias,
@@ -387,24 +376,28 @@ def linear_cross_entropy(
             chunk,
             None if softcap is None else float(softcap),
             float(label_smoothing),
-            return_token_accuracy,
+            return_token_accuracy or return_predictions,
         )
     z_losses = float(lse_square_scale) * lse.square()
     valid = flat_labels != ignore_index
     labelled = valid.sum()
+    correct = (valid & (predictions == flat_labels)).to(losses.dtype) if return_token_accuracy else None
     if reduction == "none":
-        loss, z_loss, accuracy = losses.view(labels.shape), z_losses.view(labels.shape), correct
+        loss, z_loss = losses.view(labels.shape), z_losses.view(labels.shape)
+        accuracy = None if correct is None else correct.view(labels.shape)
     else:
         per_label = labelled if reduction == "mean" else 1
         per_weight = per_label  # "mean" with class weights: over the labelled tokens' weights, as F.cross_entropy
         if class_weight is not None and reduction == "mean":
             per_weight = torch.where(valid, class_weight[torch.where(valid, flat_labels, 0)], 0.0).sum()
-        loss, z_loss, accuracy = losses.sum() / per_weight, z_losses.sum() / per_label, correct.sum() / labelled
+        loss, z_loss = losses.sum() / per_weight, z_losses.sum() / per_label
+        accuracy = None if correct is None else correct.sum() / labelled
     loss = loss + z_loss
-    if not (return_z_loss or return_token_accuracy):
+    if not (return_z_loss or return_token_accuracy or return_predictions):
         return loss
-    if return_token_accuracy and reduction == "none":
-        accuracy = correct.view(labels.shape)
     return LinearCrossEntropyOutput(
-        loss, z_loss if return_z_loss else None, accuracy if return_token_accuracy else None
+        loss,
+        z_loss if return_z_loss else None,
+        accuracy,
+        predictions.view(labels.shape) if return_predictions else None,
     )

@@ -5,7 +5,9 @@ Each Hugging Face ``*ForCausalLM`` (or ``GPT2LMHeadModel``) instance found in th
 ``head`` (the demo GPT; see :func:`find_causal_lms`), and so does its head. While the model is training and labels are
 given, that forward runs the model's own forward with the head armed, for that call only, to turn the hidden states
 straight into the loss, so the ``tokens x vocabulary`` logits are never made; the output's ``loss`` is the model's loss
-and it has no ``logits``. Without labels, or in eval mode (validation, predict, generation), the model runs unchanged.
+and it has no ``logits``. Without labels the model runs unchanged, and so it does in eval mode (validation, predict,
+generation) unless swapped with ``eval=True``: then a call with labels in eval mode gives the loss the same way, and
+the output also carries ``token_accuracy`` and ``predictions`` (each position's argmax), computed chunk by chunk.
 A module holding no such model is an error: the swap was asked for and would change nothing.
 
 The loss is Hugging Face's ``ForCausalLMLoss``: labels shifted left by one (or the ``shift_labels`` given),
@@ -34,14 +36,14 @@ from torch import Tensor, nn
 
 from lightning_tune import _imports
 from lightning_tune._surgery import InstanceForward, SurgeryResult, pretrained_model_class, remove_forward, table
-from lightning_tune._validation import check_instance, check_int
-from lightning_tune.swaps.cross_entropy import check_loss_options, linear_cross_entropy
+from lightning_tune._validation import check_bool, check_instance, check_int
+from lightning_tune.swaps.cross_entropy import LinearCrossEntropyOutput, check_loss_options, linear_cross_entropy
 from lightning_tune.vocab import canonical_loss
 
 __all__ = ["LossSwapEntry", "LossSwapResult", "find_causal_lms", "resolve_loss_backend", "swap_loss"]
 
 ResolvedLoss = Literal["chunked", "liger"]
-_LossFn = Callable[..., Tensor]
+_LossFn = Callable[..., Any]  # the loss, or a LinearCrossEntropyOutput in eval mode
 # config attributes of models that scale their logits in a way the swap does not reproduce
 _LOGIT_SCALES = ("logit_scale", "logits_scaling", "output_multiplier_scale")
 
@@ -123,9 +125,11 @@ def _liger_loss(
 
 
 _NO_LOGITS = (
-    "This {name} has no `logits`: the model was called with `labels` in training under the loss swap (LossSwap / "
-    "TunePlugin(loss=...)), which computes the loss without ever making the logits. To keep them, remove the swap, "
-    "or call the model without `labels` and compute the loss yourself (or call model.eval() around the call)."
+    "This {name} has no `logits`: the model was called with `labels` under the loss swap (LossSwap / "
+    "TunePlugin(loss=...) in training; with LossSwap(eval=True) / TunePlugin(loss_eval=True) in eval mode too), "
+    "which computes the loss without ever making the logits. In eval mode the output has `token_accuracy` and "
+    "`predictions` (each position's argmax) instead. To keep the logits, remove the swap (or its eval option), or call "
+    "the model without `labels` and compute the loss yourself."
 )
 
 
@@ -154,12 +158,14 @@ def _without_logits_type(cls: Any) -> type:
 
 
 @torch.compiler.disable  # a class made at run time and assigned to `__class__`: built outside a compiled graph
-def _without_logits(output: Any, loss: Tensor) -> Any:
+def _without_logits(output: Any, loss: Tensor, metrics: dict[str, Tensor | None]) -> Any:
     fields = {key: value for key, value in output.items() if key not in ("loss", "logits")}
     result = type(output)(loss=loss, **fields)
     if "logits" in result:
         OrderedDict.__delitem__(result, "logits")  # ModelOutput refuses `del`; its dict view must not hold the logits
     result.__class__ = _without_logits_type(cast(Hashable, type(output)))
+    for name, value in metrics.items():  # attributes, not fields: the dict view and `to_tuple()` are as in training
+        object.__setattr__(result, name, value)
     return result
 
 
@@ -176,18 +182,21 @@ class _HeadLoss(InstanceForward):
     after having freed it at the end of the head's forward.
     """
 
-    def __init__(self, module: nn.Linear, original: Any, loss_fn: _LossFn, softcap: float | None) -> None:
+    def __init__(
+        self, module: nn.Linear, original: Any, loss_fn: _LossFn, eval_fn: _LossFn, softcap: float | None
+    ) -> None:
         super().__init__(module, original)
-        self.loss_fn, self.softcap = loss_fn, softcap
+        self.loss_fn, self.eval_fn, self.softcap = loss_fn, eval_fn, softcap
         self.labels: Tensor | None = None  # armed while not None
-        self.shift, self.items, self.ignore_index = False, None, -100
+        self.shift, self.items, self.ignore_index, self.evaluating = False, None, -100, False
         self.loss: Tensor | None = None
+        self.metrics: dict[str, Tensor | None] = {}  # in eval mode: token_accuracy and predictions
 
     def __call__(self, hidden: Tensor, *args: Any, **kwargs: Any) -> Tensor:
         if self.labels is None:
             return cast(Tensor, self.call_original(hidden, *args, **kwargs))
         head, items = self.module, self.items
-        loss = self.loss_fn(
+        loss = (self.eval_fn if self.evaluating else self.loss_fn)(
             hidden,
             head.weight,
             self.labels,
@@ -197,6 +206,9 @@ class _HeadLoss(InstanceForward):
             shift=self.shift,
             softcap=self.softcap,
         )
+        if isinstance(loss, LinearCrossEntropyOutput):  # eval mode: the metrics too
+            self.metrics = {"token_accuracy": loss.token_accuracy, "predictions": loss.predictions}
+            loss = loss.loss
         if items is not None:
             loss = loss / torch.as_tensor(items, device=loss.device)
         output = hidden.new_zeros(*hidden.shape[:-1], 0) + loss  # empty, not a view (FSDP2 warns about views)
@@ -205,19 +217,21 @@ class _HeadLoss(InstanceForward):
 
 
 class _LossForward(InstanceForward):
-    """A causal LM's ``forward`` that, in training with labels, takes its loss from the hidden states.
+    """A causal LM's ``forward`` that, called with labels in training (or eval mode, with ``eval``), takes its loss.
 
-    ``transformers``: labels are ``labels``, shifted here, and the output a ``ModelOutput`` without logits. A
-    ``targets`` model (the demo GPT): its ``targets`` are already aligned with the positions, and it returns the loss.
+    ``transformers``: labels are ``labels``, shifted here, and the output a ``ModelOutput`` without logits (in eval
+    mode with ``token_accuracy`` and ``predictions``). A ``targets`` model (the demo GPT): its ``targets`` are already
+    aligned with the positions, and it returns the loss.
     """
 
-    def __init__(self, module: nn.Module, original: Any, head: _HeadLoss, kind: str) -> None:
+    def __init__(self, module: nn.Module, original: Any, head: _HeadLoss, kind: str, *, eval: bool) -> None:
         super().__init__(module, original)
-        self.head, self.kind = head, kind
+        self.head, self.kind, self.eval = head, kind, eval
         self.signature = inspect.signature(self.__wrapped__)
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        if not self.module.training:
+        evaluating = not self.module.training
+        if evaluating and not self.eval:
             return self.call_original(*args, **kwargs)
         bound = self.signature.bind(*args, **kwargs)
         arguments = dict(bound.arguments)
@@ -237,6 +251,7 @@ class _LossForward(InstanceForward):
         head.labels = labels if shift_labels is None else shift_labels
         head.shift = hf and shift_labels is None
         head.items, head.ignore_index = arguments.get("num_items_in_batch"), arguments.get("ignore_index", -100)
+        head.evaluating = evaluating
         try:
             output = self.call_original(**arguments)
         finally:
@@ -247,7 +262,8 @@ class _LossForward(InstanceForward):
                 f"{type(self.module).__name__}.forward never called the LM head it had when the loss was swapped, so "
                 "no loss was computed (a head replaced since: swap again)"
             )
-        return _without_logits(output, loss) if hf else loss
+        metrics, head.metrics = head.metrics, {}
+        return _without_logits(output, loss, metrics) if hf else loss
 
 
 def _head(model: nn.Module, kind: str) -> Any:
@@ -338,17 +354,20 @@ class LossSwapResult(SurgeryResult):
     Args:
         requested: The backend asked for.
         backend: The backend that runs.
+        eval: Whether evaluation (eval mode) is swapped too.
         entries: One entry per swapped model.
     """
 
     requested: str
     backend: ResolvedLoss
+    eval: bool = False
     entries: list[LossSwapEntry] = field(default_factory=list)
 
     def describe(self) -> str:
         """A title line, then one row per swapped model, for printing."""
         rows = [[e.path or "(root)", e.module_type, str(e.vocab), str(e.softcap)] for e in self.entries]
         title = f"Loss swap: backend {self.backend!r} (requested {self.requested!r}), {len(rows)} model(s)"
+        title += ", evaluation too (chunked)" if self.eval else ""
         return f"{title}\n{table([['Module', 'Class', 'Vocabulary', 'Softcap'], *rows])}"
 
 
@@ -361,6 +380,7 @@ def swap_loss(
     label_smoothing: float = 0.0,
     ce_weight: Tensor | None = None,
     lse_square_scale: float = 0.0,
+    eval: bool = False,
     notify: Callable[[str], object] | None = None,
 ) -> LossSwapResult:
     """Make each Hugging Face causal LM in ``module`` compute its training loss without logits (see the module doc).
@@ -375,6 +395,10 @@ def swap_loss(
         ce_weight: Class weights ``[vocab]`` of the loss, as ``F.cross_entropy``'s ``weight``.
         lse_square_scale: Adds Liger-Kernel's z-loss, ``lse_square_scale * logsumexp(logits) ** 2`` per labelled
             token (see :func:`~lightning_tune.swaps.cross_entropy.linear_cross_entropy`).
+        eval: Also in eval mode (validation, test, predict), a call with labels gives the loss without logits, plus
+            the output's ``token_accuracy`` and ``predictions``, chunked by ``linear_cross_entropy`` whatever the
+            backend (no backward pass to fuse). Off by default: code that reads ``outputs.logits`` in evaluation
+            would get an error.
         notify: Receives the message saying what ``"auto"`` chose.
 
     Returns:
@@ -399,6 +423,7 @@ def swap_loss(
     check_instance("module", module, nn.Module, "a torch.nn.Module")
     check_int("chunk_size", chunk_size, minimum=1, allow_none=True)
     check_loss_options(label_smoothing, ce_weight, lse_square_scale)
+    check_bool("eval", eval)
     requested = canonical_loss(backend, arg="backend")
     first = next(module.parameters(), None)
     run_device = (
@@ -410,12 +435,10 @@ def swap_loss(
         "ce_weight": ce_weight,
         "lse_square_scale": lse_square_scale,
     }
-    loss_fn: _LossFn = (
-        functools.partial(_liger_loss, **options)
-        if resolved == "liger"
-        else functools.partial(linear_cross_entropy, chunk_size=chunk_size, **options)
-    )
-    result = LossSwapResult(requested=requested, backend=resolved)
+    chunked = functools.partial(linear_cross_entropy, chunk_size=chunk_size, **options)
+    loss_fn: _LossFn = functools.partial(_liger_loss, **options) if resolved == "liger" else chunked
+    eval_fn = functools.partial(chunked, return_token_accuracy=True, return_predictions=True)
+    result = LossSwapResult(requested=requested, backend=resolved, eval=eval)
     models = find_causal_lms(module)
     if not models:
         raise ValueError(
@@ -432,10 +455,11 @@ def swap_loss(
         check_loss_options(label_smoothing, ce_weight, lse_square_scale, vocab=_head(model, kind).out_features)
     for (path, model, kind), softcap in zip(models, softcaps, strict=True):
         head = _head(model, kind)
-        head_loss = _HeadLoss(head, _original(head, _HeadLoss), loss_fn, softcap)
+        head_loss = _HeadLoss(head, _original(head, _HeadLoss), loss_fn, eval_fn, softcap)
         setattr(head, "forward", head_loss)  # noqa: B010
         result._undo.append(functools.partial(remove_forward, head, _HeadLoss))
-        setattr(model, "forward", _LossForward(model, _original(model, _LossForward), head_loss, kind))  # noqa: B010
+        wrapped = _LossForward(model, _original(model, _LossForward), head_loss, kind, eval=eval)
+        setattr(model, "forward", wrapped)  # noqa: B010
         result._undo.append(functools.partial(remove_forward, model, _LossForward))
         result.entries.append(LossSwapEntry(path, type(model).__name__, head.weight.shape[0], softcap))
     return result
