@@ -21,6 +21,9 @@ Part               What it measures (script that holds its code)
 ``attention``      eager / the model's own SDPA / ``AttentionSwap("sdpa")`` / flash-attn, bf16 (``swaps.py``)
 ``planner``        ``estimate_memory`` / ``measure_memory`` against allocated and reserved peaks
                    (``planner_accuracy.py``)
+``eval``           validation samples/s of a Llama at a 32k vocabulary: the loader's batch / the largest fixed batch
+                   that fits / DynamicBatchSize's evaluation sizing, without and with ``LossSwap(eval=True)``
+                   (``eval.py``)
 =================  ============================================================================================
 
 ``--budget-s`` bounds the whole process from its start, imports included. Each part gets a share of what is left
@@ -70,6 +73,7 @@ PARTS: dict[str, float] = {
     "optimizers": 0.08,
     "attention": 0.09,
     "planner": 0.08,
+    "eval": 0.03,
 }
 TITLES = {
     "gpu-tests": "GPU tests",
@@ -81,6 +85,7 @@ TITLES = {
     "optimizers": "Optimizers on the demo GPT",
     "attention": "Attention on the demo GPT",
     "planner": "Memory planner accuracy",
+    "eval": "Evaluation batches sized to memory",
 }
 #: seconds kept back from the budget for the summary and the archive
 RESERVE_S = 5.0
@@ -162,6 +167,7 @@ def _runner(part: str) -> Callable[..., str]:
         "optimizers": "swaps",
         "attention": "swaps",
         "planner": "planner_accuracy",
+        "eval": "eval",
     }[part]
     imported = __import__(module)
     names = {"pack": "suite_part", "optimizers": "optimizers_part", "attention": "attention_part"}

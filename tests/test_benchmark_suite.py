@@ -77,6 +77,7 @@ def test_smoke_suite_calibrates_and_writes_every_part_row_by_row(tmp_path: Path)
         "optimizers",
         "attention",
         "planner",
+        "eval",
     ]
     status = json.loads((out / "suite.json").read_text())
     assert {name: entry["status"] for name, entry in status["parts"].items()} == dict.fromkeys(parts, "ok")
@@ -147,6 +148,15 @@ def test_smoke_suite_calibrates_and_writes_every_part_row_by_row(tmp_path: Path)
     loss = {r["setting"]: r for r in kind("loss", "run")}
     assert set(loss) == {"none", "chunked"} and loss["chunked"]["loss_gap"] < 1e-4
     assert "needs CUDA and liger-kernel" in kind("loss", "skipped")[0]["reason"]
+    # eval: the loader's batch, the sweep's largest and DynamicBatchSize's sizing, each without and with the loss swap,
+    # on a simulated device where 12 samples fit without the swap: the sweep met its out-of-memory error at 16, the
+    # callback met none and chose larger batches than the loader's, larger still with the swap
+    evals = {(r["setting"], r["loss_swap"]): r for r in kind("eval", "run")}
+    assert set(evals) == {(s, w) for s in ("loader", "sweep", "dynamic") for w in (False, True)}
+    assert evals[("sweep", False)]["batch"] == 8 and evals[("sweep", False)]["ooms"] == 1
+    assert evals[("dynamic", False)]["ooms"] == evals[("dynamic", True)]["ooms"] == 0
+    assert evals[("loader", False)]["batch"] < evals[("dynamic", False)]["batch"] < evals[("dynamic", True)]["batch"]
+    assert all(r["peak_frac"] <= 0.9 for (setting, _), r in evals.items() if setting != "sweep")
     # pack: its prior was measured with the batch made on `meta`, another device than the planner's (guards the
     # callable-batch device defect of measure_memory), and all three configurations ran
     assert {r["kind"] for r in kind("pack", "median")} == {"plain", "hand_tuned", "lightning_tune"}
@@ -274,6 +284,9 @@ def test_rehearsal_on_an_h100_keeps_every_goal_row_at_420_s_and_every_baseline_a
             assert plans["pack"]["round 1: plain"] == "baseline" and plans["pack"]["round 1: lightning_tune"]
             assert plans["optimizers"]["optimizers, round 1: adamw"] == "baseline"
             assert plans["attention"]["2048, round 1: eager"] == "baseline"
+            assert plans["eval"]["the loader's batch"] == "baseline"
+            assert plans["eval"]["DynamicBatchSize, LossSwap(eval=True)"] == "scenario"
+            assert plans["eval"]["largest fixed batch (sweep)"] == "scenario"
 
 
 def test_a_failing_part_keeps_its_rows_and_the_others(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -327,13 +340,39 @@ def test_shares_and_plan() -> None:
         pytest.param("pack,monitor", ["pack", "monitor"], id="parts-in-priority-order"),
         pytest.param(
             None,
-            ["gpu-tests", "pack", "dynamic-batch", "varlen", "loss", "monitor", "optimizers", "attention", "planner"],
+            [
+                "gpu-tests",
+                "pack",
+                "dynamic-batch",
+                "varlen",
+                "loss",
+                "monitor",
+                "optimizers",
+                "attention",
+                "planner",
+                "eval",
+            ],
             id="all",
         ),  # fmt: skip
     ],
 )
 def test_only_selects_parts(only: str | None, parts: list[str]) -> None:
     assert _suite()._select(only) == parts
+
+
+@pytest.mark.parametrize(("make", "name"), [("loss_swap", "LossSwap"), ("dynamic", "DynamicBatchSize")])
+def test_the_eval_part_says_plainly_when_the_callbacks_lack_evaluation(
+    make: str, name: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    _suite()
+    part = _load(ROOT / "benchmarks" / "eval.py", "eval_part")
+
+    def older(*args: Any, **kwargs: Any) -> None:
+        raise TypeError(f"{name}.__init__() got an unexpected keyword argument")
+
+    monkeypatch.setattr(part.lt, name, older)
+    with pytest.raises(RuntimeError, match=rf"the eval part needs {name}\(.*=True\), which this version lacks"):
+        getattr(part, make)(None) if make == "dynamic" else getattr(part, make)()
 
 
 def test_only_and_budget_reject_bad_values_in_one_line() -> None:

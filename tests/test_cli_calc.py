@@ -48,6 +48,30 @@ def test_prints_the_breakdown_and_the_recommendation(capsys: pytest.CaptureFixtu
     assert "Nothing fits" not in out
 
 
+def test_training_output_gives_the_evaluation_batch_inside_fit_and_alone(capsys: pytest.CaptureFixture[str]) -> None:
+    status, out, err = run([*BASE, "--gpu-memory", "80GB", "--optimizer", "adamw8bit", "--grad-checkpointing"], capsys)
+    evaluation = estimate_memory("llama-2-7b", sequence_length=2048, optimizer="adamw8bit", mode="eval")
+    assert evaluation.fit_fixed_bytes is not None
+    usable = evaluation.usable_bytes(80 * 2**30)
+    in_fit = (usable - evaluation.fit_fixed_bytes) // evaluation.bytes_per_sample
+    alone = (usable - evaluation.fixed_bytes) // evaluation.bytes_per_sample
+    assert (status, err, recommended(out)) == (0, "", (0, 5, 8))
+    assert out.splitlines()[-1].startswith(f"Evaluation: batch {in_fit} fits inside fit (the training state resident)")
+    assert f", {alone} in trainer.validate or test (optimal margin" in out
+    assert (in_fit, alone) == (12, 73)  # 2.4x and 14.6x the training micro-batch (5)
+
+
+@pytest.mark.parametrize("mode", ["eval", "predict"])
+def test_mode_plans_evaluation_and_predict(mode: str, capsys: pytest.CaptureFixture[str]) -> None:
+    status, out, err = run([*BASE, "--gpu-memory", "40GB", "--mode", mode], capsys)
+    estimate = estimate_memory("llama-2-7b", sequence_length=2048, mode=mode)  # type: ignore[arg-type]
+    assert (status, err) == (0, "")
+    assert recommended(out) == tuple(estimate.batch_sizes(40 * 2**30).values())
+    assert "Working set per sample" in out and "Gradients" not in out and "Optimizer states" not in out
+    assert "Model size              25.10 GiB (bf16-mixed, 4 bytes each)" in out  # Lightning's float32 weights
+    assert ("Fixed inside fit" in out) == ("Evaluation: batch" in out) == (mode == "eval")
+
+
 def test_says_plainly_when_nothing_fits_and_what_would(capsys: pytest.CaptureFixture[str]) -> None:
     status, out, _ = run([*BASE, "--gpu-memory", "24576", "--precision", "fp16"], capsys)
     assert status == 1
@@ -162,6 +186,11 @@ def test_reads_a_hugging_face_config(tmp_path: Path, capsys: pytest.CaptureFixtu
             ["--gpu-memory", "1GB", "--sequence-length", "8"],
             "the following arguments are required: --model",
             id="no-model",
+        ),
+        pytest.param(
+            ["--model", "gpt2", "--gpu-memory", "1GB", "--sequence-length", "8", "--mode", "validate"],
+            "argument --mode: invalid choice: 'validate' (choose from 'train', 'eval', 'predict')",
+            id="mode",
         ),
         pytest.param(
             ["--model", "gpt2", "--gpu-memory", "1GB", "--sequence-length", "8", "--gpus", "2"],

@@ -1,17 +1,28 @@
 """``lightning-tune calc``: planning calculations that need no GPU.
 
 ``calc batch-size`` prints the memory breakdown of training a transformer (from the shape table or a Hugging Face
-``config.json``) and the largest micro-batch that fits a GPU at the three margins; when nothing fits it says what
-would, with the figures. Exit status: 0 when a batch fits, 1 when none does, 2 on a usage error.
+``config.json``) and the largest micro-batch that fits a GPU at the three margins, then the evaluation batch that
+fits inside ``fit`` and alone; when nothing fits it says what would, with the figures. ``--mode eval`` (or
+``predict``) plans ``trainer.validate``/``test`` (or ``predict``) instead. Exit status: 0 when a batch fits, 1 when
+none does, 2 on a usage error.
 """
 
 from __future__ import annotations
 
 import argparse
+from dataclasses import replace
 from typing import Any
 
 from lightning_tune.commands.args import PROG, attention, int_at_least, memory, name_in, optimizer, usage_error
-from lightning_tune.plan import PLAN_PRECISIONS, MemoryEstimate, estimate_memory, format_bytes, plan_zero, resolve_model
+from lightning_tune.plan import (
+    PLAN_MODES,
+    PLAN_PRECISIONS,
+    MemoryEstimate,
+    estimate_memory,
+    format_bytes,
+    plan_zero,
+    resolve_model,
+)
 from lightning_tune.vocab import canonical_precision
 
 _COMMAND = "calc batch-size"
@@ -80,6 +91,13 @@ def add_parser(commands: Any) -> None:
         action="store_true",
         help="no float32 master copy of 16-bit weights (default: kept under bf16-mixed and 16-mixed)",
     )
+    parser.add_argument(
+        "--mode",
+        choices=PLAN_MODES,
+        default="train",
+        help="plan training, evaluation (validate/test: no gradients or optimizer state, the loss computed) or "
+        "predict (no labels, the logits returned) (default: %(default)s)",
+    )
     parser.set_defaults(handler=_run_batch_size)
     # `calc --model ...` names the calculation that takes the flag
     flags = (flag for action in parser._actions for flag in action.option_strings if flag not in ("-h", "--help"))
@@ -96,6 +114,7 @@ def _estimate(args: argparse.Namespace, **changes: Any) -> MemoryEstimate:
         "gradient_checkpointing": args.grad_checkpointing,
         "lora_rank": args.lora_rank,
         "loss_swap": args.loss_swap,
+        "mode": args.mode,
     }
     options.update(changes)
     return estimate_memory(args.shape, **options)
@@ -115,29 +134,46 @@ def _run_batch_size(args: argparse.Namespace) -> int:
         print(_format_advice(args, estimate, budget))
     print()
     print(f"Recommended: {sizes['safe']} (safe), {sizes['optimal']} (optimal), {sizes['aggressive']} (aggressive)")
+    if args.mode != "predict":
+        print(_format_evaluation(estimate if args.mode == "eval" else _estimate(args, mode="eval"), budget))
     return 0 if sizes["aggressive"] > 0 else 1
+
+
+def _format_evaluation(estimate: MemoryEstimate, budget: int) -> str:
+    """The evaluation batch that fits (optimal margin) inside ``fit``, the training state resident, and alone."""
+    assert estimate.fit_fixed_bytes is not None  # an "eval" estimate always has it
+    in_fit = replace(estimate, fixed_bytes=estimate.fit_fixed_bytes).max_batch_size(budget)
+    alone = estimate.max_batch_size(budget)
+    return (
+        f"Evaluation: batch {in_fit} fits inside fit (the training state resident), {alone} in trainer.validate or "
+        f"test (optimal margin; {format_bytes(estimate.bytes_per_sample)} a sample, no gradients kept)"
+    )
 
 
 def _format_breakdown(args: argparse.Namespace, estimate: MemoryEstimate, budget: int) -> str:
     params = estimate.parameters
     trainable = estimate.trainable_parameters or 0
     bytes_per_param = estimate.weight_bytes // max(params, 1)
+    train = args.mode == "train"
     rows = [
         ("Parameters", f"{format_count(params)} ({params:,}; {trainable:,} trainable)"),
         ("Model size", f"{format_bytes(estimate.weight_bytes)} ({args.precision}, {bytes_per_param} bytes each)"),
-        ("Gradients", format_bytes(estimate.gradient_bytes)),
     ]
+    if train:
+        rows.append(("Gradients", format_bytes(estimate.gradient_bytes)))
     if estimate.master_weight_bytes:
         rows.append(("Master weights", f"{format_bytes(estimate.master_weight_bytes)} (float32)"))
-    rows += [
-        ("Optimizer states", f"{format_bytes(estimate.optimizer_bytes)} ({args.optimizer})"),
-        ("Buffers", format_bytes(estimate.buffer_bytes)),
-        ("Fixed total", format_bytes(estimate.fixed_bytes)),
+    if train:
+        rows.append(("Optimizer states", f"{format_bytes(estimate.optimizer_bytes)} ({args.optimizer})"))
+    rows += [("Buffers", format_bytes(estimate.buffer_bytes)), ("Fixed total", format_bytes(estimate.fixed_bytes))]
+    if estimate.fit_fixed_bytes is not None:
+        rows.append(("Fixed inside fit", f"{format_bytes(estimate.fit_fixed_bytes)} (the training state resident)"))
+    rows.append(
         (
-            "Activations per sample",
+            "Activations per sample" if train else "Working set per sample",
             f"{format_bytes(estimate.bytes_per_sample)} (sequence length {args.sequence_length})",
-        ),
-    ]
+        )
+    )
     head = [
         *estimate.notes,
         f"GPU memory {format_bytes(budget)} ({budget // _MIB} MiB); peak = fixed total + activations x batch",

@@ -14,7 +14,16 @@ from typing import TYPE_CHECKING
 
 from lightning_tune._lazy import lazy_exports as _lazy_exports
 from lightning_tune.plan.analytic import estimate_memory, lora_parameters, resolve_model
-from lightning_tune.plan.estimate import MARGIN_RESERVE, MARGINS, PLAN_PRECISIONS, Margin, MemoryEstimate, format_bytes
+from lightning_tune.plan.estimate import (
+    MARGIN_RESERVE,
+    MARGINS,
+    PLAN_MODES,
+    PLAN_PRECISIONS,
+    Margin,
+    MemoryEstimate,
+    PlanMode,
+    format_bytes,
+)
 from lightning_tune.plan.shapes import (
     FAMILIES,
     HF_MODEL_TYPES,
@@ -39,7 +48,9 @@ __all__ = [
     "MODEL_SHAPES",
     "Margin",
     "MemoryEstimate",
+    "PLAN_MODES",
     "PLAN_PRECISIONS",
+    "PlanMode",
     "TransformerShape",
     "ZeroPlan",
     "estimate_memory",

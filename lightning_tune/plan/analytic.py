@@ -37,6 +37,13 @@ inventory covers a SwiGLU MLP, grouped-query attention and frozen (LoRA) weights
   term ``V * e + 2 * V * 4`` becomes ``2 * h * 4``: one chunk of float32 logits and their gradient, the chunks sized
   like the hidden states. The notes say what the term is, and what the swap leaves of it.
 
+Evaluation (``mode="eval"``, ``"predict"``) keeps nothing for backward: the peak is the residual stream (``h``) plus
+the largest working set of one block (its norm's output ``h``; queries, keys, values, their rotated copies and the
+attention output; with eager attention keys and values expanded to every head and the scores with their float32
+softmax; or the MLP's three intermediates) or of the head (the logits and their float32 loss, one chunk of them under
+the loss swap, or for ``"predict"`` the 16-bit logits it returns), and the inputs. The weights are what Lightning
+holds (float32 under ``-mixed``); inside ``fit`` the training state stays (``fit_fixed_bytes``).
+
 With ``gradient_checkpointing`` each block keeps only its input (``h`` per token) and one block's activations are
 recomputed at a time. Norms and activation functions are counted as fused kernels (the paper's assumption);
 Hugging Face's RMSNorm keeps float32 copies and needs more, which :func:`~lightning_tune.plan.measure_memory` sees.
@@ -61,8 +68,8 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any, Final
 
-from lightning_tune._validation import check_bool, check_instance, check_int
-from lightning_tune.plan.estimate import PLAN_PRECISIONS, MemoryEstimate, format_bytes
+from lightning_tune._validation import check_bool, check_choice, check_instance, check_int
+from lightning_tune.plan.estimate import PLAN_MODES, PLAN_PRECISIONS, MemoryEstimate, PlanMode, format_bytes
 from lightning_tune.plan.shapes import TransformerShape, from_hf_config, get_shape
 from lightning_tune.vocab import (
     Attention,
@@ -201,6 +208,38 @@ def _activation_bytes_per_sample(
     return sequence_length * (layers + head + inputs)
 
 
+def _eval_bytes_per_sample(
+    shape: TransformerShape, sequence_length: int, e: int, attention: str, loss_swap: bool, mode: str
+) -> int:
+    """The live working set of one sample in an evaluation step (see the module docstring).
+
+    Nothing is kept for backward: the peak is the residual stream plus the largest of one block's temporaries and
+    the head's.
+    """
+    h, q, kv, i, a = shape.hidden_size, shape.q_size, shape.kv_size, shape.intermediate_size, shape.num_heads
+    s = sequence_length
+    qkv = q + 2 * kv
+    # queries, keys and values, their rotated copies (rotary families) and the output; with eager attention keys
+    # and values expanded to every head (grouped-query), the scores, their float32 softmax and its cast; else a
+    # float32 log-sum-exp per head
+    values = qkv + q + (q + kv if shape.family in ("llama", "phi") else 0)
+    if attention == "eager":
+        values += (2 * q if kv < q else 0) + 2 * a * s
+    attend = values * e + 4 * a * (s if attention == "eager" else 1)
+    experts = max(shape.experts_per_token, 1) / max(shape.num_experts, 1)  # one expert's tokens at a time
+    mlp = round((3 * i if shape.gated else 2 * i) * experts) * e + 4 * shape.num_experts
+    block = 2 * h * e + max(attend, mlp) + (h * e if shape.family == "phi" else 0)  # Phi: attention output kept
+    if shape.family == "bert":
+        head = 2 * h * e  # the pooler's input and output
+    elif mode == "predict":
+        head = 2 * h * e + shape.vocab_size * e  # the logits it returns; no labels, no loss, nothing to swap
+    else:
+        head = 2 * h * e + _logits_bytes_per_token(shape, e, loss_swap)
+    encoder = h * e if shape.num_decoder_layers else 0  # the decoder reads the encoder's output
+    inputs = 8 if mode == "predict" else 16  # int64 ids (and labels)
+    return s * (inputs + encoder + max(block, head))
+
+
 def _logits_bytes_per_token(shape: TransformerShape, e: int, loss_swap: bool) -> int:
     """The logits and the float32 loss over the vocabulary; under the loss swap, one chunk's (about ``h`` values)."""
     if shape.family == "bert":
@@ -253,8 +292,9 @@ def estimate_memory(
     gradient_checkpointing: bool = False,
     lora_rank: int | None = None,
     loss_swap: bool = False,
+    mode: PlanMode = "train",
 ) -> MemoryEstimate:
-    """Estimate the training memory of a transformer from its shape (the arithmetic is in the module docstring).
+    """Estimate the training (or evaluation) memory of a transformer from its shape (arithmetic: module docstring).
 
     Args:
         model: A name from :data:`~lightning_tune.plan.shapes.MODEL_SHAPES`, a path to a Hugging Face
@@ -272,11 +312,17 @@ def estimate_memory(
         lora_rank: Train only rank-``r`` LoRA adapters on the attention's query, key, value and output projections;
             the base weights are frozen (no gradients, no optimizer state). ``None`` trains every weight. At most the
             smallest side of those projections (``hidden_size``, or the key/value width with grouped-query attention).
-        loss_swap: The loss is computed without the logits (``LossSwap``, ``TunePlugin(loss=...)``).
+        loss_swap: The loss is computed without the logits (``LossSwap``, ``TunePlugin(loss=...)``; in evaluation
+            ``LossSwap(eval=True)``).
+        mode: ``"train"``, ``"eval"`` (``validation_step``/``test_step`` with labels) or ``"predict"`` (no labels:
+            the logits are returned), as :data:`~lightning_tune.plan.estimate.PLAN_MODES`.
 
     Returns:
         The estimate; ``fixed_bytes`` is weights + gradients + master weights + optimizer state + buffers and
-        ``bytes_per_sample`` the activations of one sample.
+        ``bytes_per_sample`` the activations of one sample. With ``"eval"``/``"predict"``: ``fixed_bytes`` is the
+        weights (float32 under ``-mixed`` with master weights, as Lightning holds them) and buffers of
+        ``trainer.validate``/``test``/``predict``, ``fit_fixed_bytes`` the training figure (validation inside
+        ``fit``), and ``bytes_per_sample`` the working set of one sample without autograd.
 
     Raises:
         TypeError: If an argument has the wrong type.
@@ -304,6 +350,7 @@ def estimate_memory(
     check_bool("gradient_checkpointing", gradient_checkpointing)
     check_int("lora_rank", lora_rank, minimum=1, allow_none=True)
     check_bool("loss_swap", loss_swap)
+    check_choice("mode", mode, PLAN_MODES)
     full_rank = min(shape.hidden_size, shape.q_size, shape.kv_size)
     if lora_rank is not None and lora_rank > full_rank:
         raise ValueError(
@@ -339,7 +386,10 @@ def estimate_memory(
         + (", gradient checkpointing" if gradient_checkpointing else "")
         + (f", LoRA rank {lora_rank} on q/k/v/o (base frozen)" if lora_rank is not None else ""),
     ]
-    if shape.family != "bert":
+    if shape.family != "bert" and mode == "predict":
+        logits = sequence_length * shape.vocab_size * e
+        notes.append(f"logits: {format_bytes(logits)} per sample, returned (no labels: no loss to swap)")
+    elif shape.family != "bert":
         logits = sequence_length * _logits_bytes_per_token(shape, e, False)
         left = sequence_length * _logits_bytes_per_token(shape, e, True)
         notes.append(
@@ -347,18 +397,29 @@ def estimate_memory(
             + (f" with the loss swap ({format_bytes(logits)} without)" if loss_swap else "")
             + ("" if loss_swap else f" (the loss swap leaves {format_bytes(left)})")
         )
+    fixed_bytes = weight_bytes + gradient_bytes + master_bytes + optimizer_bytes + buffer_bytes
+    if mode != "train":
+        weight_bytes = (4 if master and precision.endswith("-mixed") else e) * parameters
+        per_sample = _eval_bytes_per_sample(shape, sequence_length, e, attention, loss_swap, mode)
+        notes.append(
+            f"{mode}: no gradients, optimizer state or saved activations; weights and buffers "
+            f"{format_bytes(weight_bytes + buffer_bytes)}"
+            + (f", {format_bytes(fixed_bytes)} inside fit (the training state stays)" if mode == "eval" else "")
+        )
     return MemoryEstimate(
         parameters=parameters,
         trainable_parameters=trainable,
         weight_bytes=weight_bytes,
-        gradient_bytes=gradient_bytes,
-        master_weight_bytes=master_bytes,
-        optimizer_bytes=optimizer_bytes,
+        gradient_bytes=gradient_bytes if mode == "train" else 0,
+        master_weight_bytes=master_bytes if mode == "train" else 0,
+        optimizer_bytes=optimizer_bytes if mode == "train" else 0,
         buffer_bytes=buffer_bytes,
-        fixed_bytes=weight_bytes + gradient_bytes + master_bytes + optimizer_bytes + buffer_bytes,
+        fixed_bytes=fixed_bytes if mode == "train" else weight_bytes + buffer_bytes,
         bytes_per_sample=per_sample,
         largest_layer_parameters=shape.largest_layer_parameters(),
         sequence_length=sequence_length,
         source="analytic",
         notes=tuple(notes),
+        mode=mode,
+        fit_fixed_bytes=fixed_bytes if mode == "eval" else None,
     )

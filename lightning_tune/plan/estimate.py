@@ -27,10 +27,25 @@ from typing import Final, Literal, get_args
 from lightning_tune._validation import check_choice, check_int
 from lightning_tune.vocab import PRECISIONS
 
-__all__ = ["MARGINS", "MARGIN_RESERVE", "PLAN_PRECISIONS", "Margin", "MemoryEstimate", "format_bytes"]
+__all__ = [
+    "MARGINS",
+    "MARGIN_RESERVE",
+    "PLAN_MODES",
+    "PLAN_PRECISIONS",
+    "Margin",
+    "MemoryEstimate",
+    "PlanMode",
+    "format_bytes",
+]
 
 #: The precisions a plan is made for: all but ``"auto"`` (it depends on the GPU) and transformer-engine's float8.
 PLAN_PRECISIONS: Final[tuple[str, ...]] = tuple(p for p in PRECISIONS if p != "auto" and "transformer" not in p)
+
+#: What a plan is made for: a training step, an evaluation step with labels (``validation_step``, ``test_step``: no
+#: gradients, no optimizer state, nothing saved for backward, the loss computed) or a ``predict_step`` (no labels, no
+#: loss: the logits are what it returns).
+PlanMode = Literal["train", "eval", "predict"]
+PLAN_MODES: Final[tuple[str, ...]] = get_args(PlanMode)
 
 #: Names of the margins a budget is cut by.
 Margin = Literal["safe", "optimal", "aggressive"]
@@ -87,6 +102,10 @@ class MemoryEstimate:
         sequence_length: Sequence length the activations were sized for, if any.
         source: ``"analytic"`` (from a shape) or ``"measured"`` (from a fake-tensor training step).
         notes: One line per assumption worth printing next to the figures.
+        mode: What the figures are for, one of :data:`PLAN_MODES`: ``"train"``, or ``"eval"``/``"predict"``, where
+            the breakdown is what ``trainer.validate``, ``test`` or ``predict`` holds (weights and buffers).
+        fit_fixed_bytes: With ``"eval"``/``"predict"``: the fixed bytes of evaluation inside ``fit``, where the
+            training state (gradients, master weights, optimizer state) stays resident; ``None`` when not planned.
 
     Raises:
         TypeError: If a count is not an integer.
@@ -106,6 +125,8 @@ class MemoryEstimate:
     sequence_length: int | None = None
     source: Literal["analytic", "measured"] = "analytic"
     notes: tuple[str, ...] = field(default=())
+    mode: PlanMode = "train"
+    fit_fixed_bytes: int | None = None
 
     def __post_init__(self) -> None:
         for name in (
@@ -123,6 +144,8 @@ class MemoryEstimate:
         check_int("largest_layer_parameters", self.largest_layer_parameters, minimum=0, allow_none=True)
         check_int("sequence_length", self.sequence_length, minimum=1, allow_none=True)
         check_choice("source", self.source, ("analytic", "measured"))
+        check_choice("mode", self.mode, PLAN_MODES)
+        check_int("fit_fixed_bytes", self.fit_fixed_bytes, minimum=1, allow_none=True)
         if not isinstance(self.notes, tuple) or not all(isinstance(note, str) for note in self.notes):
             raise TypeError(f"`notes` must be a tuple of strings, got {self.notes!r} ({type(self.notes).__name__})")
         if self.trainable_parameters is None:

@@ -39,7 +39,7 @@ from torch import Tensor, nn
 from torch.optim import Optimizer
 
 from lightning_tune._validation import check_choice, check_int
-from lightning_tune.plan.estimate import PLAN_PRECISIONS, MemoryEstimate
+from lightning_tune.plan.estimate import PLAN_MODES, PLAN_PRECISIONS, MemoryEstimate, PlanMode
 from lightning_tune.vocab import Precision, canonical_precision, precision_dtype
 
 __all__ = ["measure_memory"]
@@ -133,19 +133,30 @@ class _Step(nn.Module):
         return self.loss_fn(self.module, batch)
 
 
-def _default_loss(module: nn.Module, batch: Any) -> Tensor:
-    """Call the module on the batch (``*`` a tuple/list, ``**`` a mapping) and reduce what it returns to a scalar."""
+def _call(module: nn.Module, batch: Any) -> Any:
+    """Call the module on the batch (``*`` a tuple/list, ``**`` a mapping); an evaluation step keeps what it returns."""
     if isinstance(batch, Mapping):
-        out = module(**batch)
-    elif isinstance(batch, (tuple, list)):
-        out = module(*batch)
-    else:
-        out = module(batch)
-    return _scalar(out, "the module's output")
+        return module(**batch)
+    if isinstance(batch, (tuple, list)):
+        return module(*batch)
+    return module(batch)
+
+
+def _default_loss(module: nn.Module, batch: Any) -> Tensor:
+    """:func:`_call`, what it returns reduced to a scalar."""
+    return _scalar(_call(module, batch), "the module's output")
 
 
 def _lightning_loss(module: nn.Module, batch: Any) -> Tensor:
     return _scalar(module.training_step(batch, 0), "training_step")  # type: ignore[operator]
+
+
+def _lightning_eval(module: nn.Module, batch: Any, *, hook: str) -> Any:
+    return getattr(module, hook)(batch, 0)
+
+
+#: the LightningModule hook an evaluation step of each mode runs
+_EVAL_STEPS = {"eval": "validation_step", "predict": "predict_step"}
 
 
 def _scalar(out: Any, what: str) -> Tensor:
@@ -229,6 +240,26 @@ def _storage_bytes(tensors: Iterator[Tensor]) -> int:
     return sum(s.nbytes() for s in storages.values())
 
 
+def _optimizer(
+    optimizer: OptimizerFactory | Optimizer | None,
+    fakes: Mapping[int, nn.Parameter],
+    params: list[nn.Parameter],
+    foreach: bool,
+) -> Optimizer:
+    """The step's optimizer over the fake parameters: ``optimizer``'s class and groups, its factory's, or AdamW."""
+    if isinstance(optimizer, Optimizer):
+        opt = _rebuild(optimizer, fakes)
+    elif optimizer is not None:
+        opt = optimizer(params)
+    else:
+        opt = torch.optim.AdamW(params)
+    if foreach:  # torch's default on CUDA; its own check would refuse fake tensors, whatever their device
+        for group in opt.param_groups:
+            if "foreach" in group and group["foreach"] is None:
+                group["foreach"] = True
+    return opt
+
+
 def _run(
     model: nn.Module,
     batch: Any,
@@ -239,8 +270,12 @@ def _run(
     optimizer: OptimizerFactory | Optimizer | None,
     device: torch.device,
     foreach: bool,
+    train: bool = True,
 ) -> dict[str, int]:
-    """Two training steps on fake tensors at one batch size; the second step's phase peaks and breakdown."""
+    """Two training steps on fake tensors at one batch size; the second step's phase peaks and breakdown.
+
+    Without ``train``, one forward pass under ``torch.no_grad()`` (the module in eval mode), its peak and breakdown.
+    """
     counter = LiveBytes()
     fake_mode, tracker = _fake_modes(counter)
     step = _Step(model, loss_fn)
@@ -261,18 +296,16 @@ def _run(
             buffer_dtype = dtype if buffer.is_floating_point() and precision.endswith("-true") else buffer.dtype
             state[name] = torch.empty(buffer.shape, dtype=buffer_dtype, device=device)
         params = [p for p in fakes.values() if p.requires_grad]
-        if isinstance(optimizer, Optimizer):
-            opt = _rebuild(optimizer, fakes)
-        elif optimizer is not None:
-            opt = optimizer(params)
-        else:
-            opt = torch.optim.AdamW(params)
-        if foreach:  # torch's default on CUDA; its own check would refuse fake tensors, whatever their device
-            for group in opt.param_groups:
-                if "foreach" in group and group["foreach"] is None:
-                    group["foreach"] = True
-        record: dict[str, int] = {}
-        for index in range(2):
+        record: dict[str, int] = {"gradient_bytes": 0, "optimizer_bytes": 0, "optimizer_step_peak": 0}
+        if not train:
+            counter.reset_peak()
+            inputs = _make_batch(batch, batch_size, device)
+            with torch.no_grad(), torch.autocast(device.type, dtype=autocast, enabled=autocast is not None):
+                torch.func.functional_call(step, state, (inputs,))
+            record["forward_backward_peak"] = counter.peak
+        for index in range(2 if train else 0):
+            if index == 0:
+                opt = _optimizer(optimizer, fakes, params, foreach)
             counter.reset_peak()
             inputs = _make_batch(batch, batch_size, device)
             with torch.autocast(device.type, dtype=autocast) if autocast is not None else nullcontext():
@@ -303,8 +336,9 @@ def measure_memory(
     loss_fn: LossFn | None = None,
     for_device: Literal["cuda", "cpu"] = "cuda",
     batch_sizes: tuple[int, int] = (1, 2),
+    mode: PlanMode = "train",
 ) -> MemoryEstimate:
-    """Measure a module's training memory from one step on fake tensors, without memory of its size.
+    """Measure a module's training (or evaluation) memory from one step on fake tensors, without memory of its size.
 
     The module is not changed and may live on any device, ``meta`` included (build a large model under
     ``torch.device("meta")`` to plan it on a laptop).
@@ -325,14 +359,20 @@ def measure_memory(
         for_device: The device the plan is for. ``"cuda"`` makes the optimizer take its multi-tensor path as on a
             GPU; the step itself runs on fake CUDA tensors where CUDA is present, else on fake CPU tensors.
         batch_sizes: Two distinct batch sizes the step is measured at, to separate fixed and per-sample costs.
+        mode: ``"train"``; or ``"eval"``/``"predict"``: one forward pass under ``torch.no_grad()`` with the module
+            in eval mode (its modes are given back), no optimizer. A LightningModule runs ``validation_step`` /
+            ``predict_step(batch, 0)``, any other module the call described under ``model`` (or ``loss_fn``), what
+            it returns held until the step ends.
 
     Returns:
-        A ``"measured"`` estimate; weights, gradients, optimizer state and buffers are exact byte counts.
+        A ``"measured"`` estimate; weights, gradients, optimizer state and buffers are exact byte counts. In an
+        evaluation mode there are no gradients or optimizer state, and ``fit_fixed_bytes`` is ``None``: inside
+        ``fit`` add the training estimate's ``state_bytes`` less its weights.
 
     Raises:
         TypeError: If ``model`` is not an ``nn.Module``, ``optimizer``/``loss_fn`` are not callable, ``batch`` (or
             what it makes) holds no tensor, or the step does not give a tensor loss.
-        ValueError: If ``precision``, ``for_device`` or ``batch_sizes`` are not allowed, the LightningModule's
+        ValueError: If ``precision``, ``for_device``, ``batch_sizes`` or ``mode`` are not allowed, the LightningModule's
             optimizer cannot be built outside a Trainer, or the peak does not grow with the batch.
         RuntimeError: If the step fails on fake tensors (the message says why).
     """
@@ -343,6 +383,8 @@ def measure_memory(
         )
     precision = canonical_precision(precision, allowed=PLAN_PRECISIONS)
     check_choice("for_device", for_device, ("cuda", "cpu"))
+    check_choice("mode", mode, PLAN_MODES)
+    train = mode == "train"
     if optimizer is not None and not callable(optimizer):
         raise TypeError(f"`optimizer` must be a function params -> Optimizer or None, got {type(optimizer).__name__}")
     if loss_fn is not None and not callable(loss_fn):
@@ -361,15 +403,20 @@ def measure_memory(
 
     lightning = isinstance(model, pl.LightningModule)
     template: OptimizerFactory | Optimizer | None = optimizer
-    if template is None and lightning:
+    if template is None and lightning and train:
         template = _lightning_optimizer(model)
     step_loss = loss_fn or (_lightning_loss if lightning else _default_loss)
+    if not train and loss_fn is None:
+        step_loss = functools.partial(_lightning_eval, hook=_EVAL_STEPS[mode]) if lightning else _call
+    what = "a training step" if train else f"an evaluation step ({mode})"
     device = torch.device("cuda" if for_device == "cuda" and torch.cuda.is_available() else "cpu")
+    modes = {m: m.training for m in model.modules()}
     records = []
     for size in (small, large):
         with warnings.catch_warnings():
             warnings.filterwarnings("ignore", message=".*self.log.*")  # training_step logs; no Trainer is attached
             try:
+                model.train(train)
                 records.append(
                     _run(
                         model,
@@ -380,15 +427,19 @@ def measure_memory(
                         optimizer=template,
                         device=device,
                         foreach=for_device == "cuda",
+                        train=train,
                     )
                 )
             except (TypeError, ValueError):
                 raise
             except Exception as err:
                 raise RuntimeError(
-                    f"measure_memory could not run a training step of {type(model).__name__} on fake tensors: "
+                    f"measure_memory could not run {what} of {type(model).__name__} on fake tensors: "
                     f"{type(err).__name__}: {err}"
                 ) from err
+            finally:
+                for module, training in modes.items():
+                    module.training = training
     low, high = records
     growth = high["forward_backward_peak"] - low["forward_backward_peak"]
     if growth <= 0:
@@ -408,9 +459,15 @@ def measure_memory(
         gradient_bytes=low["gradient_bytes"],
         optimizer_bytes=low["optimizer_bytes"],
         buffer_bytes=low["buffer_bytes"],
-        fixed_bytes=max(intercept, low["optimizer_step_peak"], high["optimizer_step_peak"]),
+        fixed_bytes=max(
+            intercept,
+            low["optimizer_step_peak"],
+            high["optimizer_step_peak"],
+            low["weight_bytes"] + low["buffer_bytes"],
+        ),
         bytes_per_sample=per_sample,
         largest_layer_parameters=largest,
         source="measured",
-        notes=(f"{name}: one training step on fake {device.type} tensors, {precision}",),
+        notes=(f"{name}: {what} on fake {device.type} tensors, {precision}",),
+        mode=mode,
     )
