@@ -1,10 +1,11 @@
 """Warm-up + cosine learning rates and plateau reductions in a ``lightning.fabric`` loop, without a Trainer.
 
 The callbacks ``WarmupCosine`` and ``AdaptiveLROnPlateau`` are thin Trainer adapters over ``lightning_tune.lr``: a
-schedule is a pure function of the optimizer step (``WarmupCosineSchedule``), ``ScheduleLR`` applies it to an
-optimizer as a torch scheduler (step it once per optimizer step; it saves and loads with ``state_dict``), and
-``PlateauDetector`` decides when a monitored value has stopped improving. A reduction multiplies the schedule
-(``ScheduleLR.scale_group``) instead of being overwritten by it at the next step.
+schedule is a factor function of the optimizer step (``warmup_cosine``, its arguments bound with
+``functools.partial``), ``ScheduleLR`` applies it to every parameter group's configured LR as a torch scheduler (step
+it once per optimizer step; it saves and loads with ``state_dict``), and ``PlateauDetector`` decides when a monitored
+value has stopped improving. A reduction multiplies the schedule (``ScheduleLR.scale_group``) instead of being
+overwritten by it at the next step.
 
 Run it (a few seconds on a CPU)::
 
@@ -14,13 +15,14 @@ Run it (a few seconds on a CPU)::
 from __future__ import annotations
 
 import argparse
+from functools import partial
 
 import torch
 import torch.nn.functional as F
 from lightning.fabric import Fabric
 from torch import nn
 
-from lightning_tune.lr import PlateauDetector, ScheduleLR, WarmupCosineSchedule
+from lightning_tune.lr import PlateauDetector, ScheduleLR, warmup_cosine
 
 
 def main(argv: list[str] | None = None) -> dict[str, list[float]]:
@@ -50,10 +52,8 @@ def main(argv: list[str] | None = None) -> dict[str, list[float]]:
     optimizer = torch.optim.AdamW(model.parameters(), lr=args.lr)
     model, optimizer = fabric.setup(model, optimizer)
 
-    schedule = WarmupCosineSchedule(
-        base_lrs=(args.lr,), min_lrs=(args.lr / 100,), warmup_steps=args.warmup_steps, total_steps=args.steps
-    )
-    scheduler = ScheduleLR(optimizer, schedule)
+    factor = partial(warmup_cosine, warmup_steps=args.warmup_steps, total_steps=args.steps, min_ratio=0.01)
+    scheduler = ScheduleLR(optimizer, factor)  # each group's LR: its configured LR times the factor of the step
     detector = PlateauDetector(mode="min", patience=args.patience)
     result: dict[str, list[float]] = {"lrs": [], "val_losses": [], "reductions": []}
     for step in range(args.steps):

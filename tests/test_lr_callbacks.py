@@ -39,7 +39,7 @@ def test_one_cycle_equals_torch_per_optimizer_step_with_accumulation(tmp_path: P
     assert trainer.global_step == steps and len(rec.lrs) == steps  # stepped once per optimizer step, not per batch
     assert rec.batches == 32
     expected = _torch_reference(torch.optim.lr_scheduler.OneCycleLR, [1e-2], steps, max_lr=0.1, total_steps=steps)
-    assert rec.lrs == expected
+    assert [lr for (lr,) in rec.lrs] == pytest.approx([lr for (lr,) in expected], rel=1e-12)  # to rounding
     assert rec.lrs[-1][0] == pytest.approx(0.1 / 25 / 1e4, rel=1e-3)  # the schedule ends where the run ends
 
 

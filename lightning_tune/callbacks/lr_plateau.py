@@ -18,7 +18,7 @@ from typing_extensions import override
 from lightning_tune import keys
 from lightning_tune._validation import changed_arguments, check_bool, check_float
 from lightning_tune.callbacks._logging import LRLogger, log
-from lightning_tune.callbacks.lr_schedule import base_lrs, schedule_lrs
+from lightning_tune.callbacks.lr_schedule import base_lrs, number_or_numbers, per_group, schedule_lrs
 from lightning_tune.lr.plateau import PlateauDetector, PlateauMode, ThresholdMode
 
 if TYPE_CHECKING:
@@ -79,15 +79,7 @@ class AdaptiveLROnPlateau(LRLogger):
         if not isinstance(monitor, str) or not monitor:
             raise TypeError(f"`monitor` must be a non-empty metric name, got {monitor!r}")
         check_float("factor", factor, low=0.0, high=1.0, low_inclusive=False, high_inclusive=False)
-        if isinstance(min_lr, Sequence) and not isinstance(min_lr, str):
-            if len(min_lr) == 0:
-                raise ValueError("`min_lr` must be a number >= 0 or a non-empty sequence of them, got []")
-            for index, value in enumerate(min_lr):
-                check_float(f"min_lr[{index}]", value, low=0.0)
-            self.min_lr: float | tuple[float, ...] = tuple(float(v) for v in min_lr)
-        else:
-            check_float("min_lr", min_lr, low=0.0)
-            self.min_lr = float(min_lr)
+        self.min_lr = number_or_numbers("min_lr", min_lr, positive=False)
         check_float("eps", eps, low=0.0)
         if check_on_train_epoch_end is not None:
             check_bool("check_on_train_epoch_end", check_on_train_epoch_end)
@@ -114,15 +106,7 @@ class AdaptiveLROnPlateau(LRLogger):
         Raises:
             MisconfigurationException: If ``min_lr`` is a sequence of the wrong length.
         """
-        groups = len(optimizer.param_groups)
-        if isinstance(self.min_lr, tuple):
-            if len(self.min_lr) != groups:
-                raise MisconfigurationException(
-                    f"`min_lr` of AdaptiveLROnPlateau has {len(self.min_lr)} values but the optimizer has {groups} "
-                    "parameter groups; give one value per group or a single number"
-                )
-            return list(self.min_lr)
-        return [self.min_lr] * groups
+        return per_group("AdaptiveLROnPlateau", "min_lr", self.min_lr, optimizer)
 
     @override
     def setup(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:

@@ -12,10 +12,10 @@ step uses. At the end of training the LR the run ended with is logged once more,
 
 from __future__ import annotations
 
-import dataclasses
 import math
 from abc import ABC, abstractmethod
 from collections.abc import Sequence
+from functools import partial
 from typing import TYPE_CHECKING, Any, Final
 
 from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
@@ -27,18 +27,17 @@ from typing_extensions import override
 
 from lightning_tune._validation import check_bool, check_choice, check_float, check_int
 from lightning_tune.callbacks._logging import LRLogger
-from lightning_tune.lr.scheduler import ScheduleLR, configured_lr, with_length
+from lightning_tune.lr.scheduler import Factor, Schedule, ScheduleLR, configured_lr, from_data, same, stretched
 from lightning_tune.lr.schedules import (
     ANNEAL_STRATEGIES,
     RAMP_SHAPES,
     AnnealStrategy,
-    LinearWarmupSchedule,
-    OneCycleSchedule,
     RampShape,
-    Schedule,
-    WarmupCosineSchedule,
-    WarmupPolynomialSchedule,
-    WarmupStableDecaySchedule,
+    linear_warmup,
+    one_cycle,
+    warmup_cosine,
+    warmup_polynomial,
+    warmup_stable_decay,
 )
 from lightning_tune.swaps.optimizer import name_lr_configs
 
@@ -59,6 +58,36 @@ def base_lrs(optimizer: Optimizer) -> list[float]:
         One value per parameter group.
     """
     return [float(configured_lr(group)) for group in optimizer.param_groups]
+
+
+def number_or_numbers(name: str, value: Any, *, positive: bool) -> float | tuple[float, ...]:
+    """``value`` checked as one number, or as a non-empty sequence of them (one per parameter group)."""
+    if isinstance(value, Sequence) and not isinstance(value, str):
+        if len(value) == 0:
+            what = "a positive number" if positive else "a number >= 0"
+            raise ValueError(f"`{name}` must be {what} or a non-empty sequence of them, got []")
+        for index, item in enumerate(value):
+            check_float(f"{name}[{index}]", item, low=0.0, low_inclusive=not positive)
+        return tuple(float(item) for item in value)
+    check_float(name, value, low=0.0, low_inclusive=not positive)
+    return float(value)
+
+
+def per_group(owner: str, name: str, value: float | tuple[float, ...], optimizer: Optimizer) -> list[float]:
+    """One value of ``owner``'s argument ``name`` per parameter group of ``optimizer``.
+
+    Raises:
+        MisconfigurationException: If a sequence does not have one value per group.
+    """
+    groups = len(optimizer.param_groups)
+    if not isinstance(value, tuple):
+        return [value] * groups
+    if len(value) != groups:
+        raise MisconfigurationException(
+            f"`{name}` of {owner} has {len(value)} values but the optimizer has {groups} parameter groups; give one "
+            "value per group or a single number"
+        )
+    return list(value)
 
 
 def schedule_lrs(trainer: pl.Trainer) -> list[ScheduleLR]:
@@ -96,16 +125,32 @@ class ScheduleCallback(LRLogger, ABC):
         self._warned_restore = False
 
     @abstractmethod
-    def build_schedule(self, optimizer: Optimizer, total_steps: int) -> Schedule:
-        """Resolve the schedule for one optimizer.
+    def factor(self, optimizer: Optimizer, total_steps: int) -> Factor:
+        """The schedule's factor function of the step for one optimizer, its arguments resolved.
 
         Args:
             optimizer: The optimizer, with the learning rates the module configured.
             total_steps: Resolved schedule length in optimizer steps.
 
         Returns:
-            The schedule.
+            A ``functools.partial`` of a factor function of :mod:`lightning_tune.lr.schedules`.
         """
+
+    def build_schedule(self, optimizer: Optimizer, total_steps: int, momentum: Factor | None = None) -> ScheduleLR:
+        """The scheduler this callback installs on ``optimizer`` for a run of ``total_steps`` optimizer steps.
+
+        Args:
+            optimizer: The optimizer, with the learning rates the module configured.
+            total_steps: Resolved schedule length in optimizer steps.
+            momentum: The momentum as a function of the step (:class:`OneCycle`'s), or ``None`` to leave it.
+
+        Returns:
+            The scheduler, at step 0.
+        """
+        flags = {"follows_run": self.total_steps is None, "log_lr": self.log_lr}
+        return ScheduleLR(
+            optimizer, self.factor(optimizer, total_steps), momentum=momentum, on_restore=self._on_restore, **flags
+        )
 
     def resolve_total_steps(self, trainer: pl.Trainer) -> int:
         """Schedule length: ``total_steps`` if given, else what the Trainer will run.
@@ -137,7 +182,7 @@ class ScheduleCallback(LRLogger, ABC):
             raise MisconfigurationException(
                 f"{name} schedules automatic optimization, but {type(pl_module).__name__} uses manual optimization, "
                 "where Lightning leaves stepping schedulers to the module. Return "
-                "`lightning_tune.lr.ScheduleLR(optimizer, schedule)` from `configure_optimizers` and step it "
+                "`lightning_tune.lr.ScheduleLR(optimizer, factor)` from `configure_optimizers` and step it "
                 "yourself instead."
             )
         optimizers = list(trainer.optimizers)
@@ -157,19 +202,10 @@ class ScheduleCallback(LRLogger, ABC):
         total_steps = self.resolve_total_steps(trainer)
         self._planned = total_steps if self.total_steps is None else None
         self._warned_restore = False
-        self.schedulers = [
-            ScheduleLR(
-                optimizer,
-                self.build_schedule(optimizer, total_steps),
-                on_restore=self._on_restore,
-                follows_run=self.total_steps is None,
-                log_lr=self.log_lr,
-            )
-            for optimizer in optimizers
-        ]
+        self.schedulers = [self.build_schedule(optimizer, total_steps) for optimizer in optimizers]
         # one warning when an explicit `total_steps` ends before the Trainer's run does
         if self.total_steps is not None and self.total_steps < (run := trainer.estimated_stepping_batches) < math.inf:
-            final = self.schedulers[0].schedule.lr_at(self.total_steps, 0)
+            final = self.schedulers[0].peaks[0] * self.schedulers[0].factor(self.total_steps)
             rank_zero_warn(
                 f"{name}(total_steps={self.total_steps}) ends after {self.total_steps} optimizer steps, but the "
                 f"Trainer will run {int(run)}: the last {int(run) - self.total_steps} steps stay at the schedule's "
@@ -183,33 +219,33 @@ class ScheduleCallback(LRLogger, ABC):
 
     def _on_restore(self, saved: Schedule, configured: Schedule, step: int) -> Schedule:
         """Choose the schedule a resumed run follows (the ``on_restore`` hook of the installed schedulers)."""
-        if saved == configured:
+        if same(saved, configured):
             return saved
         name = type(self).__name__
-        if self._planned is not None and type(saved) is type(configured):
+        if self._planned is not None and saved["factor"] is not None:
             ignored = {"total_steps"} | {  # lengths given as a ratio of the run follow the run
-                name
-                for name, ratio in (("warmup_steps", "warmup_ratio"), ("decay_steps", "decay_ratio"))
+                length
+                for length, ratio in (("warmup_steps", "warmup_ratio"), ("decay_steps", "decay_ratio"))
                 if getattr(self, ratio, None) is not None
             }
-            if _fields(saved, ignored) == _fields(configured, ignored):  # the same arguments: only the length differs
+            if same(_without(saved, ignored), _without(configured, ignored)):  # only the length differs
                 if self._saved_planned == self._planned:
                     return saved  # the Trainer's length is unchanged; the saved one may have been retargeted since
-                resized = with_length(saved, self._planned, step)
                 rank_zero_info(
                     f"{name}: the run now takes {self._planned} optimizer steps, and the checkpoint's schedule "
-                    f"ended at step {saved.total_steps}; it follows the new length from step {step} on (warm-up "  # type: ignore[attr-defined]
-                    "unchanged)."
+                    f"ended at step {saved['factor']['total_steps']}; it follows the new length from step {step} on "
+                    "(warm-up unchanged)."
                 )
-                return resized
+                lengths = {key: saved[key] and stretched(saved[key], self._planned, step) for key in _FACTORS}
+                return saved | lengths
         if not self._warned_restore:
             self._warned_restore = True
-            before, after = saved.lr_at(step, 0), configured.lr_at(step, 0)
+            before, after = (s["peaks"][0] * from_data(s["factor"])(step) for s in (saved, configured))
             rank_zero_warn(
                 f"{name} resumes at optimizer step {step} with other arguments than the checkpoint was saved with; "
                 f"following the new schedule, so the LR of group 0 goes from {before:.4g} to {after:.4g}. "
-                f"Checkpoint: {saved!r}. Now: {configured!r}. Resume with the checkpoint's arguments to continue its "
-                "schedule unchanged.",
+                f"Checkpoint: {_describe(saved)}. Now: {_describe(configured)}. Resume with the checkpoint's "
+                "arguments to continue its schedule unchanged.",
                 category=UserWarning,
             )
         return configured
@@ -262,8 +298,25 @@ def _unknown_length(trainer: pl.Trainer) -> str:
     )
 
 
-def _fields(schedule: Schedule, ignored: set[str]) -> dict[str, Any]:
-    return {f.name: getattr(schedule, f.name) for f in dataclasses.fields(schedule) if f.name not in ignored}  # type: ignore[arg-type]
+_FACTORS = ("factor", "momentum")
+
+
+def _without(schedule: Schedule, ignored: set[str]) -> Schedule:
+    """``schedule`` without the factors' keywords named in ``ignored``."""
+    return {
+        key: {k: v for k, v in part.items() if k not in ignored} if key in _FACTORS and part else part
+        for key, part in schedule.items()
+    }
+
+
+def _describe(schedule: Schedule) -> str:
+    """``factor warmup_cosine(warmup_steps=5, ...); peak LRs [0.05]``: a schedule for a message."""
+    parts = []
+    for key in _FACTORS:
+        if (data := schedule[key]) is not None:
+            arguments = ", ".join(f"{name}={value!r}" for name, value in data.items() if name != "name")
+            parts.append(f"{key} {data['name']}({arguments})")
+    return "; ".join([*parts, f"peak LRs {schedule['peaks']}"])
 
 
 #: The warm-up of a schedule given neither ``warmup_steps`` nor ``warmup_ratio``: 2 % of the run, torchtitan's default
@@ -318,52 +371,36 @@ class WarmupDecay(ScheduleCallback):
             raise ValueError(f"`warmup_steps` must be smaller than `total_steps` ({total_steps}), got {warmup_steps!r}")
         self.warmup_steps, self.warmup_ratio, self.min_lr = warmup_steps, warmup_ratio, min_lr
 
-    def resolve_warmup_steps(self, total_steps: int) -> int:
-        """Warm-up length in optimizer steps for a run of ``total_steps``.
-
-        Args:
-            total_steps: Resolved schedule length.
-
-        Returns:
-            ``warmup_steps``, or ``ceil(warmup_ratio * total_steps)`` but shorter than the run (a ratio below 1 never
-            asks for the whole run: a one-step run has no warm-up).
-        """
-        if self.warmup_steps is not None:
-            return self.warmup_steps
-        assert self.warmup_ratio is not None
-        return min(math.ceil(self.warmup_ratio * total_steps), total_steps - 1)
-
-    def resolve_groups(
-        self, optimizer: Optimizer, total_steps: int
-    ) -> tuple[tuple[float, ...], tuple[float, ...], int]:
-        """Each group's peak and floor, and the warm-up length, for a run of ``total_steps``.
+    def resolve(self, optimizer: Optimizer, total_steps: int) -> tuple[float, int]:
+        """The floor as a ratio of each group's configured LR, and the warm-up length, for a run of ``total_steps``.
 
         Args:
             optimizer: The optimizer, with the learning rates the module configured.
             total_steps: Resolved schedule length.
 
         Returns:
-            ``(base_lrs, min_lrs, warmup_steps)``.
+            ``(min_ratio, warmup_steps)``: the warm-up is ``warmup_steps``, or ``ceil(warmup_ratio * total_steps)`` but
+            shorter than the run (a ratio below 1 never asks for the whole run: a one-step run has no warm-up).
 
         Raises:
             MisconfigurationException: If ``min_lr`` exceeds the largest LR or the warm-up is not shorter than the run.
         """
-        lrs = base_lrs(optimizer)
-        peak = max(lrs)
+        peak = max(base_lrs(optimizer))
         if self.min_lr > peak:
             raise MisconfigurationException(
                 f"`min_lr` of {type(self).__name__} must not exceed the optimizer's learning rate ({peak:g}), got "
                 f"{self.min_lr!r}"
             )
-        warmup = self.resolve_warmup_steps(total_steps)
+        warmup = self.warmup_steps
+        if warmup is None:
+            warmup = min(math.ceil(self.warmup_ratio * total_steps), total_steps - 1)  # type: ignore[operator]
         if warmup >= total_steps:
             raise MisconfigurationException(
                 f"the warm-up of {type(self).__name__} ({warmup} steps) must be shorter than the run "
                 f"({total_steps} optimizer steps); lower `warmup_steps`/`warmup_ratio` or lengthen the run"
             )
         self._warn_if_hf_floor_differs(optimizer, peak)
-        ratio = self.min_lr / peak if peak > 0 else 0.0
-        return tuple(lrs), tuple(lr * ratio for lr in lrs), warmup
+        return (self.min_lr / peak if peak > 0 else 0.0), warmup
 
     def _warn_if_hf_floor_differs(self, optimizer: Optimizer, peak: float) -> None:
         """One warning where Hugging Face would read ``min_lr`` against another LR than the largest group's."""
@@ -448,13 +485,13 @@ class WarmupCosine(WarmupDecay):
         self.hard_restarts = hard_restarts
 
     @override
-    def build_schedule(self, optimizer: Optimizer, total_steps: int) -> Schedule:
-        lrs, floors, warmup = self.resolve_groups(optimizer, total_steps)
-        return WarmupCosineSchedule(
-            base_lrs=lrs,
-            min_lrs=floors,
+    def factor(self, optimizer: Optimizer, total_steps: int) -> Factor:
+        ratio, warmup = self.resolve(optimizer, total_steps)
+        return partial(
+            warmup_cosine,
             warmup_steps=warmup,
             total_steps=total_steps,
+            min_ratio=ratio,
             num_cycles=self.num_cycles,
             hard_restarts=self.hard_restarts,
         )
@@ -512,10 +549,10 @@ class WarmupPolynomial(WarmupDecay):
         self.power = float(power)
 
     @override
-    def build_schedule(self, optimizer: Optimizer, total_steps: int) -> Schedule:
-        lrs, floors, warmup = self.resolve_groups(optimizer, total_steps)
-        return WarmupPolynomialSchedule(
-            base_lrs=lrs, min_lrs=floors, warmup_steps=warmup, total_steps=total_steps, power=self.power
+    def factor(self, optimizer: Optimizer, total_steps: int) -> Factor:
+        ratio, warmup = self.resolve(optimizer, total_steps)
+        return partial(
+            warmup_polynomial, warmup_steps=warmup, total_steps=total_steps, min_ratio=ratio, power=self.power
         )
 
 
@@ -590,20 +627,20 @@ class WarmupStableDecay(WarmupDecay):
         self.warmup_shape, self.decay_shape = warmup_shape, decay_shape
 
     @override
-    def build_schedule(self, optimizer: Optimizer, total_steps: int) -> Schedule:
-        lrs, floors, warmup = self.resolve_groups(optimizer, total_steps)
+    def factor(self, optimizer: Optimizer, total_steps: int) -> Factor:
+        ratio, warmup = self.resolve(optimizer, total_steps)
         decay = self.decay_steps if self.decay_steps is not None else math.ceil(self.decay_ratio * total_steps)  # type: ignore[operator]
         if warmup + decay > total_steps:
             raise MisconfigurationException(
                 f"the warm-up ({warmup} steps) and decay ({decay} steps) of {type(self).__name__} do not fit in the "
                 f"run ({total_steps} optimizer steps); shorten them or lengthen the run"
             )
-        return WarmupStableDecaySchedule(
-            base_lrs=lrs,
-            min_lrs=floors,
+        return partial(
+            warmup_stable_decay,
             warmup_steps=warmup,
             decay_steps=decay,
             total_steps=total_steps,
+            min_ratio=ratio,
             warmup_shape=self.warmup_shape,
             decay_shape=self.decay_shape,
         )
@@ -638,8 +675,8 @@ class LinearWarmup(ScheduleCallback):
         return self.warmup_steps  # a constant LR needs no run length
 
     @override
-    def build_schedule(self, optimizer: Optimizer, total_steps: int) -> Schedule:
-        return LinearWarmupSchedule(base_lrs=tuple(base_lrs(optimizer)), warmup_steps=self.warmup_steps)
+    def factor(self, optimizer: Optimizer, total_steps: int) -> Factor:
+        return partial(linear_warmup, warmup_steps=self.warmup_steps)
 
 
 class OneCycle(ScheduleCallback):
@@ -686,15 +723,7 @@ class OneCycle(ScheduleCallback):
         log_lr: bool = True,
     ) -> None:
         super().__init__(total_steps=total_steps, replace=replace, log_lr=log_lr)
-        if isinstance(max_lr, Sequence) and not isinstance(max_lr, str):
-            if len(max_lr) == 0:
-                raise ValueError("`max_lr` must be a positive number or a non-empty sequence of them, got []")
-            for index, value in enumerate(max_lr):
-                check_float(f"max_lr[{index}]", value, low=0.0, low_inclusive=False)
-            self.max_lr: float | tuple[float, ...] = tuple(float(v) for v in max_lr)
-        else:
-            check_float("max_lr", max_lr, low=0.0, low_inclusive=False)
-            self.max_lr = float(max_lr)
+        self.max_lr = number_or_numbers("max_lr", max_lr, positive=True)
         check_float("pct_start", pct_start, low=0.0, high=1.0, low_inclusive=False, high_inclusive=False)
         check_float("div_factor", div_factor, low=0.0, low_inclusive=False)
         check_float("final_div_factor", final_div_factor, low=0.0, low_inclusive=False)
@@ -714,47 +743,46 @@ class OneCycle(ScheduleCallback):
         self.three_phase, self.cycle_momentum = three_phase, cycle_momentum
         self.base_momentum, self.max_momentum = float(base_momentum), float(max_momentum)
 
-    def resolve_max_lrs(self, optimizer: Optimizer) -> tuple[float, ...]:
-        """Peak LR of each parameter group of ``optimizer``.
-
-        Args:
-            optimizer: The optimizer.
-
-        Returns:
-            One peak per group.
-
-        Raises:
-            MisconfigurationException: If a sequence ``max_lr`` does not have one value per group.
-        """
-        lrs = base_lrs(optimizer)
-        if isinstance(self.max_lr, tuple):
-            if len(self.max_lr) != len(lrs):
-                raise MisconfigurationException(
-                    f"`max_lr` of OneCycle has {len(self.max_lr)} values but the optimizer has {len(lrs)} "
-                    "parameter groups; give one value per group or a single number"
-                )
-            return self.max_lr
-        peak = max(lrs)
-        if peak <= 0:
-            return tuple(self.max_lr for _ in lrs)
-        return tuple(self.max_lr * lr / peak for lr in lrs)
+    def _cycle(self, total_steps: int, start: float, peak: float, end: float) -> Factor:
+        return partial(
+            one_cycle,
+            total_steps=total_steps,
+            pct_start=self.pct_start,
+            anneal_strategy=self.anneal_strategy,
+            three_phase=self.three_phase,
+            start=start,
+            peak=peak,
+            end=end,
+        )
 
     @override
-    def build_schedule(self, optimizer: Optimizer, total_steps: int) -> Schedule:
-        groups = len(optimizer.param_groups)
+    def factor(self, optimizer: Optimizer, total_steps: int) -> Factor:
+        """The cycle as a factor of each group's peak, set as the group's ``lr_scale`` times its configured LR.
+
+        Raises:
+            MisconfigurationException: If a sequence ``max_lr`` does not have one value per group, or a group whose
+                peak is set relative to its configured LR is configured with an LR of 0.
+        """
+        lrs = base_lrs(optimizer)
+        peaks = per_group("OneCycle", "max_lr", self.max_lr, optimizer)
+        bases = lrs if isinstance(self.max_lr, tuple) else [max(lrs)] * len(lrs)
+        for index, (group, peak, lr) in enumerate(zip(optimizer.param_groups, peaks, bases, strict=True)):
+            if lr <= 0:
+                raise MisconfigurationException(
+                    f"OneCycle sets each parameter group's peak in proportion to its configured LR, but group {index} "
+                    f"is configured with {lr:g}; configure every group with an LR > 0"
+                )
+            group["lr_scale"] = peak / lr
+        start = 1.0 / self.div_factor
+        return self._cycle(total_steps, start, 1.0, start / self.final_div_factor)
+
+    @override
+    def build_schedule(self, optimizer: Optimizer, total_steps: int, momentum: Factor | None = None) -> ScheduleLR:
         if self.cycle_momentum and not all("momentum" in g or "betas" in g for g in optimizer.param_groups):
             raise MisconfigurationException(
                 f"OneCycle cycles momentum by default, but {type(optimizer).__name__} has neither `momentum` nor "
                 "`betas`; pass `cycle_momentum=False`"
             )
-        return OneCycleSchedule(
-            max_lrs=self.resolve_max_lrs(optimizer),
-            total_steps=total_steps,
-            pct_start=self.pct_start,
-            div_factor=self.div_factor,
-            final_div_factor=self.final_div_factor,
-            anneal_strategy=self.anneal_strategy,
-            three_phase=self.three_phase,
-            base_momentums=(self.base_momentum,) * groups if self.cycle_momentum else (),
-            max_momentums=(self.max_momentum,) * groups if self.cycle_momentum else (),
-        )
+        if self.cycle_momentum:
+            momentum = self._cycle(total_steps, self.max_momentum, self.base_momentum, self.max_momentum)
+        return super().build_schedule(optimizer, total_steps, momentum)

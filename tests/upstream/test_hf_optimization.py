@@ -2,7 +2,7 @@
 
 HF's ``test_schedulers`` steps each ``get_*_schedule*`` ten times on an optimizer with ``lr=10`` and checks the
 learning rates against a table. The same inputs drive lightning_tune's callbacks here (through the schedule each
-one builds and :class:`~lightning_tune.lr.ScheduleLR`), and the values are checked against that table and, at
+one builds: a :class:`~lightning_tune.lr.ScheduleLR`), and the values are checked against that table and, at
 every step and for more configurations, against the ``LambdaLR`` the installed ``transformers`` returns.
 """
 
@@ -15,7 +15,6 @@ import torch
 from transformers import optimization as hf
 
 import lightning_tune as lt
-from lightning_tune.lr import ScheduleLR
 
 STEPS = 10
 
@@ -29,9 +28,8 @@ def optimizer(*lrs: float, default: float | None = None) -> torch.optim.Optimize
 def ours(
     callback: lt.callbacks.ScheduleCallback, opt: torch.optim.Optimizer, total: int, steps: int
 ) -> list[list[float]]:
-    """Every group's LR at each of ``steps`` optimizer steps, from the schedule ``callback`` builds for ``opt``."""
-    scheduler = ScheduleLR(opt, callback.build_schedule(opt, total))
-    return record(opt, scheduler, steps)
+    """Every group's LR at each of ``steps`` optimizer steps, from the scheduler ``callback`` builds for ``opt``."""
+    return record(opt, callback.build_schedule(opt, total), steps)
 
 
 def flat(rows: list[list[float]]) -> list[float]:
@@ -183,10 +181,10 @@ def test_no_warning_when_the_default_lr_is_the_largest_group() -> None:
 )
 def test_new_schedules_resume_from_their_state_dict(make) -> None:  # noqa: ANN001
     opt = optimizer(1e-3, 3e-4)
-    scheduler = ScheduleLR(opt, make().build_schedule(opt, 12))
+    scheduler = make().build_schedule(opt, 12)
     record(opt, scheduler, 5)
     resumed_opt = optimizer(1e-3, 3e-4)
-    resumed = ScheduleLR(resumed_opt, make().build_schedule(resumed_opt, 12))
+    resumed = make().build_schedule(resumed_opt, 12)
     resumed.load_state_dict(scheduler.state_dict())
     for group in resumed_opt.param_groups:
         group["lr"] = None  # the schedule sets it from the restored step, not from what the optimizer held
@@ -232,7 +230,7 @@ def test_wsd_retargeted_to_a_longer_run_stretches_only_the_stable_phase() -> Non
     """Re-aimed at 30 steps after 6, WSD follows HF's ``get_wsd_schedule`` for 30 steps: same warm-up and decay."""
     callback = lt.WarmupStableDecay(4, decay_steps=5, min_lr=1e-4)
     opt = optimizer(1e-3, 3e-4)
-    callback.schedulers = [ScheduleLR(opt, callback.build_schedule(opt, 20))]
+    callback.schedulers = [callback.build_schedule(opt, 20)]
     early = record(opt, callback.schedulers[0], 6)
     callback.retarget(30)
     late = record(opt, callback.schedulers[0], 25)

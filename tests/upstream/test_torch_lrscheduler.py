@@ -3,15 +3,15 @@
 torch's fixture is an SGD optimizer over two parameter groups: the default LR 0.05, and a second group whose LR is a
 0-dim tensor (0.5). Each case below drives :class:`~lightning_tune.lr.ScheduleLR` over that same fixture with the
 inputs of torch's case and checks the values torch's case expects, and the values torch's scheduler itself produces
-on a twin fixture. Where torch has a scheduler this package has an equivalent of:
+on a twin fixture. Where torch has a scheduler this package has a factor function equivalent to:
 
-- ``OneCycleLR``: :class:`~lightning_tune.lr.OneCycleSchedule`;
-- ``CosineAnnealingLR`` (one half-wave): :class:`~lightning_tune.lr.WarmupCosineSchedule` without warm-up;
-- ``LinearLR`` rising to the base LR: the warm-up of :class:`~lightning_tune.lr.WarmupStableDecaySchedule`, which
-  starts at ``min_lrs`` (``LinearWarmupSchedule`` starts at 0, which ``LinearLR`` refuses);
-- ``PolynomialLR``: :class:`~lightning_tune.lr.WarmupPolynomialSchedule` without warm-up;
-- ``CosineAnnealingWarmRestarts`` with ``T_mult=1``: ``WarmupCosineSchedule(hard_restarts=True)`` (equal cycles,
-  as Hugging Face's; growing cycles have no equivalent here);
+- ``OneCycleLR``: :func:`~lightning_tune.lr.one_cycle` (the LR, and the momentum as ``ScheduleLR``'s ``momentum``);
+- ``CosineAnnealingLR`` (one half-wave): :func:`~lightning_tune.lr.warmup_cosine` without warm-up;
+- ``LinearLR`` rising to the base LR: the warm-up of :func:`~lightning_tune.lr.warmup_stable_decay`, which starts at
+  ``min_ratio`` (``linear_warmup`` starts at 0, which ``LinearLR`` refuses);
+- ``PolynomialLR``: :func:`~lightning_tune.lr.warmup_polynomial` without warm-up;
+- ``CosineAnnealingWarmRestarts`` with ``T_mult=1``: ``warmup_cosine(hard_restarts=True)`` (equal cycles, as Hugging
+  Face's; growing cycles have no equivalent here);
 - ``ReduceLROnPlateau``: :class:`~lightning_tune.lr.PlateauDetector`'s decisions, each reduction applied as
   ``AdaptiveLROnPlateau`` applies it (``max(lr * factor, min_lr)``, skipped when the change is at most ``eps``).
 """
@@ -19,6 +19,7 @@ on a twin fixture. Where torch has a scheduler this package has an equivalent of
 from __future__ import annotations
 
 import math
+from functools import partial
 
 import pytest
 import torch
@@ -32,13 +33,12 @@ from torch.optim.lr_scheduler import (
 )
 
 from lightning_tune.lr import (
-    OneCycleSchedule,
     PlateauDetector,
-    Schedule,
     ScheduleLR,
-    WarmupCosineSchedule,
-    WarmupPolynomialSchedule,
-    WarmupStableDecaySchedule,
+    one_cycle,
+    warmup_cosine,
+    warmup_polynomial,
+    warmup_stable_decay,
 )
 
 
@@ -113,10 +113,12 @@ COS_MOMENTUM = [22, 11.5, 1, *(cos_anneal(1, 22, k / 7) for k in range(1, 7)), 2
 )
 def test_one_cycle_matches_torch_expected_values(kwargs, lr_target, momentum_target, optimizer) -> None:
     opt = torch_fixture(optimizer)
-    schedule = OneCycleSchedule(
-        max_lrs=(25.0, 25.0), total_steps=10, base_momentums=(1.0, 1.0), max_momentums=(22.0, 22.0), **kwargs
-    )
-    seen = run(opt, ScheduleLR(opt, schedule), 10)
+    for group in opt.param_groups:
+        group["lr_scale"] = 25.0 / float(group["lr"])  # both groups peak at torch's max_lr=25
+    start = 1 / kwargs.pop("div_factor", 25.0)
+    cycle = partial(one_cycle, total_steps=10, **{k: v for k, v in kwargs.items() if k != "final_div_factor"})
+    factor = partial(cycle, start=start, end=start / kwargs.get("final_div_factor", 1e4))
+    seen = run(opt, ScheduleLR(opt, factor, momentum=partial(cycle, start=22.0, peak=1.0, end=22.0)), 10)
     for group in range(2):
         assert [lr for lr, _ in (step[group] for step in seen)] == pytest.approx(lr_target, rel=1e-6, abs=1e-6)
         assert [m for _, m in (step[group] for step in seen)] == pytest.approx(momentum_target, rel=1e-6, abs=1e-6)
@@ -127,18 +129,13 @@ def test_one_cycle_matches_torch_expected_values(kwargs, lr_target, momentum_tar
 def test_peak_taken_from_the_optimizers_tensor_lr_is_not_overwritten(anneal_strategy: str, three_phase: bool) -> None:
     """The peak of each group is its configured LR, read straight from the optimizer (the tensor included).
 
-    ``ScheduleLR`` fills a tensor ``lr`` in place every step; a schedule that kept the optimizer's tensor as its peak
+    ``ScheduleLR`` fills a tensor ``lr`` in place every step; a scheduler that kept the optimizer's tensor as its peak
     would be rewritten by its own output (torch: 0.02, 0.26, 0.5, ...; aliased: 0.02, 0.0104, 0.0104, ...).
     """
     ours, theirs = torch_fixture(), torch_fixture()
     kwargs = {"total_steps": 10, "anneal_strategy": anneal_strategy, "three_phase": three_phase}
-    schedule = OneCycleSchedule(
-        max_lrs=tuple(g["lr"] for g in ours.param_groups),
-        base_momentums=(0.85, 0.85),
-        max_momentums=(0.95, 0.95),
-        **kwargs,
-    )
-    got = run(ours, ScheduleLR(ours, schedule), 12)
+    momentum = partial(one_cycle, **kwargs, start=0.95, peak=0.85, end=0.95)
+    got = run(ours, ScheduleLR(ours, partial(one_cycle, **kwargs), momentum=momentum), 12)
     expected = run(theirs, OneCycleLR(theirs, max_lr=[g["lr"] for g in theirs.param_groups], **kwargs), 10)
     # torch raises past total_steps; ours holds the final value there.
     torch.testing.assert_close(torch.tensor(got[:10]), torch.tensor(expected), rtol=1e-5, atol=1e-8)
@@ -147,9 +144,11 @@ def test_peak_taken_from_the_optimizers_tensor_lr_is_not_overwritten(anneal_stra
     assert isinstance(ours.param_groups[1]["lr"], torch.Tensor)  # still the optimizer's own tensor, filled in place
 
 
-def test_schedule_rejects_values_that_are_not_numbers() -> None:
-    with pytest.raises(TypeError, match=r"`max_lrs` must be a sequence of numbers, got \(tensor\(\[1\., 2\.\]\),\)"):
-        OneCycleSchedule(max_lrs=(torch.tensor([1.0, 2.0]),), total_steps=10)
+def test_an_lr_scale_that_is_not_a_number_is_refused() -> None:
+    opt = torch_fixture()
+    opt.param_groups[1]["lr_scale"] = torch.tensor([1.0, 2.0])
+    with pytest.raises(TypeError, match=r"`param_groups\[1\]\['lr_scale'\]` must be a number, got tensor"):
+        ScheduleLR(opt, partial(one_cycle, total_steps=10))
 
 
 # torch's LR-only cases: (its scheduler and arguments, ours, epochs, torch's expected LR of the first group).
@@ -166,36 +165,32 @@ RESTARTS = [ETA_MIN + (0.05 - ETA_MIN) * (1 + math.cos(math.pi * (x % 10) / 10))
     [
         pytest.param(
             lambda opt: CosineAnnealingLR(opt, T_max=10, eta_min=ETA_MIN),
-            WarmupCosineSchedule(base_lrs=(0.05, 0.5), min_lrs=(ETA_MIN, ETA_MIN), warmup_steps=0, total_steps=10),
+            partial(warmup_cosine, warmup_steps=0, total_steps=10, min_ratio=ETA_MIN / 0.05),
             10,
             COSINE,
             id="test_cos_anneal_lr",
         ),
         pytest.param(
             lambda opt: LinearLR(opt, start_factor=0.5, total_iters=4),
-            WarmupStableDecaySchedule(
-                base_lrs=(0.05, 0.5), min_lrs=(0.025, 0.25), warmup_steps=4, decay_steps=0, total_steps=10
-            ),
+            partial(warmup_stable_decay, warmup_steps=4, decay_steps=0, total_steps=10, min_ratio=0.5),
             10,
             LINEAR,
             id="test_linearlr",
         ),
         pytest.param(
             lambda opt: PolynomialLR(opt, power=0.9, total_iters=5),
-            WarmupPolynomialSchedule(
-                base_lrs=(0.05, 0.5), min_lrs=(0.0, 0.0), warmup_steps=0, total_steps=5, power=0.9
-            ),
+            partial(warmup_polynomial, warmup_steps=0, total_steps=5, power=0.9),
             10,
             POLYNOMIAL,
             id="test_poly_lr",
         ),
         pytest.param(
             lambda opt: CosineAnnealingWarmRestarts(opt, T_0=10, T_mult=1, eta_min=ETA_MIN),
-            WarmupCosineSchedule(
-                base_lrs=(0.05, 0.5),
-                min_lrs=(ETA_MIN, ETA_MIN),
+            partial(
+                warmup_cosine,
                 warmup_steps=0,
                 total_steps=100,
+                min_ratio=ETA_MIN / 0.05,
                 num_cycles=10,
                 hard_restarts=True,
             ),
@@ -205,7 +200,12 @@ RESTARTS = [ETA_MIN + (0.05 - ETA_MIN) * (1 + math.cos(math.pi * (x % 10) / 10))
         ),
     ],
 )
-def test_lr_schedules_match_torch_expected_values(theirs, ours: Schedule, epochs: int, target: list[float]) -> None:
+def test_lr_schedules_match_torch_expected_values(theirs, ours, epochs: int, target: list[float]) -> None:  # noqa: ANN001
+    """Torch's expected values and its scheduler's, with one factor for both groups.
+
+    The floor is a ratio of each group's LR, and torch's ``eta_min`` one absolute LR: the second group's floor here is
+    ten times torch's 1e-10, a difference far inside torch's tolerance.
+    """
     opt, twin = torch_fixture(), torch_fixture()
     seen = run(opt, ScheduleLR(opt, ours), epochs)
     for group, scale in enumerate((1, 10)):
