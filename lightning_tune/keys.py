@@ -31,6 +31,7 @@ STRAGGLER_RATIO = "perf/train/straggler_ratio"
 # ThroughputLatencyMonitor: each validation and predict run
 STAGE = "perf/{stage}/"
 BATCH_MS = "perf/{stage}/batch_ms_p{q}"
+SAMPLE_MS = "perf/{stage}/sample_ms_p{q}"
 STAGE_SAMPLES_PER_SEC = "perf/{stage}/samples_per_sec"
 STAGE_TOKENS_PER_SEC = "perf/{stage}/tokens_per_sec"
 STAGE_MFU = "perf/{stage}/mfu"
@@ -59,6 +60,7 @@ EFFECTIVE_BATCH_SIZE = "tune/effective_batch_size"
 MICRO_BATCH_TOKENS = "tune/micro_batch_tokens"
 PREDICTED_VRAM_FRAC = "tune/predicted_vram_frac"
 OOM_RECOVERIES = "tune/oom_recoveries"
+EVAL_BATCH_SIZE = "tune/eval_batch_size"
 
 #: Every key as ``docs/logged_keys.md`` lists it: templates keep ``{q}``, ``{i}`` and ``{j}``; ``{stage}`` is filled in.
 ALL: tuple[str, ...] = tuple(

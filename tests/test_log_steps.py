@@ -78,3 +78,33 @@ def test_pack_keys_stand_on_the_steps_of_self_log_and_the_final_lr_is_logged(tmp
     # the cosine's own formula (docs/lr_schedules.md) at the end of its 23 steps: the floor
     at = lambda s: 1e-3 + (0.1 - 1e-3) * 0.5 * (1 + math.cos(math.pi * (s - 2) / 21))  # noqa: E731
     assert ours == pytest.approx([at(s) for s in loss_steps] + [1e-3])
+
+
+def test_a_cut_steps_logs_combine_as_lightning_takes_them_without_reading_a_signature_each_step() -> None:
+    from unittest import mock
+
+    from lightning_tune.batch import logs
+
+    logged: list[tuple[str, float, dict[str, Any]]] = []
+
+    class Module:
+        def log(self, name: str, value: Any, prog_bar: bool = False, reduce_fx: Any = "mean", **_: Any) -> None:
+            logged.append((name, float(value), {"prog_bar": prog_bar, "reduce_fx": reduce_fx}))
+
+    module, step_logs = Module(), logs.StepLogs()
+    with mock.patch.object(logs.inspect, "signature", wraps=logs.inspect.signature) as signature:
+        for _ in range(3):  # three steps of two micro-batches: the first weighs 3/4
+            with step_logs.collecting(module):
+                step_logs.weight = 0.75
+                module.log("loss", torch.tensor(2.0), True)  # positionally, as Lightning's log takes it
+                module.log("peak", 1.0, reduce_fx="max")
+                step_logs.weight = 0.25
+                module.log(name="loss", value=torch.tensor(4.0), prog_bar=True)
+                module.log("peak", 3.0, reduce_fx="max")
+    assert signature.call_count <= 1  # read once, not once a step
+    assert logged == 3 * [
+        ("loss", 2.5, {"prog_bar": True, "reduce_fx": "mean"}),
+        ("peak", 3.0, {"prog_bar": False, "reduce_fx": "max"}),
+    ]
+    with pytest.raises(TypeError), step_logs.collecting(module):
+        module.log("loss")  # a call `log` does not take: its own error

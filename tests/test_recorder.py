@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from dataclasses import fields
 
 import numpy as np
 import pytest
@@ -11,6 +12,7 @@ import torch
 from lightning_tune import keys
 from lightning_tune.perf.ran import StepRun
 from lightning_tune.perf.recorder import StepRecorder, format_summary
+from lightning_tune.perf.stats import Totals
 from lightning_tune.perf.timing import Timeline
 
 
@@ -61,9 +63,9 @@ def step(
 ) -> bool:
     """One batch: ``gap`` ms waiting for it, ``ms`` ms running it; step ``global_step`` ends with it if ``stepped``."""
     clock.now += gap
-    rec.start_batch((samples, None), tokens, global_step=global_step - 1)
+    rec.start_batch(global_step=global_step - 1)
     clock.now += ms
-    return rec.end_batch(global_step if stepped else global_step - 1, **end)  # type: ignore[arg-type]
+    return rec.end_batch(global_step if stepped else global_step - 1, (samples, None), tokens, **end)  # type: ignore[arg-type]
 
 
 def test_step_times_waits_and_rates_are_exact_and_percentiles_are_numpys() -> None:
@@ -156,11 +158,11 @@ def test_straggler_ratio_and_summed_rates_from_gathered_rows() -> None:
     rec.gap_starts()
     for n in (1, 2, 3):  # own time per step: 2 ms waiting + 4 ms forward; the rest is backward and all-reduce
         clock.now += 2.0
-        rec.start_batch((4, None), None, global_step=n - 1)
+        rec.start_batch(global_step=n - 1)
         clock.now += 4.0
         rec.end_forward()
         clock.now += 14.0
-        rec.end_batch(n)
+        rec.end_batch(n, (4, None), None)
     # the other ranks' rows: samples/s, tokens/s, batches/s, FLOP/s, hardware FLOP/s, own time per step (p50)
     others = torch.tensor(
         [[100.0, 0.0, 25.0, 5e10, 0.0, 6.0], [100.0, 0.0, 25.0, 5e10, 0.0, 18.0], [300.0, 0.0, 75.0, 3e11, 0.0, 6.0]],
@@ -191,15 +193,16 @@ def test_inference_latency_percentiles_budget_share_and_report() -> None:
     rec.begin_inference("val")
     for ms in durations:
         clock.now += 1.0
-        rec.start_inference_batch("val", 2, 7, flops=1e9)
+        rec.start_inference_batch("val")
         clock.now += ms
-        rec.end_inference_batch("val")
+        rec.end_inference_batch("val", 2, 7, flops=1e9)
     clock.completed = 0.0  # still running on the device: the end of the run waits once
     metrics, summary = rec.end_inference("val") or ({}, {})
     assert clock.waits == 1
     seconds = (sum(durations) + 4.0) / 1000  # from the first batch's start to the last's end
     for q in (50, 95):
         assert metrics[f"perf/val/batch_ms_p{q}"] == pytest.approx(np.percentile(durations[-4:], q))
+        assert metrics[f"perf/val/sample_ms_p{q}"] == pytest.approx(np.percentile(durations[-4:], q) / 2)
     assert metrics["perf/val/samples_per_sec"] == pytest.approx(10 / seconds)
     assert metrics["perf/val/tokens_per_sec"] == pytest.approx(35 / seconds)
     assert metrics["perf/val/mfu"] == pytest.approx(5e9 / seconds / 1e12)
@@ -212,6 +215,34 @@ def test_inference_latency_percentiles_budget_share_and_report() -> None:
     )
     assert warning is not None and warning.startswith("40.0 % of validation batches on this rank took longer")
     assert "--p95-budget-ms 15`" in warning and rec.budget_report() == []  # reported once
+
+
+def resized_run(sizes: list[int], ms_per_sample: list[float]) -> dict[str, float]:
+    """A validation run of batches of ``sizes`` samples, each taking its samples times its ``ms_per_sample``."""
+    clock = HandClock()
+    rec = recorder(clock, percentiles=(50.0, 95.0, 99.0))
+    rec.begin_inference("val")
+    for k, per_sample in zip(sizes, ms_per_sample, strict=True):
+        rec.start_inference_batch("val")
+        clock.now += k * per_sample
+        rec.end_inference_batch("val", k, None, 0.0)
+    return (rec.end_inference("val") or ({}, {}))[0]
+
+
+def test_per_sample_latency_and_samples_per_second_do_not_move_when_batches_are_resized() -> None:
+    # 64 samples at 1.25 ms each, run in batches of 8, or of 32 and 16 and a batch split in two after an out-of-memory
+    # error (DynamicBatchSize's evaluation sizing): the figures a sample are the same, a batch's time is not
+    eights = resized_run([8] * 8, [1.25] * 8)
+    resized = resized_run([32, 16, 8, 8], [1.25] * 4)
+    for q in (50, 95, 99):
+        assert eights[f"perf/val/sample_ms_p{q}"] == resized[f"perf/val/sample_ms_p{q}"] == pytest.approx(1.25)
+    assert eights["perf/val/samples_per_sec"] == pytest.approx(resized["perf/val/samples_per_sec"]) == 800.0
+    assert eights["perf/val/batch_ms_p50"] == 10.0 and resized["perf/val/batch_ms_p50"] == 15.0
+    # samples of unequal cost: each batch's time over its samples, percentiles as numpy takes them
+    per_sample = [1.0, 1.5, 1.0, 1.2, 1.0, 3.0, 1.0, 1.0]
+    uneven = resized_run([4, 8, 2, 8, 16, 8, 8, 1], per_sample)
+    for q in (50, 95, 99):
+        assert uneven[f"perf/val/sample_ms_p{q}"] == pytest.approx(np.percentile(per_sample, q))
 
 
 def test_summary_text() -> None:
@@ -230,3 +261,11 @@ def test_summary_text() -> None:
         "  hint: 50 % of training time passes between batches. If that is data loading, raise the DataLoader's "
         "num_workers (now 2) and set pin_memory=True and persistent_workers=True"
     )
+
+
+def test_totals_add_every_figure() -> None:
+    ones = Totals(**{f.name: 1 for f in fields(Totals)})
+    total = Totals()
+    total.add(ones)
+    total.add(ones)
+    assert {f.name: getattr(total, f.name) for f in fields(Totals)} == {f.name: 2 for f in fields(Totals)}

@@ -8,6 +8,7 @@ collects the micro-batches' values with their weights and gives back one value p
 from __future__ import annotations
 
 import contextlib
+import functools
 import inspect
 from collections.abc import Callable, Iterator
 from numbers import Real
@@ -32,6 +33,14 @@ _REDUCTIONS: dict[Any, str] = {
 
 
 _COMBINE: dict[str, Callable[[Tensor], Tensor]] = {"sum": torch.sum, "max": torch.max, "min": torch.min}
+
+
+@functools.cache
+def _parameters(log: Callable[..., Any], bound: bool) -> tuple[str, ...]:
+    """The names a ``log`` function takes positionally, in order (without ``self`` when bound): read once."""
+    kinds = (inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD)
+    names = tuple(p.name for p in inspect.signature(log).parameters.values() if p.kind in kinds)
+    return names[1:] if bound else names
 
 
 class StepLogs:
@@ -112,10 +121,13 @@ class StepLogs:
         and Lightning's epoch aggregate counts the step once, at the step's batch size.
         """
         original = module.log
-        signature = inspect.signature(original)
+        names = _parameters(getattr(original, "__func__", original), hasattr(original, "__self__"))
 
         def collect(*args: Any, **kwargs: Any) -> None:
-            options = dict(signature.bind(*args, **kwargs).arguments)
+            options = dict(zip(names, args, strict=False)) | kwargs
+            if len(args) > len(names) or "name" not in options or "value" not in options:
+                original(*args, **kwargs)  # not a call `log` takes: its own error
+                return
             name, value = options.pop("name"), options.pop("value")
             if not self.add(name, value, options):
                 original(name, value, **options)  # a torchmetrics metric accumulates by itself

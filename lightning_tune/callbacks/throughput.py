@@ -22,7 +22,7 @@ from lightning_tune import keys
 from lightning_tune._validation import check_bool, check_float, check_int
 from lightning_tune.callbacks._logging import log, should_log
 from lightning_tune.perf import devices
-from lightning_tune.perf.batch import count_samples, count_tokens, sequence_length
+from lightning_tune.perf.batch import LAST_BATCH, count_samples, count_tokens, sequence_length
 from lightning_tune.perf.counting import FlopModel, count_step_flops
 from lightning_tune.perf.devices import NvmlSampler
 from lightning_tune.perf.flops import peak_flops
@@ -105,7 +105,8 @@ class ThroughputLatencyMonitor(Callback):
         self.gpu_stats, self.latency_budget_ms = gpu_stats, latency_budget_ms
         #: Figures of the latest run, keys without their ``perf/<stage>/`` prefix: a fit's (at its end, after
         #: ``warmup_steps``; ``steps``, ``seconds``, rates, ``step_ms_p{q}``, ``mfu``) or a validation or predict
-        #: run's (``batches``, ``seconds``, ``samples_per_sec``, ``tokens_per_sec``, ``batch_ms_p{q}``, ``mfu``).
+        #: run's (``batches``, ``seconds``, ``samples_per_sec``, ``tokens_per_sec``, ``batch_ms_p{q}``,
+        #: ``sample_ms_p{q}``, ``mfu``).
         self.summary: dict[str, float] = {}
         #: This rank's figures of the latest logging interval (before summing over ranks).
         self.last_interval: dict[str, float] = {}
@@ -214,16 +215,13 @@ class ThroughputLatencyMonitor(Callback):
         self, trainer: pl.Trainer, pl_module: pl.LightningModule, batch: Any, batch_idx: int
     ) -> None:
         recorder = self._recorder
-        mark = recorder.timeline.mark()  # counting the batch is the step's time, as it was Lightning's
-        samples, tokens = self._count(batch, "train")
-        by_shape = recorder.peak is not None and self.flops_per_batch is None  # FLOPs of each batch's shape
 
         def count_flops() -> None:  # at the fit's first step, on a meta copy: neither training nor waiting
+            samples = self._count(batch, "train")[0]
             recorder.flop_model, recorder.hardware_flop_model = self._count_flops(pl_module, batch, batch_idx, samples)
 
-        shape = (samples, sequence_length(batch) if by_shape else None)
-        prepare = count_flops if by_shape else None
-        recorder.start_batch(shape, tokens, global_step=trainer.global_step, prepare=prepare, mark=mark)
+        by_shape = recorder.peak is not None and self.flops_per_batch is None  # FLOPs of each batch's shape
+        recorder.start_batch(global_step=trainer.global_step, prepare=count_flops if by_shape else None)
 
     def _count_flops(
         self, pl_module: pl.LightningModule, batch: Any, batch_idx: int, samples: int, stage: str = "train"
@@ -263,10 +261,15 @@ class ThroughputLatencyMonitor(Callback):
     def on_train_batch_end(
         self, trainer: pl.Trainer, pl_module: pl.LightningModule, outputs: Any, batch: Any, batch_idx: int
     ) -> None:
+        # counted at the end, as the step has counted it (DynamicBatchSize): the batch is walked once, and counting
+        # is the step's time, as it was Lightning's
+        recorder = self._recorder
+        samples, tokens = self._count(batch, "train")
+        shape = (samples, sequence_length(batch) if recorder.flop_model is not None else None)
         ran = self._source.last_step_run() if self._source is not None else None
         mask = batch.get("attention_mask") if isinstance(batch, Mapping) else None
         global_step = trainer.global_step
-        if not self._recorder.end_batch(global_step, ran, mask):
+        if not recorder.end_batch(global_step, shape, tokens, ran, mask):
             return
         if global_step != self._last_logged_step and should_log(trainer, self.log_every_n_steps):
             self._last_logged_step = global_step
@@ -303,15 +306,20 @@ class ThroughputLatencyMonitor(Callback):
     ) -> None:
         if stage not in self._recorder.runs:
             return
-        samples, tokens = self._count(batch, stage)
         if self._recorder.peak is not None and stage not in self._inference_flops:
+            samples = self._count(batch, stage)[0]
             self._inference_flops[stage] = self._count_flops(pl_module, batch, batch_idx, samples, stage)[0]
+        self._recorder.start_inference_batch(stage)
+
+    def _inference_batch_end(
+        self, stage: str, trainer: pl.Trainer, module: Any, outputs: Any, batch: Any, *_: Any
+    ) -> None:
+        if stage not in self._recorder.runs:
+            return
+        samples, tokens = self._count(batch, stage)  # at the end, as the training batches
         flop_model = self._inference_flops.get(stage)
         flops = flop_model.flops(samples, sequence_length(batch)) if flop_model is not None else 0.0
-        self._recorder.start_inference_batch(stage, samples, tokens, flops)
-
-    def _inference_batch_end(self, stage: str, *_: Any, **__: Any) -> None:
-        self._recorder.end_inference_batch(stage)
+        self._recorder.end_inference_batch(stage, samples, tokens, flops)
 
     def _end_inference(self, stage: str, trainer: pl.Trainer, *_: Any) -> None:
         figures = self._recorder.end_inference(stage)
@@ -338,6 +346,7 @@ class ThroughputLatencyMonitor(Callback):
     def teardown(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
         """End of ``fit``, ``validate`` or ``predict``: one line per stage on the latency budget, a warning past 5 %."""
         self._inference_flops = {}  # the next call may run another model
+        LAST_BATCH.clear()  # the last batch counted is let go
         for line, warning in self._recorder.budget_report():
             rank_zero_info(line)
             if warning is not None:

@@ -6,6 +6,9 @@ counts its sequences of per-sample objects. Tokens are counted once per batch fr
 (a ``bool`` tensor, or the value of an ``attention_mask`` key) gives the number of real tokens, padding excluded;
 otherwise the first two-dimensional integer tensor (``(batch, seq)`` token ids) gives ``batch * seq``. Targets of
 the same shape are not counted again.
+
+A step's readers (the monitor, ``DynamicBatchSize``) all count the batch Lightning hands over: the counts of the batch
+object counted last are kept, so the batch is walked once however many of them ask.
 """
 
 from __future__ import annotations
@@ -25,8 +28,60 @@ _SCALARS = (str, bytes, int, float, complex, type(None))
 Path = tuple[Any, ...]
 
 
+class _LastBatch:
+    """The counts taken of the batch object a layout counted last, while it is the same object with the same values.
+
+    A layout's count (:meth:`BatchLayout.samples`, :func:`count_samples`) starts a batch's entry; the other counts are
+    kept while they are of that batch, so that the pieces a step is cut into do not push it out. It holds the batch,
+    so that its identity cannot pass to another object, and the identities of its top level's values, so that a
+    mapping or list refilled in place counts afresh.
+    """
+
+    def __init__(self) -> None:
+        self.batch: Any = None
+        self.top: tuple[int, ...] | None = None  # None: a batch whose top level cannot change (a tuple, a tensor)
+        self.counts: dict[Any, Any] = {}
+
+    def of(self, batch: Any) -> dict[Any, Any] | None:
+        """The counts of ``batch`` taken so far, or ``None`` for another batch."""
+        if batch is not self.batch or (self.top is not None and _top(batch) != self.top):
+            return None
+        return self.counts
+
+    def start(self, batch: Any) -> dict[Any, Any]:
+        """The counts of ``batch`` taken so far, or a new entry for it in place of the last batch's."""
+        counts = self.of(batch)
+        if counts is None:
+            self.batch, self.top, self.counts = batch, _top(batch), {}
+        return self.counts
+
+    def clear(self) -> None:
+        """Let go of the batch (at the end of a run)."""
+        self.batch, self.top, self.counts = None, None, {}
+
+
+LAST_BATCH = _LastBatch()
+
+
+def _top(batch: Any) -> tuple[int, ...] | None:
+    """The identities of a mapping's values or a list's items; ``None`` for a batch of another type."""
+    if isinstance(batch, Mapping):
+        return tuple(map(id, batch.values()))
+    return tuple(map(id, batch)) if isinstance(batch, list) else None
+
+
 def _tensors(batch: Any) -> list[tuple[str | None, Tensor]]:
-    """Tensors of a batch in order, with the mapping key that holds each (if any), depth first."""
+    """Tensors of a batch in order, with the mapping key that holds each (if any), depth first; walked once a batch."""
+    counts = LAST_BATCH.of(batch)
+    if counts is None:
+        return _walk_tensors(batch)
+    found = counts.get(_tensors)
+    if found is None:
+        found = counts[_tensors] = _walk_tensors(batch)
+    return found
+
+
+def _walk_tensors(batch: Any) -> list[tuple[str | None, Tensor]]:
     found: list[tuple[str | None, Tensor]] = []
     stack: list[tuple[str | None, Any]] = [(None, batch)]
     while stack:
@@ -56,7 +111,9 @@ def map_children(batch: Any, fn: Callable[[Any], Any]) -> Any:
 
 
 def count_samples(batch: Any) -> int | None:
-    """Number of samples in a batch, by :class:`BatchLayout`'s rule (the count a ``DynamicBatchSize`` step reads).
+    """Number of samples in a batch, by :class:`BatchLayout`'s rule: the count a ``DynamicBatchSize`` step reads.
+
+    When a layout has counted this batch object already (``DynamicBatchSize``'s, with its ``per_batch``), its count.
 
     Args:
         batch: A tensor, or tuples, lists and mappings of them and of per-sample objects.
@@ -68,7 +125,8 @@ def count_samples(batch: Any) -> int | None:
         >>> count_samples({"class_weights": torch.ones(4), "x": torch.zeros(32, 8), "y": torch.zeros(32)})
         32
     """
-    return BatchLayout().samples(batch, check=False)
+    counts = LAST_BATCH.of(batch)
+    return counts[BatchLayout] if counts and BatchLayout in counts else BatchLayout().samples(batch, check=False)
 
 
 def path_text(path: Path) -> str:
@@ -130,7 +188,8 @@ class BatchLayout:
     """
 
     def __init__(self, per_batch: Sequence[str] = ()) -> None:
-        check_strings("per_batch", per_batch, what="mapping keys or places in the batch (strings)")
+        if per_batch:
+            check_strings("per_batch", per_batch, what="mapping keys or places in the batch (strings)")
         self.per_batch = frozenset(per_batch)
         self._items: dict[Path, bool] = {}  # each sequence's place once read: per-sample objects (True) or values
 
@@ -158,6 +217,16 @@ class BatchLayout:
             TypeError: With ``check``, if a value has a type the rule cannot cut.
             ValueError: With ``check``, if a per-sample value's length is not the count, or a sequence cannot be placed.
         """
+        counts = LAST_BATCH.start(batch)
+        seen = counts.get(self)  # this layout's count of this batch: (count, whether checked)
+        if seen is not None and (seen[1] or not check):
+            return seen[0]
+        n = self._samples(batch, check)
+        counts[self] = (n, check)
+        counts[BatchLayout] = n  # the latest count by the rule, which count_samples reads
+        return n
+
+    def _samples(self, batch: Any, check: bool) -> int | None:
         found: list[tuple[Path, int, bool]] = []  # (place, length, whether a tensor) of the per-sample values
         open_: list[tuple[Path, Any]] = []  # sequences whose place needs the count
         self._scan(batch, (), found, open_, check)

@@ -49,14 +49,13 @@ class _Step:
     flops: float = 0.0
     hardware_flops: float = 0.0
     compiled: int = 0
-    shape: tuple[int, int | None] | None = None  # the running batch's samples and length, for its FLOPs
 
 
 @dataclass
 class _Inference:
-    """Batch marks of one validation or predict run."""
+    """Batch marks of one validation or predict run: each batch's start, and its end and samples once it ended."""
 
-    marks: list[tuple[int, int | None]] = field(default_factory=list)
+    marks: list[tuple[int, int | None, int]] = field(default_factory=list)
     samples: int = 0
     tokens: Any = 0  # an int, or a device tensor read at the end
     flops: float = 0.0
@@ -82,7 +81,7 @@ class StepRecorder:
     Example:
         >>> from lightning_tune.perf.timing import HostTimer
         >>> recorder = StepRecorder(Timeline(HostTimer()), window=10, percentiles=(50,))
-        >>> recorder.start_batch((8, None), None, global_step=0); recorder.end_batch(1), recorder.finish()["steps"]
+        >>> recorder.start_batch(global_step=0); recorder.end_batch(1, (8, None), None), recorder.finish()["steps"]
         (True, 1.0)
     """
 
@@ -119,25 +118,14 @@ class StepRecorder:
         """From now until the next batch is waiting for data (a new epoch's iterator; after validation)."""
         self._prev_end = self.timeline.mark()
 
-    def start_batch(
-        self,
-        shape: tuple[int, int | None],
-        tokens: Any,
-        *,
-        global_step: int,
-        prepare: Callable[[], Any] | None = None,
-        mark: int | None = None,
-    ) -> None:
+    def start_batch(self, *, global_step: int, prepare: Callable[[], Any] | None = None) -> None:
         """Mark a training batch's start; the first of an optimizer step opens it.
 
         Args:
-            shape: Its samples and sequence length (``None`` where its FLOPs are not counted by shape).
-            tokens: Its input tokens: a number, a device tensor (read once the step has run), or ``None``.
             global_step: Optimizer steps taken so far.
             prepare: Called once, as the first step opens, before its start mark: neither waiting nor training time.
-            mark: The batch's start, when taken before counting it (counting is the step's time); default: now.
         """
-        mark = self.timeline.mark() if mark is None else mark
+        mark = self.timeline.mark()
         step = self._current
         if step is None:
             before = (self._prev_end, mark) if self._prev_end is not None else None
@@ -149,16 +137,7 @@ class StepRecorder:
         elif self._prev_end is not None:
             step.within.append((self._prev_end, mark))
         step.batch_start = mark
-        step.samples += shape[0]
         step.batches += 1
-        if self.flops_per_batch is not None:
-            step.flops += self.flops_per_batch
-        elif self.flop_model is not None:
-            step.shape = shape
-        if isinstance(tokens, Tensor):
-            step.mask_tokens = tokens.detach() if step.mask_tokens is None else step.mask_tokens + tokens.detach()
-        elif tokens is not None:
-            step.tokens += int(tokens)
 
     def end_forward(self) -> None:
         """Mark a forward pass's end, before the first gradient all-reduce (kept only when ``distributed``)."""
@@ -166,8 +145,22 @@ class StepRecorder:
         if self.distributed and step is not None and step.batch_start is not None:
             step.forward.append((step.batch_start, self.timeline.mark()))
 
-    def end_batch(self, global_step: int, ran: StepRun | None = None, mask: object = None) -> bool:
-        """Mark a training batch's end; ``ran``: its micro-batches, ``mask``: its 2-D attention mask (padding).
+    def end_batch(
+        self,
+        global_step: int,
+        shape: tuple[int, int | None],
+        tokens: Any,
+        ran: StepRun | None = None,
+        mask: object = None,
+    ) -> bool:
+        """Mark a training batch's end, with its counts.
+
+        Args:
+            global_step: Optimizer steps taken now.
+            shape: Its samples and sequence length (``None`` where its FLOPs are not counted by shape).
+            tokens: Its input tokens: a number, a device tensor (read once the step has run), or ``None``.
+            ran: The micro-batches it ran as, when a callback cut it.
+            mask: Its 2-D attention mask (the padding), if any.
 
         Returns:
             Whether it closed the optimizer step (``global_step`` has moved on).
@@ -175,6 +168,11 @@ class StepRecorder:
         step = self._current
         if step is None:
             return False
+        step.samples += shape[0]
+        if isinstance(tokens, Tensor):
+            step.mask_tokens = tokens.detach() if step.mask_tokens is None else step.mask_tokens + tokens.detach()
+        elif tokens is not None:
+            step.tokens += int(tokens)
         if ran is not None and ran.tokens:
             step.padding[0] += ran.tokens[0]
             step.padding[1] += ran.tokens[1]
@@ -187,12 +185,13 @@ class StepRecorder:
             # in before the end mark completes; copied only where that mark is a CUDA event that orders the read
             step.counts = _counts(step.mask_tokens, step.mask_real, to_host=isinstance(self.timeline.timer, CudaTimer))
         mark = self._prev_end = self.timeline.mark()
-        if self.flop_model is not None and step.shape is not None:  # of the micro-batches that ran, else the batch's
+        if self.flops_per_batch is not None:
+            step.flops += self.flops_per_batch
+        elif self.flop_model is not None:  # of the micro-batches that ran, else the batch's
             hardware = self.hardware_flop_model or self.flop_model
-            for samples, length in (ran.shapes if ran is not None else None) or [step.shape]:
+            for samples, length in (ran.shapes if ran is not None else None) or [shape]:
                 step.flops += self.flop_model.flops(samples, length)
                 step.hardware_flops += hardware.flops(samples, length)
-            step.shape = None
         if ran is not None:
             step.batches += ran.micro_batches - 1
         if not stepped:
@@ -327,21 +326,21 @@ class StepRecorder:
         """Start recording a validation or predict run (``stage``: ``"val"`` or ``"predict"``)."""
         self.runs[stage] = _Inference()
 
-    def start_inference_batch(self, stage: str, samples: int, tokens: Any, flops: float) -> None:
-        """Mark a validation or predict batch's start; its tokens may be a device tensor (read at the run's end)."""
+    def start_inference_batch(self, stage: str) -> None:
+        """Mark a validation or predict batch's start."""
         run = self.runs.get(stage)
-        if run is None:
+        if run is not None:
+            run.marks.append((self.timeline.mark(), None, 0))
+
+    def end_inference_batch(self, stage: str, samples: int, tokens: Any, flops: float) -> None:
+        """Mark a validation or predict batch's end, with its counts (its tokens may be a tensor, read at the end)."""
+        run = self.runs.get(stage)
+        if run is None or not run.marks:
             return
+        run.marks[-1] = (run.marks[-1][0], self.timeline.mark(), samples)
         run.flops += flops
         run.samples += samples
         run.tokens = run.tokens + (tokens.detach() if isinstance(tokens, Tensor) else tokens or 0)
-        run.marks.append((self.timeline.mark(), None))
-
-    def end_inference_batch(self, stage: str) -> None:
-        """Mark a validation or predict batch's end."""
-        run = self.runs.get(stage)
-        if run is not None and run.marks:
-            run.marks[-1] = (run.marks[-1][0], self.timeline.mark())
 
     def end_inference(self, stage: str) -> tuple[dict[str, float], dict[str, float]] | None:
         """The end of a validation or predict run, after one wait: its keys to log and its summary, if it timed any."""
@@ -351,11 +350,15 @@ class StepRecorder:
             return None
         end = run.marks[-1][1]
         timeline.resolve(wait=True)  # the end of a run: one wait
-        durations = [timeline.ms(a, b) for a, b in run.marks if b is not None]
-        window = LatencyWindow(self.window)
-        window.extend(durations)
-        percentiles = window.percentiles(self.percentiles)
-        metrics = {keys.BATCH_MS.format(stage=stage, q=f"{p:g}"): v for p, v in percentiles.items()}
+        ended = [(timeline.ms(a, b), k) for a, b, k in run.marks if b is not None]
+        durations = [ms for ms, _ in ended]
+        metrics: dict[str, float] = {}
+        # a batch's time, and its time a sample: the same figure whatever size the batches are
+        for key, values in ((keys.BATCH_MS, durations), (keys.SAMPLE_MS, [ms / k for ms, k in ended if k])):
+            window = LatencyWindow(self.window)
+            window.extend(values)
+            percentiles = window.percentiles(self.percentiles)
+            metrics.update({key.format(stage=stage, q=f"{p:g}"): v for p, v in percentiles.items()})
         seconds = timeline.ms(run.marks[0][0], end) / 1000.0
         self._forget()
         if seconds > 0:

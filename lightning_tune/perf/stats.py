@@ -8,7 +8,7 @@ logging interval, percentiles over a bounded window, and whole-run totals.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass, fields
+from dataclasses import dataclass
 
 from lightning_tune._validation import check_int
 from lightning_tune.perf.window import MAX_WINDOW, LatencyWindow, check_percentiles, percentile_suffix
@@ -47,8 +47,15 @@ class Totals:
 
     def add(self, other: Totals) -> None:
         """Add the ``other`` stretch to this one."""
-        for field in fields(self):
-            setattr(self, field.name, getattr(self, field.name) + getattr(other, field.name))
+        self.steps += other.steps
+        self.batches += other.batches
+        self.samples += other.samples
+        self.tokens += other.tokens
+        self.step_ms += other.step_ms
+        self.between_ms += other.between_ms
+        self.wait_ms += other.wait_ms
+        self.flops += other.flops
+        self.hardware_flops += other.hardware_flops
 
 
 class StepStats:
