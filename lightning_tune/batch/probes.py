@@ -351,6 +351,9 @@ class SimulatedMemory(_CachingAllocator):
         fail_as: How a failure is raised: ``"oom"``, ``"cublas"`` or ``"cudnn"``.
         bytes_per_token: Activation memory of each padded token of a micro-batch (its samples × its padded length, as
             :meth:`before_micro_batch` is told), on top of ``bytes_per_sample``.
+        eval_bytes_per_sample: ``bytes_per_sample`` of a micro-batch that runs without gradients (evaluation, under
+            ``torch.no_grad`` or ``torch.inference_mode``), which keeps no activations for a backward (``None``: the
+            same as with gradients).
 
     Raises:
         TypeError: If an argument has the wrong type.
@@ -384,6 +387,7 @@ class SimulatedMemory(_CachingAllocator):
         backward_bytes_per_sample: int = 0,
         fail_as: FailureKind = "oom",
         bytes_per_token: int = 0,
+        eval_bytes_per_sample: int | None = None,
     ) -> None:
         from lightning_tune._validation import check_bool, check_choice
 
@@ -400,6 +404,7 @@ class SimulatedMemory(_CachingAllocator):
         check_int("backward_bytes_per_sample", backward_bytes_per_sample, minimum=0)
         check_choice("fail_as", fail_as, FAILURE_KINDS)
         check_int("bytes_per_token", bytes_per_token, minimum=0)
+        check_int("eval_bytes_per_sample", eval_bytes_per_sample, minimum=1, allow_none=True)
         if fixed_bytes + outside_bytes >= total_bytes:
             raise ValueError(
                 f"`fixed_bytes` + `outside_bytes` must be below `total_bytes` ({total_bytes}) so that a sample fits, "
@@ -408,6 +413,7 @@ class SimulatedMemory(_CachingAllocator):
         super().__init__(total_bytes, outside_bytes, fragmentation, expandable_segments)
         self.fixed_bytes, self.seq_len = fixed_bytes, seq_len
         self.bytes_per_sample, self.bytes_per_token, self.noise = bytes_per_sample, bytes_per_token, noise
+        self.eval_bytes_per_sample = eval_bytes_per_sample
         self.activations: Activations = activations
         self.backward_bytes_per_sample = backward_bytes_per_sample
         self.fail_as: FailureKind = fail_as
@@ -470,7 +476,10 @@ class SimulatedMemory(_CachingAllocator):
 
     def _activation_bytes(self, batch_size: int) -> int:
         tokens = batch_size * self._tokens_per_sample
-        return int(self.bytes_per_sample * batch_size * self._length_scale) + self.bytes_per_token * tokens
+        per_sample = self.bytes_per_sample
+        if self.eval_bytes_per_sample is not None and not torch.is_grad_enabled():  # nothing kept for a backward
+            per_sample = self.eval_bytes_per_sample
+        return int(per_sample * batch_size * self._length_scale) + self.bytes_per_token * tokens
 
     def peak_bytes(self) -> int:
         """Highest (noisy) reserved memory since the last reset."""

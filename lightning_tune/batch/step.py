@@ -28,6 +28,7 @@ from lightning_tune._validation import (
     check_strings,
 )
 from lightning_tune.batch.control import BatchSizeController, Decision
+from lightning_tune.batch.evaluate import EvalSizer
 from lightning_tune.batch.memory import MemoryModel
 from lightning_tune.batch.pack import check_packed, cut_packed, hf_models, ignore_first_labels, no_cache, unpacked
 from lightning_tune.batch.probes import MemoryProbe
@@ -127,6 +128,7 @@ class DynamicStep:
         split_batch: Callable[[Any, list[int]], Sequence[Any]] | None = None,
         pack: bool = False,
         pack_guard: bool = True,
+        size_eval: bool = True,
         warn: Callable[[str], Any] = warnings.warn,
         info: Callable[[str], Any] = _LOG.info,
     ) -> None:
@@ -149,6 +151,7 @@ class DynamicStep:
         check_callable("split_batch", split_batch, allow_none=True)
         check_bool("pack", pack)
         check_bool("pack_guard", pack_guard)
+        check_bool("size_eval", size_eval)
         if pack:
             check_packing(keep=keep, loss_weight=loss_weight, split_batch=split_batch)
         check_callable("warn", warn)
@@ -168,7 +171,9 @@ class DynamicStep:
         self.probe: MemoryProbe | None = probe
         self.loss_weight, self.label_shift, self.pad_to_multiple_of = loss_weight, label_shift, pad_to_multiple_of
         self.trim_keys, self.warn, self.info = tuple(trim_keys), warn, info
-        self.pack, self.pack_guard = pack, pack_guard
+        self.pack, self.pack_guard, self.size_eval = pack, pack_guard, size_eval
+        #: The evaluation batches by loop: ``"fit"`` (validation in a fit), ``"validate"``, ``"test"``, ``"predict"``.
+        self.evaluation: dict[str, EvalSizer] = {}
         self.guard_due = False  # whether the fit's next packed micro-batch is checked against its padded samples
         self.guard_batch: Any = None  # those samples, padded, while the check is due
         self.hf_models: list[torch.nn.Module] = []  # the module's Hugging Face models (use_cache off when packed)
@@ -531,6 +536,38 @@ class DynamicStep:
         shapes = None if self.step_shapes is None else tuple(self.sequences if self.pack else self.step_shapes)
         return StepRun(self.micro_batches, shapes, self.step_tokens)
 
+    # -- evaluation ------------------------------------------------------------------------------------------------
+    def eval_sizer(self, loop: str) -> EvalSizer:
+        """The evaluation batch of ``loop`` (made the first time): the control law of training, its own memory model."""
+        assert self.probe is not None
+        if loop not in self.evaluation:
+            controller = BatchSizeController(
+                target=self.target_vram,
+                min_batch_size=self.min_batch_size,
+                max_batch_size=None,
+                multiple_of=self.multiple_of,
+                min_change=self.controller.min_change,
+            )
+            layout, split = self.batch_layout, self.split_batch
+            self.evaluation[loop] = EvalSizer(
+                controller, self.probe, self.budget, layout=layout, split=split, warn=self.warn
+            )
+        sizer = self.evaluation[loop]
+        sizer.probe = self.probe
+        return sizer
+
+    def eval_start(self) -> int | None:
+        """The first evaluation batch from training's memory line, an upper bound of evaluation's (``None``: none).
+
+        A sample costs less without gradients, so training's line predicts more than evaluation needs: what fits by it
+        fits.
+        """
+        model = self.controller.model
+        if self.probe is None or self.batch_size is None or not model.sizes_seen:
+            return None
+        largest = model.largest_batch(self.budget()[1])
+        return max(self.batch_size, int(largest)) if largest is not None else None
+
     # -- decisions ---------------------------------------------------------------------------------------------------
     def step_done(
         self,
@@ -715,6 +752,7 @@ class DynamicStep:
             **self.tokens.state_dict(),  # micro_batch_tokens, longest, token_controller
             "arguments": self.arguments(),
             "weighting": self.weighting,  # what loss_weight="auto" chose (None: no step yet)
+            "evaluation": {loop: sizer.state_dict() for loop, sizer in self.evaluation.items()},
         }
 
     def arguments(self) -> dict[str, Any]:
@@ -722,7 +760,8 @@ class DynamicStep:
         names = (
             "target_vram min_batch_size max_batch_size adjust_every keep lr_rule multiple_of reserve_gib loss_weight"
         )
-        values = {name: getattr(self, name) for name in (*names.split(), "label_shift", "pad_to_multiple_of", "pack")}
+        others = ("label_shift", "pad_to_multiple_of", "pack", "size_eval")
+        values = {name: getattr(self, name) for name in (*names.split(), *others)}
         rule = {"per_batch": sorted(self.batch_layout.per_batch)}
         return values | {"min_change": self.controller.min_change, "trim_keys": list(self.trim_keys)} | rule
 
@@ -760,6 +799,14 @@ class DynamicStep:
         self.decisions = state.get("decisions", 0)
         self.controller.load_state_dict(state["controller"])
         self.tokens.load_state_dict(state)
+        if self.probe is not None:
+            for loop, saved in state.get("evaluation", {}).items():
+                self.eval_sizer(loop).load_state_dict(saved)
+
+    def eval_metrics(self, loop: str) -> dict[str, float]:
+        """The evaluation batch ``loop`` settled at (empty before it ran)."""
+        sizer = self.evaluation.get(loop)
+        return {} if sizer is None or sizer.size is None else {keys.EVAL_BATCH_SIZE: float(sizer.size)}
 
 
 def auto_weighting(batch: Any, *, causal_lm: bool) -> tuple[Weighting, str]:

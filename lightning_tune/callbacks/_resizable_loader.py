@@ -1,7 +1,8 @@
 """Lightning-side helpers of :class:`~lightning_tune.DynamicBatchSize`.
 
 The train DataLoader of a running fit made resizable, its epoch length kept right, and the learning rates and
-schedules that follow a changing batch.
+schedules that follow a changing batch; an evaluation loop's DataLoader made resizable, the loop's batch count kept
+right, and what ``self.log`` infers a piece's batch size from.
 
 The private Lightning and torch attributes DynamicBatchSize needs are all here, each in one small function saying
 why and on which versions it was checked; ``tests/test_dynamic_batch.py`` and ``tests/test_resume_exact.py`` fail if
@@ -16,6 +17,7 @@ import warnings
 from typing import TYPE_CHECKING, Any
 
 from lightning.fabric.utilities.exceptions import MisconfigurationException
+from lightning.pytorch.overrides.distributed import _IndexBatchSamplerWrapper
 from torch import Tensor
 from torch.utils.data import BatchSampler, DataLoader, IterableDataset
 
@@ -163,7 +165,7 @@ def train_loader(trainer: pl.Trainer) -> DataLoader:
     return loaders[0]
 
 
-def set_batch_sampler(loader: DataLoader, batch_sampler: BatchSampler | ResizableBatchSampler) -> None:
+def set_batch_sampler(loader: DataLoader, batch_sampler: Any) -> None:
     """Give an existing DataLoader a new batch sampler.
 
     ``DataLoader.__setattr__`` refuses ``batch_sampler`` once constructed; building a new DataLoader instead would lose
@@ -244,3 +246,96 @@ def unsilence(quiet: Any) -> None:
         with contextlib.suppress(ValueError):
             warnings.filters.remove(quiet)  # type: ignore[attr-defined]
         warnings._filters_mutated()  # type: ignore[attr-defined]
+
+
+def eval_loop(trainer: pl.Trainer) -> tuple[str, Any]:
+    """The running evaluation loop's name (``"fit"``: validation inside a fit) and the loop (public attributes)."""
+    if trainer.predicting:
+        return "predict", trainer.predict_loop
+    if trainer.testing:
+        return "test", trainer.test_loop
+    if trainer.state.fn == "fit":
+        return "fit", trainer.fit_loop.epoch_loop.val_loop
+    return "validate", trainer.validate_loop
+
+
+def eval_loader(trainer: pl.Trainer, loop: Any) -> tuple[DataLoader, BatchSampler | None, Any] | None:
+    """The loop's single DataLoader, the BatchSampler it was given and the one it has, when it can be resized.
+
+    ``None`` (the loader's batch is kept) for several loaders, a limit on the loop's batches (``limit_*_batches`` other
+    than 1.0, ``overfit_batches``), an iterable dataset, a custom batch sampler or no batch size. Lightning keeps the
+    loop's processed loaders (predict's batch sampler wrapped in ``_IndexBatchSamplerWrapper``, a distributed sampler
+    injected) in the loop's private ``_combined_loader``; checked on Lightning 2.4 to 2.6.
+    """
+    combined = loop._combined_loader
+    prefix = "predict" if trainer.predicting else "test" if trainer.testing else "val"
+    overfit: Any = getattr(trainer, "overfit_batches", 0)
+    overfit = prefix == "val" and overfit
+    limited = getattr(trainer, f"limit_{prefix}_batches") != 1.0 or overfit
+    if combined is None or limited or len(combined.flattened) != 1 or not isinstance(combined.flattened[0], DataLoader):
+        return None
+    loader = combined.flattened[0]
+    given = inner = loader.batch_sampler
+    if isinstance(given, _IndexBatchSamplerWrapper):
+        inner = given._batch_sampler
+    if isinstance(inner, ResizableBatchSampler):  # made resizable by an earlier loop of this fit
+        return loader, None, given
+    if isinstance(loader.dataset, IterableDataset) or type(inner) is not BatchSampler or inner.batch_size is None:
+        return None
+    return loader, inner, given
+
+
+def eval_batch(loop: Any) -> int:
+    """The batch size of the loop's first DataLoader (1 when it has none), as :func:`eval_loader` finds the loader."""
+    combined = loop._combined_loader
+    given = getattr(combined.flattened[0], "batch_sampler", None) if combined is not None else None
+    return int(getattr(given, "batch_size", None) or 1)
+
+
+def resizable(batch_sampler: Any) -> ResizableBatchSampler:
+    """The :class:`ResizableBatchSampler` in an evaluation loader's batch sampler."""
+    inner = batch_sampler._batch_sampler if isinstance(batch_sampler, _IndexBatchSamplerWrapper) else batch_sampler
+    assert isinstance(inner, ResizableBatchSampler)
+    return inner
+
+
+def set_eval_sampler(loader: DataLoader, given: Any, sampler: Any, batch_size: int) -> ResizableBatchSampler:
+    """Give an evaluation loader a resizable batch sampler of ``sampler``'s indices in place of ``given``'s.
+
+    Predict's stays inside a new ``_IndexBatchSamplerWrapper`` (private, Lightning 2.4 to 2.6): the loop reads the
+    batches' indices there for a ``BasePredictionWriter``.
+    """
+    inner: Any = given._batch_sampler if isinstance(given, _IndexBatchSamplerWrapper) else given
+    new = ResizableBatchSampler(sampler, batch_size, drop_last=bool(inner.drop_last), granule=int(inner.batch_size))
+    set_batch_sampler(loader, _IndexBatchSamplerWrapper(new) if isinstance(given, _IndexBatchSamplerWrapper) else new)
+    return new
+
+
+def set_eval_length(loop: Any, loader: DataLoader, *, restart: bool) -> None:
+    """Make the loop expect the loader's batches at its batch sampler's size; ``restart``: draw them from it anew.
+
+    Lightning counts an evaluation loop's batches once, from the loader as it was set up, in a list that the loop,
+    its ``CombinedLoader.limits`` and the running iterator share, and its private data fetcher ends the loop by the
+    length it took when its iterator was made (Lightning 2.4 to 2.6). The loop's iterator is made before any hook:
+    ``restart`` makes it again from the new batch sampler, as the loop's own reset does.
+    """
+    limits = loop._combined_loader.limits
+    limits[0] = len(loader)  # in place: the running iterator holds the same list
+    fetcher = loop._data_fetcher
+    if restart:
+        iter(fetcher)
+        fetcher.fetched += loop.batch_progress.current.ready
+    elif fetcher.length is not None:
+        fetcher.length = len(loader)
+        fetcher.done = fetcher.fetched >= fetcher.length
+
+
+def log_as(trainer: pl.Trainer, batch: Any) -> None:
+    """Make ``self.log`` infer its batch size from ``batch``, a piece of the loop's batch.
+
+    Lightning weighs an epoch mean by that size. The loop's private ``_ResultCollection`` holds the batch it infers it
+    from (Lightning 2.4 to 2.6).
+    """
+    results = trainer._results
+    if results is not None:
+        results.batch, results.batch_size = batch, None

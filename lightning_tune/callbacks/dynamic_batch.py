@@ -19,6 +19,7 @@ from typing_extensions import override
 
 from lightning_tune.batch import runner as micro
 from lightning_tune.batch.control import BatchSizeController, Decision
+from lightning_tune.batch.evaluate import EvalSizer
 from lightning_tune.batch.logs import StepLogs
 from lightning_tune.batch.probes import MemoryProbe
 from lightning_tune.batch.sampler import ResizableBatchSampler
@@ -27,7 +28,7 @@ from lightning_tune.batch.step import KEEPS, LOSS_WEIGHTS, DynamicStep, Keep, Lo
 from lightning_tune.batch.tokens import TokenBudget
 from lightning_tune.callbacks import _resizable_loader as loaders
 from lightning_tune.callbacks import _strategy as plumbing
-from lightning_tune.callbacks._logging import log_every_n_steps
+from lightning_tune.callbacks._logging import log, log_every_n_steps
 from lightning_tune.callbacks._strategy import Engine
 from lightning_tune.lr.scaling import ScaleRule
 from lightning_tune.perf.ran import StepRun
@@ -95,6 +96,10 @@ class DynamicBatchSize(Callback):
             models with ``use_cache=False``. See "Packing" in the docs.
         pack_guard: With ``pack``, check the fit's first packed micro-batch: its loss must be its samples' padded
             loss (two forwards without gradients), else the run stops naming the model and its attention.
+        size_eval: Size the batches of validation (in a fit and ``trainer.validate``), ``trainer.test`` and
+            ``trainer.predict`` to memory too, each loop with its own memory model, and run an evaluation batch that
+            runs out of memory in pieces, each sample once (``tune/eval_batch_size``). Needs a memory probe. See
+            "Evaluation" in the docs.
 
     Raises:
         TypeError: If an argument has the wrong type.
@@ -130,6 +135,7 @@ class DynamicBatchSize(Callback):
     trim_keys: Engine[tuple[str, ...]] = Engine()
     pack: Engine[bool] = Engine()
     pack_guard: Engine[bool] = Engine()
+    size_eval: Engine[bool] = Engine()
     controller: Engine[BatchSizeController] = Engine()
     tokens: Engine[TokenBudget] = Engine()
     batch_size: Engine[int | None] = Engine()
@@ -169,6 +175,7 @@ class DynamicBatchSize(Callback):
         split_batch: Callable[[Any, list[int]], Sequence[Any]] | None = None,
         pack: bool = False,
         pack_guard: bool = True,
+        size_eval: bool = True,
     ) -> None:
         engine = {k: v for k, v in locals().items() if k not in ("self", "__class__")}
         self.step = DynamicStep(**engine, warn=rank_zero_warn, info=rank_zero_info)
@@ -186,6 +193,16 @@ class DynamicBatchSize(Callback):
         self._gathered: GatheredStep | None = None  # FSDP2: parameters gathered once per step
         self._agree: Callable[[Sequence[float]], list[float]] = list  # the maximum over ranks
         self._logs = StepLogs()  # what the step's micro-batches log with self.log
+        self._eval_originals: dict[str, Callable[..., Any]] = {}  # the module's evaluation steps, and their loaders'
+        self._eval_loaders: list[tuple[DataLoader, Any]] = []  # batch samplers as given
+        self._takes_idx: dict[str, bool] = {}
+        self._eval: tuple[str, EvalSizer, Any, DataLoader | None] | None = None  # the running loop, its sizer, loader
+        self._eval_metrics: dict[str, float] = {}
+
+    @property
+    def metrics(self) -> dict[str, float]:
+        """The decision keys of training, and ``tune/eval_batch_size`` of the last evaluation loop."""
+        return {**self.step.metrics(), **self._eval_metrics}
 
     def __repr__(self) -> str:  # target_vram, min_batch_size, max_batch_size, adjust_every, keep
         shown = ", ".join(f"{name}={value!r}" for name, value in list(self.step.arguments().items())[:5])
@@ -197,11 +214,19 @@ class DynamicBatchSize(Callback):
 
     @override
     def setup(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
-        if stage != "fit":
-            return
         self._trainer = trainer
         self._agree = functools.partial(plumbing.max_over_ranks, trainer, timeout=self.agree_timeout)
+        if stage != "fit":
+            if self.size_eval and (self.probe is not None or trainer.strategy.root_device.type == "cuda"):
+                self.step.probe = plumbing.choose_probe(self.step.probe, trainer)
+                name = next(
+                    n for s, n in (("validate", "validation"), ("test", "test"), ("predict", "predict")) if s == stage
+                )
+                self._wrap_eval(pl_module, f"{name}_step")
+            return
         self.step.probe = plumbing.choose_probe(self.step.probe, trainer)
+        if self.size_eval and self.probe is not None:
+            self._wrap_eval(pl_module, "validation_step")
         agreeable, fsdp2 = plumbing.check_strategy(trainer, pl_module, self.sync_oom)
         # FSDP2: the parameters are gathered once per step, so the micro-batches run with no collective
         self._gathered = GatheredStep(pl_module) if fsdp2 else None
@@ -224,6 +249,13 @@ class DynamicBatchSize(Callback):
 
     @override
     def teardown(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
+        for name in self._eval_originals:
+            with contextlib.suppress(AttributeError):
+                delattr(pl_module, name)
+        for loader, given in self._eval_loaders:  # a DataLoader the module keeps comes back as it was given
+            loaders.set_batch_sampler(loader, given)
+        self._eval_originals.clear()
+        self._eval_loaders.clear()
         if stage != "fit":
             return
         for name in self._originals:
@@ -268,11 +300,130 @@ class DynamicBatchSize(Callback):
         # inside fit, Lightning's stage is "validating" here (trainer.training is False): test the fitting state
         if self.runner is not None and self.probe is not None and trainer.state.fn == "fit":
             self.step.validation_starts()
+        self._eval_start(trainer)
 
     @override
     def on_validation_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        self._eval_end(trainer)
         if self.runner is not None and self.probe is not None and trainer.state.fn == "fit":
             self.step.validation_ends()
+
+    @override
+    def on_test_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        self._eval_start(trainer)
+
+    @override
+    def on_test_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        self._eval_end(trainer)
+
+    @override
+    def on_predict_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        self._eval_start(trainer)
+
+    @override
+    def on_predict_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        self._eval_end(trainer)
+
+    @override
+    def on_validation_batch_end(
+        self, trainer: pl.Trainer, pl_module: pl.LightningModule, outputs: Any, batch: Any, batch_idx: int, *_: int
+    ) -> None:
+        self._eval_batch_end()
+
+    @override
+    def on_test_batch_end(
+        self, trainer: pl.Trainer, pl_module: pl.LightningModule, outputs: Any, batch: Any, batch_idx: int, *_: int
+    ) -> None:
+        self._eval_batch_end()
+
+    @override
+    def on_predict_batch_end(
+        self, trainer: pl.Trainer, pl_module: pl.LightningModule, outputs: Any, batch: Any, batch_idx: int, *_: int
+    ) -> None:
+        self._eval_batch_end()
+
+    # -- evaluation: the loop's loader made resizable, its batches run by the engine -----------------------------------
+    def _wrap_eval(self, pl_module: pl.LightningModule, name: str) -> None:
+        from lightning.pytorch.utilities.model_helpers import is_overridden
+        from lightning.pytorch.utilities.signature_utils import is_param_in_hook_signature
+
+        if name in self._eval_originals or (name != "predict_step" and not is_overridden(name, pl_module)):
+            return
+        original = self._eval_originals[name] = getattr(pl_module, name)
+        self._takes_idx[name] = is_param_in_hook_signature(original, "batch_idx", min_args=2)
+        setattr(pl_module, name, getattr(self, f"_{name}"))
+
+    def _eval_start(self, trainer: pl.Trainer) -> None:
+        self._eval = None
+        if not self._eval_originals or trainer.sanity_checking:
+            return
+        name, loop = loaders.eval_loop(trainer)
+        sizer = self.step.eval_sizer(name)
+        parts = loaders.eval_loader(trainer, loop)
+        if parts is None:  # several loaders, limited batches, a custom batch sampler: the loader's batch is kept
+            sizer.begin(loader_batch=loaders.eval_batch(loop), fixed=True, agree=self._agree)
+            self._eval = (name, sizer, loop, None)
+            return
+        loader, original, given = parts
+        if original is not None:  # the loader as set up: its batch sampler becomes resizable
+            self._eval_loaders.append((loader, given))
+            loaders.set_eval_sampler(loader, given, original.sampler, original.batch_size or 1)
+        sampler = loaders.resizable(loader.batch_sampler)
+        start, samples = self.step.eval_start(), sampler.epoch_samples()
+        sizer.begin(loader_batch=sampler.granule, samples=samples, start=start, agree=self._agree)
+        restart = original is not None or sampler.batch_size != sizer.size
+        sampler.batch_size = sizer.size or sampler.granule
+        if restart:
+            loaders.set_eval_length(loop, loader, restart=True)
+        self._eval = (name, sizer, loop, loader)
+
+    def _eval_batch_end(self) -> None:
+        if self._eval is None:
+            return
+        _, sizer, loop, loader = self._eval
+        if sizer.batch_end(self._agree) and loader is not None and sizer.size is not None:
+            loaders.resizable(loader.batch_sampler).batch_size = sizer.size
+            loaders.set_eval_length(loop, loader, restart=False)
+
+    def _eval_end(self, trainer: pl.Trainer) -> None:
+        if self._eval is None:
+            return
+        name, sizer, _, _ = self._eval
+        self._eval = None
+        sizer.end(self._agree)
+        self._eval_metrics = self.step.eval_metrics(name)
+        log(trainer, self._eval_metrics)  # at the step Lightning logs the loop's own values
+        if name != "fit":
+            rank_zero_info(
+                f"DynamicBatchSize: {name} settled at batches of {sizer.size} samples; {sizer.decisions} "
+                f"decision{'s' * (sizer.decisions != 1)}, {sizer.oom_recoveries} out-of-memory "
+                f"error{'s' * (sizer.oom_recoveries != 1)} recovered"
+            )
+
+    def _validation_step(self, batch: Any, *args: Any, **kwargs: Any) -> Any:
+        return self._evaluate("validation_step", batch, args, kwargs)
+
+    def _test_step(self, batch: Any, *args: Any, **kwargs: Any) -> Any:
+        return self._evaluate("test_step", batch, args, kwargs)
+
+    def _predict_step(self, batch: Any, *args: Any, **kwargs: Any) -> Any:
+        return self._evaluate("predict_step", batch, args, kwargs)
+
+    def _evaluate(self, name: str, batch: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        """The module's evaluation step on ``batch``, in pieces after an out-of-memory error (each sample once)."""
+        step, trainer = self._eval_originals[name], self._trainer
+        args = args if self._takes_idx[name] else args[1:]  # Lightning passes batch_idx to the wrapper
+        if self._eval is None or trainer is None:
+            return step(batch, *args, **kwargs)
+
+        def piece(part: Any) -> Any:
+            loaders.log_as(trainer, part)  # self.log weighs an epoch mean by the piece's samples
+            return step(part, *args, **kwargs)
+
+        try:
+            return self._eval[1].run(batch, piece)
+        finally:
+            loaders.log_as(trainer, batch)
 
     def _install(self, trainer: pl.Trainer) -> None:
         loader, inner, loader_batch, drop_last, original = loaders.loader_parts(trainer)

@@ -188,7 +188,7 @@ class BatchLayout:
     """
 
     def __init__(self, per_batch: Sequence[str] = ()) -> None:
-        if per_batch:
+        if per_batch != ():  # the package builds many empty layouts; a user's value is always checked
             check_strings("per_batch", per_batch, what="mapping keys or places in the batch (strings)")
         self.per_batch = frozenset(per_batch)
         self._items: dict[Path, bool] = {}  # each sequence's place once read: per-sample objects (True) or values
