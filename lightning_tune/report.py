@@ -14,11 +14,10 @@ Example:
 
 from __future__ import annotations
 
-import contextlib
+import io
 import math
 import os
 import re
-import secrets
 import statistics
 import struct
 import warnings
@@ -29,6 +28,8 @@ from typing import TYPE_CHECKING, Any, TypeAlias
 
 from lightning_tune import keys
 from lightning_tune._validation import check_instance, check_int
+from lightning_tune.bench.files import write_atomically
+from lightning_tune.bench.table import align
 
 if TYPE_CHECKING:
     from matplotlib.axes import Axes
@@ -332,13 +333,7 @@ def summarise(runs: Mapping[str, Mapping[str, Sequence[tuple[int, float]]]]) -> 
     groups = " " * widths[0] + "".join(
         " " * _GAP + label.center(sum(widths[first : last + 1]) + _GAP * (last - first)) for label, first, last in spans
     )
-    lines = [groups] + [
-        (" " * _GAP).join(
-            cell.ljust(w) if i == 0 else cell.rjust(w) for i, (cell, w) in enumerate(zip(row, widths, strict=True))
-        )
-        for row in rows
-    ]
-    return "\n".join(line.rstrip() for line in lines)
+    return "\n".join([groups.rstrip(), *align(rows, left=1, widths=widths)])
 
 
 def _finite(points: Sequence[tuple[int, float]]) -> list[float]:
@@ -810,17 +805,9 @@ def _write_png_atomically(fig: Figure, path: Path) -> None:
         path.parent.mkdir(parents=True, exist_ok=True)
     except OSError as err:
         raise ReportError(f"could not create the directory {str(path.parent)!r} for `output`: {err}") from err
-    tmp = path.with_name(f".{path.stem}.{secrets.token_hex(4)}.png.tmp")
+    buffer = io.BytesIO()
+    fig.savefig(buffer, format="png")
     try:
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_BINARY", 0), 0o666)
-        with os.fdopen(fd, "wb") as handle:
-            fig.savefig(handle, format="png")
-            handle.flush()
-            os.fsync(handle.fileno())
-        os.replace(tmp, path)
-    except BaseException as err:
-        with contextlib.suppress(OSError):
-            tmp.unlink()
-        if isinstance(err, OSError):
-            raise ReportError(f"could not write {str(path)!r}: {err}") from err
-        raise
+        write_atomically(path, buffer.getvalue())
+    except OSError as err:
+        raise ReportError(f"could not write {str(path)!r}: {err}") from err

@@ -24,11 +24,13 @@ __all__ = [
     "ATTENTIONS",
     "LOSS_BACKENDS",
     "OPTIMIZERS",
+    "PLAN_MODES",
     "PRECISIONS",
     "Accelerator",
     "Attention",
     "LossBackend",
     "OptimizerName",
+    "PlanMode",
     "Precision",
     "auto_precision",
     "canonical_attention",
@@ -53,6 +55,10 @@ Precision = Literal[
     "transformer-engine-float16",
 ]
 PRECISIONS: Final[tuple[str, ...]] = get_args(Precision)
+#: What a memory plan is made for: a training step, an evaluation step with labels
+#: (``validation_step``, ``test_step``: no gradients, no optimizer state, the loss computed) or a ``predict_step``.
+PlanMode = Literal["train", "eval", "predict"]
+PLAN_MODES: Final[tuple[str, ...]] = get_args(PlanMode)
 #: Optimizers: the module's own AdamW or SGD (what a plan assumes when nothing is swapped), and those a swap builds.
 OptimizerName = Literal[
     "adamw",

@@ -12,16 +12,9 @@ import torch
 from torch.utils.flop_counter import FlopCounterMode
 
 from lightning_tune import _imports
-from lightning_tune.bench import (
-    BenchResult,
-    BenchRunner,
-    BenchSettings,
-    SettingFailed,
-    check_png_path,
-    format_table,
-    parse_batch_sizes,
-    plot_tradeoff,
-)
+from lightning_tune.bench import BenchResult, BenchRunner, BenchSettings, SettingFailed, format_table
+from lightning_tune.bench.plot import check_png_path, plot_tradeoff
+from lightning_tune.bench.settings import parse_batch_sizes
 from lightning_tune.callbacks.throughput import ThroughputLatencyMonitor
 from tests.test_bench_modules import CLOCK, SEQ, ClockedModule, token_data
 

@@ -9,14 +9,8 @@ from typing import Any
 import numpy as np
 import pytest
 
-from lightning_tune.bench import (
-    BenchResult,
-    BenchRunner,
-    BenchSettings,
-    LatencyBudget,
-    format_recommendation,
-    timed_batches_needed,
-)
+from lightning_tune.bench import BenchResult, BenchRunner, BenchSettings, LatencyBudget
+from lightning_tune.bench.budget import format_recommendation, timed_batches_needed
 from lightning_tune.bench.plot import _figure
 from tests.test_bench_modules import CLOCK
 

@@ -21,7 +21,9 @@ from lightning.pytorch.strategies import deepspeed as lightning_deepspeed
 import lightning_tune as lt
 from lightning_tune.callbacks import ActivationCheckpointing, TorchCompile
 from lightning_tune.callbacks.dynamic_batch import DynamicBatchSize
-from lightning_tune.config import KEYS, InitialLR, TrainingConfig, from_config, lightning_precision
+from lightning_tune.config import InitialLR, TrainingConfig, from_config
+from lightning_tune.config.loader import KEYS
+from lightning_tune.config.precision import lightning_precision
 from tests.helpers import LRRecorder, Regressor, make_trainer
 
 

@@ -10,8 +10,8 @@ from typing import Any
 
 import pytest
 
-from lightning_tune.config import KEYS, from_config
-from lightning_tune.config.loader import LIMITS, MAX_MESSAGE
+from lightning_tune.config import from_config
+from lightning_tune.config.loader import KEYS, LIMITS, MAX_MESSAGE
 from tests.helpers import alarm
 
 MAX_BYTES = 2048  # no message over 2 KB

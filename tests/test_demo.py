@@ -11,17 +11,10 @@ from lightning.pytorch.callbacks import Callback
 from torch import nn
 from torch.utils.data import IterableDataset
 
-from lightning_tune.demos import (
-    GPT,
-    CausalSelfAttention,
-    DemoGPT,
-    DemoSummary,
-    GPTConfig,
-    SyntheticTokenDataModule,
-    SyntheticTokenDataset,
-    run_demo,
-)
-from lightning_tune.demos.run import cpu_threads, prepare_demo
+from lightning_tune.demos import GPT, DemoGPT, GPTConfig, SyntheticTokenDataModule, run_demo
+from lightning_tune.demos.data import SyntheticTokenDataset
+from lightning_tune.demos.gpt import CausalSelfAttention
+from lightning_tune.demos.run import DemoSummary, cpu_threads, prepare_demo
 
 SMALL = GPTConfig(vocab_size=20, seq_len=16, d_model=32, n_layers=2, n_heads=4)
 

@@ -10,15 +10,8 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM, LlamaConfig
 
-from lightning_tune.plan import (
-    MemoryEstimate,
-    TransformerShape,
-    estimate_memory,
-    from_hf_config,
-    get_shape,
-    resolve_model,
-)
-from lightning_tune.plan.analytic import lora_parameters
+from lightning_tune.plan import MemoryEstimate, TransformerShape, estimate_memory, from_hf_config, get_shape
+from lightning_tune.plan.estimate import lora_parameters, resolve_model
 from lightning_tune.swaps.optimizer import TARGETS, optimizer_state_bytes, swap_optimizer
 from lightning_tune.vocab import OPTIMIZERS
 

@@ -18,9 +18,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Final, Literal
 
-from lightning_tune._validation import check_choice, check_float
+from lightning_tune._validation import check_float
 from lightning_tune.bench.result import BenchResult
-from lightning_tune.bench.settings import MODES
 
 __all__ = ["KNEE_FRACTION", "Binds", "LatencyBudget", "Recommendation", "format_recommendation", "timed_batches_needed"]
 
@@ -33,19 +32,12 @@ Binds = Literal["budget", "knee", "both"]
 
 
 def timed_batches_needed(percentile: float) -> int:
-    """Timed batches a percentile needs so that at least one of them lies beyond it: ``ceil(100 / (100 - q))``.
-
-    Args:
-        percentile: The percentile, in (0, 100).
-
-    Returns:
-        The number of timed batches.
+    """Timed batches a percentile in (0, 100) needs so that one of them lies beyond it: ``ceil(100 / (100 - q))``.
 
     Example:
         >>> timed_batches_needed(95), timed_batches_needed(99)
         (20, 100)
     """
-    check_float("percentile", percentile, low=0.0, high=100.0, low_inclusive=False, high_inclusive=False)
     return math.ceil(100.0 / (100.0 - percentile) - 1e-9)
 
 
@@ -86,14 +78,7 @@ class Recommendation:
     needed: int
 
     def row(self, batch_size: int | None) -> BenchResult | None:
-        """The result of a batch size, or ``None``.
-
-        Args:
-            batch_size: The batch size.
-
-        Returns:
-            Its result among :attr:`rows`.
-        """
+        """The result of ``batch_size`` among :attr:`rows`, or ``None``."""
         return next((r for r in self.rows if r.batch_size == batch_size), None)
 
     @property
@@ -120,14 +105,7 @@ class Recommendation:
         return best if best is not None and (best.samples_per_sec or 0.0) > (chosen.samples_per_sec or 0.0) else None
 
     def over_budget(self, result: BenchResult) -> dict[int, float]:
-        """The percentiles of ``result`` above their budget.
-
-        Args:
-            result: A measured result.
-
-        Returns:
-            Percentile -> its latency, for each one over budget.
-        """
+        """Percentile -> latency of ``result``, for each percentile above its budget."""
         return {
             q: value
             for q, budget in self.budgets_ms.items()
@@ -213,13 +191,7 @@ class LatencyBudget:
         return f"{type(self).__name__}({budgets}, knee_fraction={self.knee_fraction!r})"
 
     def recommend(self, results: Sequence[BenchResult]) -> Recommendation:
-        """Decide on a sweep's results.
-
-        Args:
-            results: The sweep's results, in any order; out-of-memory rows are left out.
-
-        Returns:
-            The recommendation.
+        """Decide on a sweep's results, in any order; out-of-memory rows are left out.
 
         Raises:
             TypeError: If ``results`` holds something other than :class:`~lightning_tune.bench.BenchResult`.
@@ -275,7 +247,6 @@ def format_recommendation(recommendation: Recommendation, *, mode: str = "train"
         >>> print(lines[1])
           recommended  batch size 4: 480.0 samples/s, step p95 9.00 ms
     """
-    check_choice("mode", mode, MODES)
     rec = recommendation
     kind, unit = ("step", "steps") if mode == "train" else ("request", "requests")
     qs = list(rec.budgets_ms)

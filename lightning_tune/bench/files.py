@@ -53,19 +53,8 @@ def sweep_record(
 ) -> dict[str, Any]:
     """The JSON document of a sweep: when, where and how it ran, and its results.
 
-    Args:
-        settings: The sweep.
-        results: The results so far.
-        run: What it runs on, from :meth:`~lightning_tune.bench.BenchRunner.describe` (``device``, ``precision``,
-            ...).
-        command: The command line that reproduces the sweep, if it came from one.
-        complete: Whether every batch size has run.
-        recommendation: The latency-budget decision, from :meth:`~lightning_tune.bench.Recommendation.as_dict`,
-            if a budget was given.
-
-    Returns:
-        ``command``, ``date`` (UTC, ISO 8601), ``versions``, ``run``, ``settings``, ``complete``, ``results``
-        (one mapping per batch size, keyed like the CSV's columns) and, with a budget, ``recommendation``.
+    Its keys: ``command``, ``date`` (UTC), ``versions``, ``run`` (``BenchRunner.describe``), ``settings``,
+    ``complete``, ``results`` (keyed like the CSV's columns) and, with a budget, ``recommendation``.
     """
     record = {
         "command": command,
@@ -84,14 +73,7 @@ def sweep_record(
 def new_version_dir(root: str | os.PathLike[str]) -> Path:
     """Create and return ``root/version_N``, N one above the highest there, as Lightning's loggers number runs.
 
-    Args:
-        root: The parent directory; created if missing.
-
-    Returns:
-        The new, empty directory. A sweep started at the same moment gets the next number, never the same one.
-
-    Raises:
-        OSError: If the directory cannot be created.
+    A sweep started at the same moment gets the next number, never the same one.
 
     Example:
         >>> import tempfile
@@ -113,15 +95,7 @@ def new_version_dir(root: str | os.PathLike[str]) -> Path:
 
 
 def write_atomically(path: Path, data: bytes) -> None:
-    """Write ``data`` to a temporary file beside ``path`` and rename it into place.
-
-    Args:
-        path: The file to write; missing parent directories are created.
-        data: The content.
-
-    Raises:
-        OSError: If the file cannot be written.
-    """
+    """Write ``data`` to a temporary file beside ``path`` (parents created) and rename it into place."""
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.{secrets.token_hex(4)}.tmp")
     try:
@@ -148,20 +122,7 @@ def _csv_bytes(results: Sequence[BenchResult]) -> bytes:
 def write_results(
     output_dir: str | os.PathLike[str], record: Mapping[str, Any], results: Sequence[BenchResult]
 ) -> tuple[Path, Path]:
-    """Write ``bench.json`` (the record) and ``bench.csv`` (one row per result) into ``output_dir``.
-
-    Args:
-        output_dir: The directory; created if missing.
-        record: The JSON document, from :func:`sweep_record`.
-        results: The rows of the CSV (columns: :data:`~lightning_tune.bench.COLUMNS`; empty where a figure does not
-            apply).
-
-    Returns:
-        The paths of the JSON and the CSV file.
-
-    Raises:
-        OSError: If a file cannot be written.
-    """
+    """Write ``bench.json`` (``record``) and ``bench.csv`` (one row per result) into ``output_dir``; their paths."""
     directory = Path(output_dir)
     json_path, csv_path = directory / JSON_NAME, directory / CSV_NAME
     write_atomically(json_path, (json.dumps(record, indent=2) + "\n").encode())

@@ -12,23 +12,15 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from lightning_tune._validation import check_choice, check_instance, check_int
 from lightning_tune.bench.budget import Recommendation
 from lightning_tune.bench.files import write_atomically
 from lightning_tune.bench.result import BenchResult
-from lightning_tune.bench.settings import MODES
 
 __all__ = ["check_png_path", "plot_tradeoff"]
 
 
 def check_png_path(path: Any) -> Path:
-    """Check a path the plot can be written to, before any setting runs.
-
-    Args:
-        path: The output path; it must end in ``.png`` and not be a directory.
-
-    Returns:
-        The path.
+    """Check, before any setting runs, that the plot can be written to ``path``: a ``.png`` file, not a directory.
 
     Raises:
         TypeError: If ``path`` is not a path.
@@ -64,22 +56,11 @@ def plot_tradeoff(
     listed under the plot. With a ``recommendation`` the budget is drawn as a vertical dashed line and the
     recommended point is ringed; the x axis is p99 when the budget is on p99 alone.
 
-    Args:
-        results: The sweep's results.
-        path: The PNG to write (see :func:`check_png_path`); written to a temporary file and renamed into place.
-        mode: ``"train"`` (step latency) or ``"predict"`` (request latency), for the axis label.
-        title: Figure title; default ``"Throughput against p95 <step|request> latency"``.
-        subtitle: A smaller line under the title, e.g. the model and the device.
-        dpi: Resolution; the figure is 8 x 5.5 inches, 800 x 550 pixels at 100 dpi.
-        recommendation: A :class:`~lightning_tune.bench.Recommendation` to draw: its budget line and chosen point.
-
-    Returns:
-        The points drawn, ``(batch_size, latency_ms, samples_per_sec)`` with the axis's percentile (p95 unless the
-        budget is on p99 alone), in batch-size order.
+    ``mode`` (``"train"`` or ``"predict"``) names the latency on the axis; the figure is 8 x 5.5 inches at ``dpi``.
+    Returns the points drawn, ``(batch_size, latency_ms, samples_per_sec)``, in batch-size order.
 
     Raises:
-        TypeError: If an argument has the wrong type.
-        ValueError: If an argument is not allowed, or no result has both figures (every setting ran out of memory).
+        ValueError: If no result has both figures (every setting ran out of memory).
         OSError: If the file cannot be written.
     """
     out = check_png_path(path)
@@ -99,13 +80,7 @@ def _figure(
     dpi: int,
     recommendation: Recommendation | None,
 ) -> tuple[Any, list[tuple[int, float, float]]]:
-    """The figure of :func:`plot_tradeoff` (checked arguments) and the points on it."""
-    check_choice("mode", mode, MODES)
-    check_int("dpi", dpi, minimum=10)
-    for name, text in (("title", title), ("subtitle", subtitle)):
-        check_instance(name, text, str, "a string", allow_none=True)
-    if recommendation is not None and not isinstance(recommendation, Recommendation):
-        raise TypeError(f"`recommendation` must be a Recommendation or None, got {recommendation!r}")
+    """The figure of :func:`plot_tradeoff` and the points on it."""
     q = 99 if recommendation is not None and 95 not in recommendation.budgets_ms else 95
     ordered = sorted(results, key=lambda r: r.batch_size)
     points = [

@@ -15,16 +15,10 @@ __all__ = ["SweepProgress"]
 
 
 class SweepProgress(Callback):
-    """A tqdm bar over a setting's warm-up and measured steps (train) or predict batches (predict).
+    """A tqdm bar, ``label``, over a setting's ``warmup`` and measured ``steps`` (or predict batches).
 
-    The Trainer's own progress bar is turned off in a sweep: it restarts every epoch and every predict run, while
-    this one counts the setting as a whole and says which part is running.
-
-    Args:
-        label: What the bar describes, e.g. ``"batch size 8 (2/5)"``.
-        warmup: Steps or batches left out of the figures.
-        steps: Measured steps or batches.
-        enabled: Draw the bar; ``False`` makes every method a no-op.
+    It replaces the Trainer's own bar in a sweep, which restarts every epoch and every predict run; with
+    ``enabled=False`` every method is a no-op.
     """
 
     def __init__(self, label: str, *, warmup: int, steps: int, enabled: bool = True) -> None:

@@ -54,23 +54,15 @@ _SPEC_ALLOWED = "'package.module:ClassName'"
 
 
 def parse_batch_sizes(text: str) -> tuple[int, ...]:
-    """Parse a comma-separated list of batch sizes, as ``--batch-size`` takes it.
-
-    Args:
-        text: Distinct integers >= 1 separated by commas, e.g. ``"1,4,8"``; spaces are ignored.
-
-    Returns:
-        The batch sizes, in the order given.
+    """The batch sizes of ``--batch-size``, distinct integers >= 1 separated by commas, in the order given.
 
     Raises:
-        TypeError: If ``text`` is not a string.
         ValueError: If an entry is not an integer >= 1, the list is empty or repeats a size.
 
     Example:
         >>> parse_batch_sizes("1, 4,8")
         (1, 4, 8)
     """
-    check_instance("batch_sizes", text, str, "a string such as '1,4,8'")
     allowed = "distinct integers >= 1 separated by commas, such as '1,4,8'"
     parts = [part.strip() for part in text.split(",")]
     if not all(part.isdigit() and int(part) >= 1 for part in parts):

@@ -9,7 +9,7 @@ from lightning_tune._validation import check_choice
 from lightning_tune.bench.result import BenchResult
 from lightning_tune.bench.settings import MODES
 
-__all__ = ["format_table"]
+__all__ = ["align", "format_table"]
 
 _Format = Callable[[float], str]
 
@@ -63,5 +63,23 @@ def format_table(results: Sequence[BenchResult], *, mode: str = "train") -> str:
             continue
         figures = [(getattr(result, name), fmt) for _, name, fmt in _COLUMNS]
         rows.append([str(result.batch_size), *(_MISSING if value is None else fmt(value) for value, fmt in figures)])
-    widths = [max(len(row[i]) for row in rows) for i in range(len(headers))]
-    return "\n".join("  ".join(cell.rjust(width) for cell, width in zip(row, widths, strict=True)) for row in rows)
+    return "\n".join(align(rows))
+
+
+def align(rows: Sequence[Sequence[str]], *, left: int = 0, widths: Sequence[int] | None = None) -> list[str]:
+    """Rows as columns two spaces apart, the first ``left`` left-aligned, the others right-aligned, each line stripped.
+
+    ``widths`` defaults to the widest cell of each column.
+
+    Example:
+        >>> align([["run", "samples/s"], ["a", "12"]], left=1)
+        ['run  samples/s', 'a           12']
+    """
+    if widths is None:
+        widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
+    return [
+        "  ".join(
+            cell.ljust(w) if i < left else cell.rjust(w) for i, (cell, w) in enumerate(zip(row, widths, strict=True))
+        ).rstrip()
+        for row in rows
+    ]

@@ -27,15 +27,7 @@ _DATA_HOOKS = {"train": "train_dataloader", "predict": "predict_dataloader"}
 
 
 def load_class(spec: str, base: type, *, name: str) -> type:
-    """Import the class ``spec`` names and check that it subclasses ``base``.
-
-    Args:
-        spec: ``"package.module:ClassName"`` (``"module:Outer.Inner"`` for a nested class).
-        base: The class it must subclass.
-        name: Argument name for the messages.
-
-    Returns:
-        The class.
+    """Import the class ``spec`` names (``"package.module:Class"``, ``"module:Outer.Inner"``), a ``base`` subclass.
 
     Raises:
         ValueError: If the module cannot be imported or has no such attribute.
@@ -63,15 +55,7 @@ def load_class(spec: str, base: type, *, name: str) -> type:
 
 
 def set_batch_size(model: pl.LightningModule, datamodule: pl.LightningDataModule | None, batch_size: int) -> list[str]:
-    """Set ``batch_size`` wherever the module and the datamodule keep it, as Lightning's tuner does.
-
-    Args:
-        model: The module.
-        datamodule: Its datamodule, if any.
-        batch_size: The value to set.
-
-    Returns:
-        Where it was set, e.g. ``["model.batch_size", "model.hparams.batch_size"]``.
+    """Set ``batch_size`` wherever the module and the datamodule keep it, as Lightning's tuner does; where it was set.
 
     Raises:
         ValueError: If neither keeps a ``batch_size`` attribute or hyperparameter.
@@ -107,13 +91,7 @@ def set_batch_size(model: pl.LightningModule, datamodule: pl.LightningDataModule
 
 @dataclass(frozen=True)
 class BenchTarget:
-    """Builds the model and data of one setting; see :func:`load_target`.
-
-    Args:
-        settings: The sweep.
-        model_class: The module class (:class:`~lightning_tune.demos.DemoGPT` for the demo).
-        datamodule_class: The datamodule class, or ``None`` when the module brings its own dataloaders.
-    """
+    """Builds the model (``DemoGPT`` for the demo) and the datamodule (``None``: the module's own) of a setting."""
 
     settings: BenchSettings
     model_class: type[pl.LightningModule]
@@ -125,11 +103,7 @@ class BenchTarget:
         return self.settings.model == DEMO
 
     def describe(self) -> str:
-        """One line naming the model, e.g. ``"demo GPT (seq_len 512)"`` or ``"mypkg.models:Net"``.
-
-        Returns:
-            The description.
-        """
+        """One line naming the model, e.g. ``"demo GPT (seq_len 512)"`` or ``"mypkg.models:Net"``."""
         if self.is_demo:
             extra = "".join(f", {key} {value}" for key, value in self.settings.model_args.items())
             return f"demo GPT (seq_len {self.settings.demo_sequence_length}{extra})"
@@ -137,13 +111,7 @@ class BenchTarget:
         return f"{self.settings.model}{data}"
 
     def build(self, batch_size: int) -> tuple[pl.LightningModule, pl.LightningDataModule | None]:
-        """A fresh model (and datamodule) whose dataloaders yield ``batch_size`` samples per batch.
-
-        Args:
-            batch_size: Samples per batch.
-
-        Returns:
-            ``(model, datamodule)``; ``datamodule`` is ``None`` when the module brings its own dataloaders.
+        """A fresh ``(model, datamodule)`` whose dataloaders yield ``batch_size`` samples per batch.
 
         Raises:
             ValueError: If a constructor fails or the batch size cannot be set.
@@ -200,12 +168,6 @@ def _construct(cls: type, kwargs: Mapping[str, Any], *, name: str, spec: str) ->
 
 def load_target(settings: BenchSettings) -> BenchTarget:
     """Import and check what ``settings`` names, by building it once for the first batch size.
-
-    Args:
-        settings: The sweep.
-
-    Returns:
-        The target.
 
     Raises:
         ValueError: If a class cannot be imported or built, the batch size cannot be set, or no dataloader hook for

@@ -5,7 +5,7 @@ traceback). The precision, optimizer and attention types accept every name and a
 :mod:`lightning_tune.vocab` and give the command the canonical name.
 
 Example:
-    >>> precision("bf16"), optimizer("adamw_8bit"), attention("flash_attention_2"), int_at_least(1)("3")
+    >>> precision("bf16"), optimizer("adamw_8bit"), attention("flash_attention_2"), IntRange(1)("3")
     ('bf16-mixed', 'adamw8bit', 'flash', 3)
     >>> memory("24GB") == memory("24GiB") == memory("24576") == 24 * 2**30
     True
@@ -29,7 +29,6 @@ __all__ = [
     "IntRange",
     "attention",
     "devices",
-    "int_at_least",
     "memory",
     "name_in",
     "optimizer",
@@ -97,10 +96,6 @@ class IntRange:
         if value < self.minimum or (self.maximum is not None and value > self.maximum):
             raise argparse.ArgumentTypeError(f"must be {rule}, got {text!r}")
         return value
-
-
-#: The name the commands use: ``type=int_at_least(1)``.
-int_at_least = IntRange
 
 
 def name_in(canonical: Callable[..., str], allowed: Collection[str]) -> Callable[[str], str]:

@@ -15,8 +15,11 @@ from typing import Any
 
 from lightning_tune import bench
 from lightning_tune._validation import MAX_SEED, check_writable_dir
-from lightning_tune.bench.settings import DEMO_MAX_SEQ_LEN, MAX_STEPS
-from lightning_tune.commands.args import PROG, attention, int_at_least, name_in, path, precision, usage_error
+from lightning_tune.bench.budget import Recommendation, format_recommendation
+from lightning_tune.bench.files import new_version_dir, sweep_record, write_results
+from lightning_tune.bench.plot import check_png_path, plot_tradeoff
+from lightning_tune.bench.settings import DEMO_MAX_SEQ_LEN, MAX_STEPS, MODES, parse_batch_sizes
+from lightning_tune.commands.args import PROG, IntRange, attention, name_in, path, precision, usage_error
 from lightning_tune.vocab import ACCELERATORS, canonical_optimizer
 
 __all__ = ["add_parser"]
@@ -29,7 +32,7 @@ _DEFAULT_OUTPUT_ROOT = os.path.join("lightning_logs", "bench")
 
 def _batch_sizes(text: str) -> tuple[int, ...]:
     try:
-        return bench.parse_batch_sizes(text)
+        return parse_batch_sizes(text)
     except ValueError:
         raise argparse.ArgumentTypeError(
             f"must be distinct integers >= 1 separated by commas, such as '1,4,8', got {text!r}"
@@ -74,9 +77,7 @@ def add_parser(commands: Any) -> None:
             "exit status 1 when no batch size is within it."
         ),
     )
-    parser.add_argument(
-        "--mode", choices=("train", "predict"), default="train", help="time optimizer steps or predict_step calls"
-    )
+    parser.add_argument("--mode", choices=MODES, default="train", help="time optimizer steps or predict_step calls")
     parser.add_argument(
         "--model",
         default="demo",
@@ -107,18 +108,18 @@ def add_parser(commands: Any) -> None:
     parser.add_argument(
         "--sequence-length",
         "--seq-len",
-        type=int_at_least(1, DEMO_MAX_SEQ_LEN),
+        type=IntRange(1, DEMO_MAX_SEQ_LEN),
         metavar="N",
         help="tokens per sequence, demo only (default: 512)",
     )
     parser.add_argument(
         "--steps",
-        type=int_at_least(2, MAX_STEPS),
+        type=IntRange(2, MAX_STEPS),
         default=100,
         help="measured steps (train) or predict batches per batch size (default: 100)",
     )
     parser.add_argument(
-        "--warmup", type=int_at_least(0, MAX_STEPS), default=10, help="steps run first and left out (default: 10)"
+        "--warmup", type=IntRange(0, MAX_STEPS), default=10, help="steps run first and left out (default: 10)"
     )
     parser.add_argument(
         "--precision", type=precision, default="auto", help="e.g. bf16-mixed or bf16 (default: auto, for the device)"
@@ -137,7 +138,7 @@ def add_parser(commands: Any) -> None:
     )
     parser.add_argument("--accelerator", choices=ACCELERATORS, default="auto", help="where to run (default: auto)")
     parser.add_argument(
-        "--seed", type=int_at_least(0, MAX_SEED), default=0, help="seed set before each batch size, below 2**32"
+        "--seed", type=IntRange(0, MAX_SEED), default=0, help="seed set before each batch size, below 2**32"
     )
     for q in (95, 99):
         parser.add_argument(
@@ -231,7 +232,7 @@ def _run_bench_command(args: argparse.Namespace) -> int:
         budget = None
         if args.p95_budget_ms is not None or args.p99_budget_ms is not None:
             budget = bench.LatencyBudget(p95_budget_ms=args.p95_budget_ms, p99_budget_ms=args.p99_budget_ms)
-        plot = bench.check_png_path(args.plot) if args.plot is not None else None
+        plot = check_png_path(args.plot) if args.plot is not None else None
         if output_dir is not None and os.path.exists(output_dir) and not os.path.isdir(output_dir):
             raise ValueError(f"`output_dir` must be a directory, got the file {output_dir!r}")
         runner = bench.BenchRunner(settings, progress=not args.no_progress_bar)
@@ -239,7 +240,7 @@ def _run_bench_command(args: argparse.Namespace) -> int:
         if output_dir is None:
             check_writable_dir(_DEFAULT_OUTPUT_ROOT, f"the default output directory {_DEFAULT_OUTPUT_ROOT!r} cannot be "
                             "created here (give --output-dir)")  # fmt: skip
-            output_dir = str(bench.new_version_dir(_DEFAULT_OUTPUT_ROOT))
+            output_dir = str(new_version_dir(_DEFAULT_OUTPUT_ROOT))
         else:
             check_writable_dir(output_dir, f"`output_dir` {output_dir!r} cannot hold the results")
         if plot is not None:
@@ -251,13 +252,13 @@ def _run_bench_command(args: argparse.Namespace) -> int:
     command = _command_line(args)
 
     def save(
-        results: list[bench.BenchResult], complete: bool = False, recommendation: bench.Recommendation | None = None
+        results: list[bench.BenchResult], complete: bool = False, recommendation: Recommendation | None = None
     ) -> tuple[Path, Path]:
         decision = recommendation.as_dict() if recommendation is not None else None
-        record = bench.sweep_record(
+        record = sweep_record(
             settings, results, run=runner.describe(), command=command, complete=complete, recommendation=decision
         )
-        return bench.write_results(output_dir, record, results)
+        return write_results(output_dir, record, results)
 
     done: list[bench.BenchResult] = []
 
@@ -282,7 +283,7 @@ def _run_bench_command(args: argparse.Namespace) -> int:
     print(bench.format_table(results, mode=settings.mode))
     failure = None
     if recommendation is not None:
-        lines = bench.format_recommendation(recommendation, mode=settings.mode)
+        lines = format_recommendation(recommendation, mode=settings.mode)
         if recommendation.batch_size is None:  # the first line says no batch size is within the budget
             failure, lines = lines[0], lines[1:]
         for line in lines:
@@ -292,7 +293,7 @@ def _run_bench_command(args: argparse.Namespace) -> int:
         try:
             run = runner.describe()
             subtitle = f"{run['model']} on {run['device']}, {run['precision']}"
-            bench.plot_tradeoff(results, plot, mode=settings.mode, subtitle=subtitle, recommendation=recommendation)
+            plot_tradeoff(results, plot, mode=settings.mode, subtitle=subtitle, recommendation=recommendation)
         except (ValueError, OSError) as err:
             print(f"{PROG} bench: error: no plot: {err}", file=sys.stderr)
             return 1

@@ -13,17 +13,16 @@ import argparse
 from dataclasses import replace
 from typing import Any
 
-from lightning_tune.commands.args import PROG, attention, int_at_least, memory, name_in, optimizer, usage_error
-from lightning_tune.plan import (
-    PLAN_MODES,
+from lightning_tune.commands.args import PROG, IntRange, attention, memory, name_in, optimizer, usage_error
+from lightning_tune.plan.estimate import (
     PLAN_PRECISIONS,
     MemoryEstimate,
     estimate_memory,
     format_bytes,
-    plan_zero,
     resolve_model,
 )
-from lightning_tune.vocab import canonical_precision
+from lightning_tune.plan.zero import plan_zero
+from lightning_tune.vocab import PLAN_MODES, canonical_precision
 
 _COMMAND = "calc batch-size"
 _MIB = 2**20
@@ -68,7 +67,7 @@ def add_parser(commands: Any) -> None:
     parser.add_argument(
         "--sequence-length",
         "--seq-len",
-        type=int_at_least(1, _MAX_SEQUENCE_LENGTH),
+        type=IntRange(1, _MAX_SEQUENCE_LENGTH),
         required=True,
         metavar="N",
         help="tokens per sample",
@@ -81,7 +80,7 @@ def add_parser(commands: Any) -> None:
     )
     parser.add_argument("--optimizer", type=optimizer, default="adamw", help="optimizer (default: %(default)s)")
     parser.add_argument(
-        "--lora-rank", type=int_at_least(1), default=None, metavar="R", help="train LoRA adapters of rank R only"
+        "--lora-rank", type=IntRange(1), default=None, metavar="R", help="train LoRA adapters of rank R only"
     )
     parser.add_argument("--grad-checkpointing", action="store_true", help="recompute activations in backward")
     parser.add_argument("--loss-swap", action="store_true", help="compute the loss without the logits (LossSwap)")

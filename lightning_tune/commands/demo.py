@@ -6,7 +6,7 @@ import argparse
 from typing import TYPE_CHECKING, Any
 
 from lightning_tune._validation import MAX_SEED
-from lightning_tune.commands.args import PROG, devices, int_at_least, path, precision, usage_error
+from lightning_tune.commands.args import PROG, IntRange, devices, path, precision, usage_error
 from lightning_tune.vocab import ACCELERATORS
 
 if TYPE_CHECKING:
@@ -27,10 +27,10 @@ def add_parser(commands: Any) -> None:
             "minutes when other work shared them."
         ),
     )
-    parser.add_argument("--max-steps", type=int_at_least(1), default=300, help="optimizer steps (default: 300)")
+    parser.add_argument("--max-steps", type=IntRange(1), default=300, help="optimizer steps (default: 300)")
     parser.add_argument(
         "--batch-size",
-        type=int_at_least(1),
+        type=IntRange(1),
         default=32,
         help="sequences per batch, at most the 4096 of the training split (default: 32)",
     )
@@ -45,9 +45,7 @@ def add_parser(commands: Any) -> None:
         help="Lightning precision or an alias such as bf16 (default: auto, which is bf16-mixed or 16-mixed on a "
         "CUDA GPU and 32-true otherwise)",
     )
-    parser.add_argument(
-        "--seed", type=int_at_least(0, MAX_SEED), default=0, help="random seed, below 2**32 (default: 0)"
-    )
+    parser.add_argument("--seed", type=IntRange(0, MAX_SEED), default=0, help="random seed, below 2**32 (default: 0)")
     parser.add_argument(
         "--root-dir", type=path, default=".", help="where lightning_logs/ goes (default: current directory)"
     )

@@ -8,7 +8,7 @@ import warnings
 from typing import Any
 
 from lightning_tune import report
-from lightning_tune.commands.args import PROG, int_at_least, path, text, usage_error
+from lightning_tune.commands.args import PROG, IntRange, path, text, usage_error
 
 __all__ = ["add_parser"]
 
@@ -38,7 +38,7 @@ def add_parser(commands: Any) -> None:
     low, high = report.MIN_DPI, report.MAX_DPI
     parser.add_argument(
         "--dpi",
-        type=int_at_least(low, high),
+        type=IntRange(low, high),
         default=report.DEFAULT_DPI,
         help=f"resolution, {low} to {high} (default: %(default)s, for a 16-inch-wide figure)",
     )

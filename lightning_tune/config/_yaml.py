@@ -115,12 +115,6 @@ class _Loader(yaml.SafeLoader):
 def read_yaml(text: str) -> Any:
     """The value of a YAML document, read safely within the limits above.
 
-    Args:
-        text: The document.
-
-    Returns:
-        What it holds (plain dicts, lists, strings, numbers, bools, ``None``).
-
     Raises:
         yaml.YAMLError: If the text is not valid YAML; :class:`LimitError` if it passes a limit.
     """

@@ -261,17 +261,7 @@ def _within(path: str, value: Any, limit: float | None) -> None:
 
 
 def load_config(path_or_dict: str | os.PathLike[str] | Mapping[str, Any]) -> dict[str, Any]:
-    """Read a configuration: a YAML file, or a mapping as it is.
-
-    The file is read with PyYAML's safe loader, within limits no hand-written configuration nears: aliases may repeat
-    1,000 values in all (a YAML "alias bomb" of 400 bytes would expand to a billion), values may nest 32 deep, a key
-    may appear once in a mapping, and ``1:30`` is text (YAML 1.1 would read 90, in base 60).
-
-    Args:
-        path_or_dict: Path of a YAML file, or a mapping.
-
-    Returns:
-        The configuration as a dict.
+    """Read a configuration: a YAML file (safely, within the limits of ``docs/config.md``), or a mapping as it is.
 
     Raises:
         TypeError: If ``path_or_dict`` is neither a path nor a mapping, or the file does not hold a mapping.

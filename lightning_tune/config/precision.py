@@ -4,7 +4,6 @@ from __future__ import annotations
 
 from typing import Final
 
-from lightning_tune._validation import check_str
 from lightning_tune.vocab import canonical_precision
 
 __all__ = ["lightning_precision"]
@@ -40,15 +39,13 @@ def lightning_precision(
         A canonical precision, or ``None`` when neither is given.
 
     Raises:
-        TypeError: If ``name`` is not a string, ``mixed`` not a bool or None, or a key not a string.
-        ValueError: If ``name`` names no precision, or contradicts ``mixed``, or a key is empty.
+        TypeError: If ``name`` is not a string, or ``mixed`` not a bool or None.
+        ValueError: If ``name`` names no precision, or contradicts ``mixed``.
 
     Example:
         >>> lightning_precision("fp16", None), lightning_precision("bf16", False), lightning_precision(None, True)
         ('16-mixed', 'bf16-true', 'auto')
     """
-    check_str("key", key)
-    check_str("mixed_key", mixed_key)
     if mixed is not None and not isinstance(mixed, bool):
         raise TypeError(f"`{mixed_key}` must be true, false or absent, got {mixed!r} ({type(mixed).__name__})")
     if name is None:

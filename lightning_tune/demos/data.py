@@ -28,20 +28,10 @@ _GOLDEN = 0x9E3779B97F4A7C15  # odd 64-bit constant used to spread (seed, chunk)
 
 
 def markov_chain(vocab_size: int, *, successors: int = 4, smoothing: float = 0.05, seed: int = 0) -> Tensor:
-    """Build the transition matrix of a random sparse Markov chain over ``vocab_size`` tokens.
+    """The transition matrix ``P[a, b]`` (``float64``, rows summing to 1) of a random sparse chain over the tokens.
 
-    Each token gets ``successors`` distinct likely next tokens with random weights; a fraction ``smoothing`` of the
-    probability mass is spread uniformly over all tokens.
-
-    Args:
-        vocab_size: Number of tokens, >= 2.
-        successors: Number of likely successors per token, in ``[1, vocab_size]``.
-        smoothing: Probability mass spread uniformly over every token, in ``[0, 1)``.
-        seed: Seed of the chain, >= 0; the same seed always gives the same chain.
-
-    Returns:
-        A ``float64`` tensor ``P`` of shape ``[vocab_size, vocab_size]`` whose rows sum to 1; ``P[a, b]`` is the
-        probability that token ``b`` follows token ``a``.
+    Each token gets ``successors`` (1 to ``vocab_size``) likely next tokens with random weights; a share
+    ``smoothing`` (in [0, 1)) of the probability is spread over all tokens. The same ``seed`` gives the same chain.
 
     Raises:
         TypeError: If an argument has the wrong type.
@@ -81,20 +71,11 @@ def _entropy_rate(transition: Tensor) -> float:
 
 
 class SyntheticTokenDataset(Dataset[tuple[Tensor, Tensor]]):
-    """Map-style dataset of Markov-chain token sequences for next-token prediction.
+    """Map-style dataset of ``num_sequences`` Markov-chain walks for next-token prediction.
 
-    Item ``i`` is ``(input_ids, targets)``, two ``int64`` tensors of shape ``[seq_len]`` where ``targets`` is
-    ``input_ids`` shifted left by one (one walk of ``seq_len + 1`` tokens, its first token drawn from the chain's
-    stationary distribution). Items are generated once, in memory, and depend only on the chain, ``seed`` and ``i``.
-
-    Args:
-        num_sequences: Number of sequences, >= 1.
-        seq_len: Length of each input (and target) sequence, >= 1.
-        vocab_size: Number of token ids, >= 2.
-        seed: Seed of the sampled walks, >= 0. Use different seeds for train and validation sets.
-        chain_seed: Seed of the Markov chain, >= 0. Datasets meant to hold the same "language" share it.
-        successors: Number of likely successors per token, in ``[1, vocab_size]``.
-        smoothing: Probability mass spread uniformly over every token, in ``[0, 1)``.
+    Item ``i`` is ``(input_ids, targets)``, two ``int64`` tensors of ``seq_len`` tokens, ``targets`` shifted left by
+    one. Items are generated once, in memory, from the chain (``chain_seed``, ``successors``, ``smoothing``: see
+    :func:`markov_chain`), the walks' ``seed`` and ``i`` alone.
 
     Raises:
         TypeError: If an argument has the wrong type.

@@ -1,9 +1,7 @@
 """A small GPT-style language model and its LightningModule, used by the demo and the tests.
 
-The model is deliberately plain: pre-LayerNorm transformer blocks, a GELU MLP, learned position embeddings and an
-*untied* output head (a separate ``Linear`` rather than the transposed token embedding, so that the head is decayed
-like every other ``Linear`` weight and the embedding is not). Its :meth:`DemoGPT.configure_optimizers` returns a bare
-:class:`torch.optim.AdamW` with no scheduler, like most existing modules: the pack's callbacks install the schedule.
+Pre-LayerNorm blocks, a GELU MLP, learned positions and an untied head; :meth:`DemoGPT.configure_optimizers` returns
+a bare AdamW with no scheduler, like most existing modules: the pack's callbacks install the schedule.
 """
 
 from __future__ import annotations
@@ -76,11 +74,7 @@ class GPTConfig:
 
 
 class CausalSelfAttention(nn.Module):
-    """Multi-head causal self-attention with a fused query/key/value projection.
-
-    Args:
-        config: Model shape; ``config.attention`` selects the attention implementation.
-    """
+    """Multi-head causal self-attention with a fused query/key/value projection (``config.attention`` picks how)."""
 
     def __init__(self, config: GPTConfig) -> None:
         super().__init__()
@@ -93,14 +87,7 @@ class CausalSelfAttention(nn.Module):
         self.resid_dropout = nn.Dropout(config.dropout)
 
     def forward(self, x: Tensor) -> Tensor:
-        """Attend each position to itself and the positions before it.
-
-        Args:
-            x: Hidden states of shape ``[batch, seq, d_model]``.
-
-        Returns:
-            Tensor of the same shape as ``x``.
-        """
+        """Attend each position of ``x`` (``[batch, seq, d_model]``) to itself and the positions before it."""
         batch, seq, width = x.shape
         # [B, S, 3D] -> 3 x [B, H, S, hd]
         q, k, v = self.qkv(x).view(batch, seq, 3, self.n_heads, self.head_dim).permute(2, 0, 3, 1, 4).unbind(0)
@@ -118,11 +105,7 @@ class CausalSelfAttention(nn.Module):
 
 
 class Block(nn.Module):
-    """One pre-LayerNorm transformer block: ``x + attn(ln(x))`` then ``x + mlp(ln(x))`` with a 4x GELU MLP.
-
-    Args:
-        config: Model shape.
-    """
+    """One pre-LayerNorm transformer block: ``x + attn(ln(x))`` then ``x + mlp(ln(x))`` with a 4x GELU MLP."""
 
     def __init__(self, config: GPTConfig) -> None:
         super().__init__()
@@ -137,14 +120,7 @@ class Block(nn.Module):
         )
 
     def forward(self, x: Tensor) -> Tensor:
-        """Apply the block.
-
-        Args:
-            x: Hidden states of shape ``[batch, seq, d_model]``.
-
-        Returns:
-            Tensor of the same shape as ``x``.
-        """
+        """Apply the block to ``x``, ``[batch, seq, d_model]``."""
         x = x + self.attn(self.ln_1(x))
         return x + self.mlp(self.ln_2(x))
 
@@ -215,11 +191,7 @@ class GPT(nn.Module):
         return F.cross_entropy(logits.reshape(-1, logits.shape[-1]).float(), targets.reshape(-1))
 
     def num_parameters(self) -> int:
-        """Count the model's parameters.
-
-        Returns:
-            The number of scalar parameters.
-        """
+        """The number of scalar parameters."""
         return sum(p.numel() for p in self.parameters())
 
 
@@ -261,14 +233,7 @@ class DemoGPT(pl.LightningModule):
         self.model = GPT(config)
 
     def forward(self, input_ids: Tensor) -> Tensor:
-        """Compute next-token logits.
-
-        Args:
-            input_ids: Token ids of shape ``[batch, seq]``.
-
-        Returns:
-            Logits of shape ``[batch, seq, vocab_size]``.
-        """
+        """Next-token logits ``[batch, seq, vocab_size]`` of ``input_ids`` ``[batch, seq]``."""
         return self.model(input_ids)
 
     def _loss(self, batch: tuple[Tensor, Tensor]) -> Tensor:
@@ -276,54 +241,24 @@ class DemoGPT(pl.LightningModule):
         return self.model(input_ids, targets)
 
     def training_step(self, batch: tuple[Tensor, Tensor], batch_idx: int) -> Tensor:
-        """Compute and log the mean next-token cross-entropy of a training batch.
-
-        Args:
-            batch: ``(input_ids, targets)``, both ``int64`` of shape ``[batch, seq]``.
-            batch_idx: Index of the batch in the epoch.
-
-        Returns:
-            The scalar loss to minimise.
-        """
+        """Log and return the mean next-token cross-entropy of ``(input_ids, targets)`` as ``train_loss``."""
         loss = self._loss(batch)
         self.log("train_loss", loss, prog_bar=True, batch_size=batch[0].shape[0])
         return loss
 
     def validation_step(self, batch: tuple[Tensor, Tensor], batch_idx: int) -> Tensor:
-        """Compute the validation loss of a batch and log its epoch mean as ``val_loss``.
-
-        Args:
-            batch: ``(input_ids, targets)``, both ``int64`` of shape ``[batch, seq]``.
-            batch_idx: Index of the batch in the validation run.
-
-        Returns:
-            The scalar loss of the batch.
-        """
+        """Return the validation loss of a batch and log its epoch mean as ``val_loss``."""
         loss = self._loss(batch)
         self.log("val_loss", loss, on_step=False, on_epoch=True, prog_bar=True, batch_size=batch[0].shape[0])
         return loss
 
     def predict_step(self, batch: Tensor | tuple[Tensor, ...] | list[Tensor], batch_idx: int) -> Tensor:
-        """Return next-token logits for a batch.
-
-        Args:
-            batch: ``input_ids`` alone or ``(input_ids, targets)``; targets are ignored.
-            batch_idx: Index of the batch.
-
-        Returns:
-            Logits of shape ``[batch, seq, vocab_size]``.
-        """
+        """Next-token logits of ``input_ids`` alone or of ``(input_ids, targets)`` (targets ignored)."""
         input_ids = batch if isinstance(batch, Tensor) else batch[0]
         return self.model(input_ids)
 
     def configure_optimizers(self) -> torch.optim.Optimizer:
-        """Build AdamW (``betas=(0.9, 0.95)``) with two parameter groups and no scheduler.
-
-        ``Linear`` weights are decayed with ``weight_decay``; biases, LayerNorm parameters and embeddings use a
-        weight decay of 0. Both groups share ``lr``.
-
-        Returns:
-            The optimizer.
+        """AdamW (``betas=(0.9, 0.95)``), no scheduler: ``Linear`` weights decayed, biases, norms and embeddings not.
 
         Raises:
             RuntimeError: If a parameter falls in neither group (a module type this method does not know).

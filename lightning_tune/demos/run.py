@@ -170,13 +170,8 @@ def prepare_demo(
 ) -> DemoRun:
     """Validate the arguments and build the demo's Trainer, model and data; :func:`fit_demo` trains them.
 
-    The run trains a small GPT on synthetic Markov-chain tokens. The model (:class:`~lightning_tune.demos.gpt.DemoGPT`)
-    returns a bare AdamW from ``configure_optimizers``; the run adds :class:`lightning_tune.WarmupCosine` (10 %
-    warmup, then cosine decay to a tenth of the peak LR, logged as ``tune/lr``) and
-    :class:`lightning_tune.AdaptiveLROnPlateau` on ``val_loss``. Validation runs about five times during training.
-    TensorBoard logs go to ``<default_root_dir>/lightning_logs/version_N``; no checkpoints are written. With the
-    defaults it took 20 s on two otherwise idle CPU cores (14 s of it in ``Trainer.fit``), and several minutes when
-    other work shared those cores.
+    A small GPT on synthetic Markov-chain tokens under ``WarmupCosine`` and ``AdaptiveLROnPlateau`` (``docs/cli.md``
+    says what the run does); TensorBoard logs go to ``<default_root_dir>/lightning_logs/version_N``.
 
     Args:
         max_steps: Optimizer steps to train, in ``[1, MAX_STEPS]`` (a million).
@@ -322,17 +317,10 @@ def _dynamic_batch(on_cuda: bool, batch_size: int) -> lt.DynamicBatchSize | None
 
 
 def cpu_threads(current: int) -> int:
-    """The intra-op threads the demo trains with on a CPU: ``current``, less the cores other work keeps busy.
+    """The intra-op threads the demo trains with on a CPU: ``current``, less the cores busy over the last minute.
 
-    Its matrices are small, so a thread that must share a core with other work costs far more than it brings: on two
-    cores under load, 50 steps took 22.5 s and 46.5 s with one thread and 400 s with two. The busy cores are the load
-    average of the last minute (none where the system keeps no load average). ``OMP_NUM_THREADS`` overrides it.
-
-    Args:
-        current: The threads torch would use, ``torch.get_num_threads()``.
-
-    Returns:
-        At least 1, at most ``current``.
+    Its matrices are small, so a thread sharing a core costs far more than it brings (on two loaded cores, 50 steps
+    took 46.5 s with one thread and 400 s with two). ``OMP_NUM_THREADS`` overrides it. At least 1.
     """
     if "OMP_NUM_THREADS" in os.environ or not hasattr(os, "getloadavg"):
         return current

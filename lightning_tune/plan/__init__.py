@@ -1,37 +1,14 @@
 """Memory planning on any machine: what a training run holds, what batch fits a GPU, which ZeRO stage it needs.
 
-Two ways to get a :class:`MemoryEstimate`:
-
-- :func:`estimate_memory`, analytic, from a transformer's shape (a name in :data:`MODEL_SHAPES`, a Hugging Face
-  ``config.json`` or a :class:`TransformerShape`): no model is built;
-- :func:`measure_memory`, measured, from one training step of any ``nn.Module`` or LightningModule on fake tensors:
-  no memory of the model's size is used, so a CPU-only machine can plan a GPU run.
-
-:func:`plan_zero` turns an estimate into the least-sharding DeepSpeed ZeRO configuration that fits.
+:func:`estimate_memory` plans from a transformer's shape, :func:`measure_memory` from one step of any module on fake
+tensors; both return a :class:`MemoryEstimate`, which :func:`plan_zero` turns into the least-sharding ZeRO setup.
 """
 
 from typing import TYPE_CHECKING
 
 from lightning_tune._lazy import lazy_exports as _lazy_exports
-from lightning_tune.plan.analytic import estimate_memory, lora_parameters, resolve_model
-from lightning_tune.plan.estimate import (
-    MARGIN_RESERVE,
-    MARGINS,
-    PLAN_MODES,
-    PLAN_PRECISIONS,
-    Margin,
-    MemoryEstimate,
-    PlanMode,
-    format_bytes,
-)
-from lightning_tune.plan.shapes import (
-    FAMILIES,
-    HF_MODEL_TYPES,
-    MODEL_SHAPES,
-    TransformerShape,
-    from_hf_config,
-    get_shape,
-)
+from lightning_tune.plan.estimate import MemoryEstimate, estimate_memory
+from lightning_tune.plan.shapes import MODEL_SHAPES, TransformerShape, from_hf_config, get_shape
 from lightning_tune.plan.zero import ZeroPlan, plan_zero
 
 if TYPE_CHECKING:
@@ -41,24 +18,13 @@ if TYPE_CHECKING:
 __getattr__, __dir__ = _lazy_exports(__name__, {"measure_memory": "lightning_tune.plan.measured"})
 
 __all__ = [
-    "FAMILIES",
-    "HF_MODEL_TYPES",
-    "MARGINS",
-    "MARGIN_RESERVE",
     "MODEL_SHAPES",
-    "Margin",
     "MemoryEstimate",
-    "PLAN_MODES",
-    "PLAN_PRECISIONS",
-    "PlanMode",
     "TransformerShape",
     "ZeroPlan",
     "estimate_memory",
-    "format_bytes",
     "from_hf_config",
     "get_shape",
-    "lora_parameters",
     "measure_memory",
     "plan_zero",
-    "resolve_model",
 ]

@@ -1,51 +1,56 @@
-"""The result of a memory plan: a byte breakdown, linear in batch size, and the batch that fits a budget.
+"""What a training run holds: :class:`MemoryEstimate`, and :func:`estimate_memory`, its analytic form.
 
-Peak training memory is modelled as ``fixed_bytes + bytes_per_sample * batch_size``: weights, gradients, optimizer
-states and buffers do not grow with the batch; activations do. A budget is first cut by a margin, the share kept
-back for what the model does not see (the CUDA context, the caching allocator's fragmentation, NCCL buffers, other
-processes):
-
-- ``"safe"`` keeps 20 % back: long unattended runs, variable sequence lengths, shared GPUs;
-- ``"optimal"`` keeps 10 % back, the default: what a steady run under the caching allocator usually needs;
-- ``"aggressive"`` keeps 5 % back: fixed shapes on a dedicated GPU, a run you watch.
+:func:`estimate_memory` counts the bytes of a transformer from its shape alone (no model is built): weights,
+gradients, master weights and optimizer state per parameter, and the activations autograd keeps per sample after
+Korthikanti et al. 2022. ``docs/planner.md`` gives the arithmetic, the margins and the distance to a measured step.
 
 Example:
-    >>> estimate = MemoryEstimate(parameters=1000, weight_bytes=4000, bytes_per_sample=1000, fixed_bytes=4000)
-    >>> estimate.total_bytes(3)
-    7000
-    >>> estimate.batch_sizes(20_000)
-    {'safe': 12, 'optimal': 14, 'aggressive': 15}
+    >>> estimate = estimate_memory("llama-2-7b", sequence_length=2048, precision="bf16-mixed")
+    >>> round(estimate.weight_bytes / 2**30, 2), round(estimate.fixed_bytes / 2**30, 1)
+    (12.55, 100.4)
+    >>> estimate.batch_sizes(80 * 2**30)
+    {'safe': 0, 'optimal': 0, 'aggressive': 0}
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import math
+import os
+import re
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
-from typing import Final, Literal, get_args
+from typing import Any, Final, Literal, get_args
 
-from lightning_tune._validation import check_choice, check_int
-from lightning_tune.vocab import PRECISIONS
+from lightning_tune._validation import check_bool, check_choice, check_instance, check_int
+from lightning_tune.plan.shapes import TransformerShape, from_hf_config, get_shape
+from lightning_tune.vocab import (
+    PLAN_MODES,
+    PRECISIONS,
+    Attention,
+    OptimizerName,
+    PlanMode,
+    Precision,
+    canonical_attention,
+    canonical_optimizer,
+    canonical_precision,
+    precision_bytes,
+)
 
 __all__ = [
     "MARGINS",
     "MARGIN_RESERVE",
-    "PLAN_MODES",
     "PLAN_PRECISIONS",
     "Margin",
     "MemoryEstimate",
-    "PlanMode",
+    "estimate_memory",
     "format_bytes",
+    "lora_parameters",
+    "resolve_model",
 ]
 
 #: The precisions a plan is made for: all but ``"auto"`` (it depends on the GPU) and transformer-engine's float8.
 PLAN_PRECISIONS: Final[tuple[str, ...]] = tuple(p for p in PRECISIONS if p != "auto" and "transformer" not in p)
-
-#: What a plan is made for: a training step, an evaluation step with labels (``validation_step``, ``test_step``: no
-#: gradients, no optimizer state, nothing saved for backward, the loss computed) or a ``predict_step`` (no labels, no
-#: loss: the logits are what it returns).
-PlanMode = Literal["train", "eval", "predict"]
-PLAN_MODES: Final[tuple[str, ...]] = get_args(PlanMode)
 
 #: Names of the margins a budget is cut by.
 Margin = Literal["safe", "optimal", "aggressive"]
@@ -58,13 +63,7 @@ _GIB = 2**30
 
 
 def format_bytes(n: int) -> str:
-    """Render a byte count in GiB (or MiB below 1 GiB), as the planner prints it (binary units).
-
-    Args:
-        n: The number of bytes.
-
-    Returns:
-        The text, e.g. ``"12.55 GiB"``.
+    """A byte count in GiB, MiB, KiB or bytes (binary units), as the planner prints it.
 
     Example:
         >>> format_bytes(13_476_831_232), format_bytes(3 * 2**20), format_bytes(512)
@@ -223,3 +222,332 @@ class MemoryEstimate:
             ValueError: If ``budget_bytes`` is negative.
         """
         return {margin: self.max_batch_size(budget_bytes, margin) for margin in MARGINS}  # type: ignore[arg-type]
+
+
+#: 8-bit states per value of each bitsandbytes optimizer (Adam: two moments; Lion, SGD: one).
+_8BIT_STATES: Final[dict[str, int]] = {"lion8bit": 1, "paged_lion8bit": 1, "sgd8bit": 1}
+_MIN_8BIT_SIZE = 4096  # bitsandbytes' default: smaller tensors keep 32-bit state
+_BLOCK = 256  # bitsandbytes' block-wise quantisation: one float32 scale per block
+_CODE_BOOK = 256 * 4  # bitsandbytes' float32 code book per state, shared by every 8-bit tensor
+
+
+@dataclass(frozen=True)
+class _Tensor:
+    """``count`` parameter tensors of a shape alike: their size, whether they train, whether they embed tokens."""
+
+    numel: int
+    trainable: bool
+    embedding: bool = False
+    count: int = 1
+
+
+def lora_parameters(shape: TransformerShape, rank: int) -> int:
+    """Parameters of rank-``rank`` LoRA adapters on every block's q/k/v/o projections: ``A`` and ``B`` on each.
+
+    Raises:
+        TypeError: If ``shape`` is not a TransformerShape or ``rank`` not an integer.
+        ValueError: If ``rank`` < 1.
+
+    Example:
+        >>> lora_parameters(get_shape("llama-2-7b"), 8)  # 32 layers x 4 projections x 8 x (4096 + 4096)
+        8388608
+    """
+    check_instance("shape", shape, TransformerShape, "a TransformerShape (get_shape, from_hf_config)")
+    check_int("rank", rank, minimum=1)
+    return sum(t.numel * t.count for t in _lora_tensors(shape, rank))
+
+
+def _lora_tensors(shape: TransformerShape, rank: int) -> Iterator[_Tensor]:
+    h, q, kv = shape.hidden_size, shape.q_size, shape.kv_size
+    for fan_in, fan_out in ((h, q), (h, kv), (h, kv), (q, h)):  # one adapter pair per projection of each block
+        yield _Tensor(rank * fan_in, True, count=shape.attention_blocks)
+        yield _Tensor(fan_out * rank, True, count=shape.attention_blocks)
+
+
+def _optimizer_bytes(tensors: list[_Tensor], optimizer: str, update_bytes: int) -> int:
+    states = _8BIT_STATES.get(optimizer, 2)
+    total = 0
+    quantised = False
+    for t in (t for t in tensors if t.trainable):
+        if optimizer in ("adamw", "adamw_fused"):
+            total += t.count * (2 * update_bytes * t.numel + 4)  # two moments and a float32 step count
+        elif optimizer == "sgd":
+            total += t.count * update_bytes * t.numel
+        elif t.numel < _MIN_8BIT_SIZE or t.embedding:  # bitsandbytes, kept 32-bit
+            total += t.count * states * 4 * t.numel
+        else:  # bitsandbytes: uint8 states and a float32 scale per block for each
+            total += t.count * states * (t.numel + 4 * math.ceil(t.numel / _BLOCK))
+            quantised = True
+    return total + (states * _CODE_BOOK if quantised else 0)
+
+
+def _layer_activation_bytes(
+    shape: TransformerShape,
+    sequence_length: int,
+    e: int,
+    attention: str,
+    frozen: bool,
+    lora_rank: int | None,
+    cross_attention: bool = False,
+) -> int:
+    """Bytes one block keeps for backward, per token; a ``"t5"`` decoder block adds a cross-attention sub-block."""
+    h, q, kv, i, a = shape.hidden_size, shape.q_size, shape.kv_size, shape.intermediate_size, shape.num_heads
+    s = sequence_length
+    sublayers = 1 if shape.family == "phi" else 3 if cross_attention else 2  # Phi: attention and MLP in parallel
+    blocks = 2 if cross_attention else 1
+    values = sublayers * h + blocks * (h + q)  # norm inputs; per attention block its input and the o-proj input
+    extra = 0  # bytes not in the activation dtype
+    if attention != "eager":
+        values += blocks * (q + 2 * kv)
+        extra += blocks * 4 * a  # float32 log-sum-exp per head
+    else:
+        values += blocks * (3 * q + a * s)  # queries, expanded keys and values, softmax output
+        if shape.dropout:
+            values += blocks * a * s  # dropped-out probabilities
+            extra += blocks * a * s  # dropout mask
+    mlp = (3 * i if shape.gated else i) if frozen else h + (4 * i if shape.gated else 2 * i)
+    values += max(shape.experts_per_token, 1) * mlp  # a token's activations in each expert it is routed to
+    extra += 4 * shape.num_experts  # float32 router logits
+    if shape.dropout:
+        extra += sublayers * h  # residual dropout masks
+    if lora_rank is not None:
+        values += blocks * 4 * lora_rank
+    return values * e + extra
+
+
+def _activation_bytes_per_sample(
+    shape: TransformerShape,
+    sequence_length: int,
+    e: int,
+    attention: str,
+    gradient_checkpointing: bool,
+    frozen: bool,
+    lora_rank: int | None,
+    loss_swap: bool = False,
+) -> int:
+    h, blocks = shape.hidden_size, shape.num_layers + shape.num_decoder_layers
+    layer = _layer_activation_bytes(shape, sequence_length, e, attention, frozen, lora_rank)
+    layers = shape.num_layers * layer
+    if shape.num_decoder_layers:
+        decoder = _layer_activation_bytes(shape, sequence_length, e, attention, frozen, lora_rank, True)
+        layers += shape.num_decoder_layers * decoder
+        layer = max(layer, decoder)
+    if gradient_checkpointing:
+        layers = blocks * h * e + layer
+    # An encoder ("bert") has no vocabulary head: its pooler's input; the others: final norm, head, logits, loss.
+    head = h * e if shape.family == "bert" else 2 * h * e + _logits_bytes_per_token(shape, e, loss_swap)
+    inputs = 2 * 8 + (h if shape.dropout else 0)  # int64 ids and labels, embedding dropout mask
+    return sequence_length * (layers + head + inputs)
+
+
+def _eval_bytes_per_sample(
+    shape: TransformerShape, sequence_length: int, e: int, attention: str, loss_swap: bool, mode: str
+) -> int:
+    """One sample's live working set in an evaluation step: the residual stream, and one block's or the head's."""
+    h, q, kv, i, a = shape.hidden_size, shape.q_size, shape.kv_size, shape.intermediate_size, shape.num_heads
+    s = sequence_length
+    qkv = q + 2 * kv
+    # queries, keys and values, their rotated copies (rotary families) and the output; with eager attention keys
+    # and values expanded to every head (grouped-query), the scores, their float32 softmax and its cast; else a
+    # float32 log-sum-exp per head
+    values = qkv + q + (q + kv if shape.family in ("llama", "phi") else 0)
+    if attention == "eager":
+        values += (2 * q if kv < q else 0) + 2 * a * s
+    attend = values * e + 4 * a * (s if attention == "eager" else 1)
+    experts = max(shape.experts_per_token, 1) / max(shape.num_experts, 1)  # one expert's tokens at a time
+    mlp = round((3 * i if shape.gated else 2 * i) * experts) * e + 4 * shape.num_experts
+    block = 2 * h * e + max(attend, mlp) + (h * e if shape.family == "phi" else 0)  # Phi: attention output kept
+    if shape.family == "bert":
+        head = 2 * h * e  # the pooler's input and output
+    elif mode == "predict":
+        head = 2 * h * e + shape.vocab_size * e  # the logits it returns; no labels, no loss, nothing to swap
+    else:
+        head = 2 * h * e + _logits_bytes_per_token(shape, e, loss_swap)
+    encoder = h * e if shape.num_decoder_layers else 0  # the decoder reads the encoder's output
+    inputs = 8 if mode == "predict" else 16  # int64 ids (and labels)
+    return s * (inputs + encoder + max(block, head))
+
+
+def _logits_bytes_per_token(shape: TransformerShape, e: int, loss_swap: bool) -> int:
+    """The logits and the float32 loss over the vocabulary; under the loss swap, one chunk's (about ``h`` values)."""
+    if shape.family == "bert":
+        return 0
+    return 2 * shape.hidden_size * 4 if loss_swap else shape.vocab_size * (e + 2 * 4)
+
+
+def _as_model(read: Callable[[Any], TransformerShape], model: str | os.PathLike[str]) -> TransformerShape:
+    """``read(model)``, its errors naming ``model``, the argument the user gave, instead of ``read``'s own."""
+    try:
+        return read(model)
+    except (FileNotFoundError, ValueError) as err:
+        raise type(err)(re.sub(r"^`(config|name)`", "`model`", str(err))) from None
+
+
+def resolve_model(model: str | os.PathLike[str] | TransformerShape) -> TransformerShape:
+    """The shape :func:`estimate_memory` plans for ``model``: a name, a Hugging Face ``config.json`` or its directory.
+
+    Raises:
+        TypeError, ValueError, FileNotFoundError: As :func:`estimate_memory` does for ``model``.
+
+    Example:
+        >>> resolve_model("llama-2-7b").hidden_size
+        4096
+    """
+    if isinstance(model, TransformerShape):
+        return model
+    if isinstance(model, os.PathLike) or (isinstance(model, str) and model.endswith(".json")):
+        return _as_model(from_hf_config, model)
+    if isinstance(model, str):
+        if os.path.isdir(model):
+            if not os.path.isfile(os.path.join(model, "config.json")):
+                raise FileNotFoundError(f"`model`: the directory {model!r} has no config.json")
+            return _as_model(from_hf_config, model)
+        return _as_model(get_shape, model)
+    raise TypeError(
+        "`model` must be a model name, a path to a Hugging Face config.json or a TransformerShape, got "
+        f"{model!r} ({type(model).__name__}); for an nn.Module use measure_memory"
+    )
+
+
+def estimate_memory(
+    model: str | os.PathLike[str] | TransformerShape,
+    *,
+    sequence_length: int,
+    precision: Precision = "bf16-mixed",
+    optimizer: OptimizerName = "adamw",
+    master_weights: bool | None = None,
+    attention: Attention = "flash",
+    gradient_checkpointing: bool = False,
+    lora_rank: int | None = None,
+    loss_swap: bool = False,
+    mode: PlanMode = "train",
+) -> MemoryEstimate:
+    """Estimate the training (or evaluation) memory of a transformer from its shape (``docs/planner.md``).
+
+    Args:
+        model: A name from :data:`~lightning_tune.plan.shapes.MODEL_SHAPES`, a path to a Hugging Face
+            ``config.json`` (or its directory), or a :class:`~lightning_tune.plan.shapes.TransformerShape`.
+        sequence_length: Tokens per sample, >= 1.
+        precision: ``"32-true"``, ``"64-true"``, ``"bf16-true"``/``"16-true"`` (everything in that width) or
+            ``"bf16-mixed"``/``"16-mixed"`` (16-bit activations, float32 master weights and optimizer state), or an
+            alias (``"bf16"`` is ``"bf16-mixed"``); not ``"auto"`` (it depends on the GPU) nor transformer-engine's.
+        optimizer: A name of :data:`~lightning_tune.vocab.OPTIMIZERS` or an alias (``"sgd"`` means with momentum).
+        master_weights: ``None``: float32 master weights and optimizer state under ``-mixed`` only; ``True`` adds
+            them to a 16-bit ``-true`` precision (DeepSpeed's bf16 mode), ``False`` drops them.
+        attention: ``"flash"`` (no ``s x s`` matrix kept) or ``"eager"``; ``"sdpa"`` and ``"auto"`` are planned as
+            ``"flash"``: on a GPU SDPA runs the fused kernels, which keep no ``s x s`` matrix either.
+        gradient_checkpointing: Recompute each block in backward, keeping only block inputs.
+        lora_rank: Train only rank-``r`` LoRA adapters on the attention's query, key, value and output projections;
+            the base weights are frozen (no gradients, no optimizer state). ``None`` trains every weight. At most the
+            smallest side of those projections (``hidden_size``, or the key/value width with grouped-query attention).
+        loss_swap: The loss is computed without the logits (``LossSwap``, ``TunePlugin(loss=...)``; in evaluation
+            ``LossSwap(eval=True)``).
+        mode: ``"train"``, ``"eval"`` (``validation_step``/``test_step`` with labels) or ``"predict"`` (no labels:
+            the logits are returned), as :data:`~lightning_tune.vocab.PLAN_MODES`.
+
+    Returns:
+        The estimate; ``fixed_bytes`` is weights + gradients + master weights + optimizer state + buffers and
+        ``bytes_per_sample`` the activations of one sample. With ``"eval"``/``"predict"``: ``fixed_bytes`` is the
+        weights (float32 under ``-mixed`` with master weights, as Lightning holds them) and buffers of
+        ``trainer.validate``/``test``/``predict``, ``fit_fixed_bytes`` the training figure (validation inside
+        ``fit``), and ``bytes_per_sample`` the working set of one sample without autograd.
+
+    Raises:
+        TypeError: If an argument has the wrong type.
+        ValueError: If a value is not allowed, the model name is unknown (the message lists known names) or
+            ``master_weights=True`` is given with 32- or 64-bit weights.
+        FileNotFoundError: If a config path does not exist.
+
+    Example:
+        >>> estimate = estimate_memory("gpt2", sequence_length=1024, precision="32-true")
+        >>> estimate.parameters, estimate.weight_bytes
+        (124439808, 497759232)
+    """
+    shape = resolve_model(model)
+    check_int("sequence_length", sequence_length, minimum=1)
+    if shape.family in ("gpt2", "bert") and sequence_length > shape.max_position_embeddings:
+        raise ValueError(
+            f"`sequence_length` must be at most {shape.max_position_embeddings} for {shape.name or 'this model'} "
+            f"(its learned position table), got {sequence_length}"
+        )
+    precision = canonical_precision(precision, allowed=PLAN_PRECISIONS)
+    optimizer = canonical_optimizer(optimizer)
+    if master_weights is not None:
+        check_bool("master_weights", master_weights)
+    attention = canonical_attention(attention)
+    check_bool("gradient_checkpointing", gradient_checkpointing)
+    check_int("lora_rank", lora_rank, minimum=1, allow_none=True)
+    check_bool("loss_swap", loss_swap)
+    check_choice("mode", mode, PLAN_MODES)
+    full_rank = min(shape.hidden_size, shape.q_size, shape.kv_size)
+    if lora_rank is not None and lora_rank > full_rank:
+        raise ValueError(
+            f"`lora_rank` must be an integer from 1 to {full_rank} for {shape.name or 'this model'} (the smallest "
+            "side of its q/k/v/o projections; a higher rank trains more than the full weight), got "
+            f"{lora_rank}"
+        )
+    e = precision_bytes(precision)
+    if master_weights and e >= 4:
+        raise ValueError(f"`master_weights` must be False or None with precision {precision!r} (no 16-bit weights)")
+    master = precision.endswith("-mixed") if master_weights is None else master_weights
+    update_bytes = 4 if master else e
+
+    frozen = lora_rank is not None
+    tensors = [_Tensor(numel, not frozen, embedding, count) for numel, embedding, count in shape.tensors()]
+    if lora_rank is not None:
+        tensors += list(_lora_tensors(shape, lora_rank))
+    parameters = sum(t.numel * t.count for t in tensors)
+    trainable = sum(t.numel * t.count for t in tensors if t.trainable)
+    weight_bytes = e * parameters
+    gradient_bytes = e * trainable
+    master_bytes = 4 * trainable if master else 0
+    optimizer_bytes = _optimizer_bytes(tensors, optimizer, update_bytes)
+    buffer_bytes = shape.buffer_bytes()
+    per_sample = _activation_bytes_per_sample(
+        shape, sequence_length, e, attention, gradient_checkpointing, frozen, lora_rank, loss_swap
+    )
+    notes = [
+        f"{shape.name or shape.family}: {precision}, "
+        + ("float32 master weights, " if master else "")
+        + f"{optimizer} optimizer, {attention} attention"
+        + (" (planned as flash)" if attention in ("sdpa", "auto") else "")
+        + (", gradient checkpointing" if gradient_checkpointing else "")
+        + (f", LoRA rank {lora_rank} on q/k/v/o (base frozen)" if lora_rank is not None else ""),
+    ]
+    if shape.family != "bert" and mode == "predict":
+        logits = sequence_length * shape.vocab_size * e
+        notes.append(f"logits: {format_bytes(logits)} per sample, returned (no labels: no loss to swap)")
+    elif shape.family != "bert":
+        logits = sequence_length * _logits_bytes_per_token(shape, e, False)
+        left = sequence_length * _logits_bytes_per_token(shape, e, True)
+        notes.append(
+            f"logits and loss: {format_bytes(left if loss_swap else logits)} per sample"
+            + (f" with the loss swap ({format_bytes(logits)} without)" if loss_swap else "")
+            + ("" if loss_swap else f" (the loss swap leaves {format_bytes(left)})")
+        )
+    fixed_bytes = weight_bytes + gradient_bytes + master_bytes + optimizer_bytes + buffer_bytes
+    if mode != "train":
+        weight_bytes = (4 if master and precision.endswith("-mixed") else e) * parameters
+        per_sample = _eval_bytes_per_sample(shape, sequence_length, e, attention, loss_swap, mode)
+        notes.append(
+            f"{mode}: no gradients, optimizer state or saved activations; weights and buffers "
+            f"{format_bytes(weight_bytes + buffer_bytes)}"
+            + (f", {format_bytes(fixed_bytes)} inside fit (the training state stays)" if mode == "eval" else "")
+        )
+    return MemoryEstimate(
+        parameters=parameters,
+        trainable_parameters=trainable,
+        weight_bytes=weight_bytes,
+        gradient_bytes=gradient_bytes if mode == "train" else 0,
+        master_weight_bytes=master_bytes if mode == "train" else 0,
+        optimizer_bytes=optimizer_bytes if mode == "train" else 0,
+        buffer_bytes=buffer_bytes,
+        fixed_bytes=fixed_bytes if mode == "train" else weight_bytes + buffer_bytes,
+        bytes_per_sample=per_sample,
+        largest_layer_parameters=shape.largest_layer_parameters(),
+        sequence_length=sequence_length,
+        source="analytic",
+        notes=tuple(notes),
+        mode=mode,
+        fit_fixed_bytes=fixed_bytes if mode == "eval" else None,
+    )

@@ -1,20 +1,8 @@
 """Measured memory estimate: one training step of a real module on fake tensors, so no memory of its size is used.
 
-Fake tensors carry shape, dtype and device but no data: every op of the forward pass, the backward pass and
-``optimizer.step()`` runs for real (the module's own code, autocast, the optimizer's update), only without
-allocating or computing. A small dispatch mode sees every op's outputs and keeps a running count of the live
-storages, so the count at any moment is what a device would hold, and its maximum is the step's peak. A laptop
-without a GPU can therefore plan a GPU run of any size.
-
-Two steps run at each of two batch sizes: the first creates the optimizer state, the second is measured in two
-phases, forward + backward and the optimizer step. The per-sample cost is the slope of the forward/backward peaks;
-the fixed cost is the larger of their intercept and the optimizer-step peak (which does not grow with the batch),
-so the linear model never predicts less than either phase needs.
-
-Planning a GPU run on a CPU: the step runs on fake CPU tensors (torch cannot make fake CUDA tensors without CUDA).
-With ``for_device="cuda"`` the optimizer takes its multi-tensor (``foreach``) path, as torch does by default on
-GPUs; its temporaries are part of the optimizer-step peak. bitsandbytes optimizers read tensor values inside
-``step()`` and cannot run on fake tensors; use :func:`~lightning_tune.plan.estimate_memory` for them.
+Every op of the forward pass, the backward pass and ``optimizer.step()`` runs for real on tensors without data; a
+dispatch mode counts the live storages, and its peak at two batch sizes gives the fixed and per-sample costs
+(``docs/planner.md`` says how, and what a CPU-only machine planning a GPU run sees).
 
 Example:
     >>> from torch import nn
@@ -39,8 +27,8 @@ from torch import Tensor, nn
 from torch.optim import Optimizer
 
 from lightning_tune._validation import check_choice, check_int
-from lightning_tune.plan.estimate import PLAN_MODES, PLAN_PRECISIONS, MemoryEstimate, PlanMode
-from lightning_tune.vocab import Precision, canonical_precision, precision_dtype
+from lightning_tune.plan.estimate import PLAN_PRECISIONS, MemoryEstimate
+from lightning_tune.vocab import PLAN_MODES, PlanMode, Precision, canonical_precision, precision_dtype
 
 __all__ = ["measure_memory"]
 

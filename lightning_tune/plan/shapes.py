@@ -1,26 +1,10 @@
 """Transformer shapes as data: the numbers a memory plan needs, a table of common models and a Hugging Face reader.
 
-A :class:`TransformerShape` holds what decides a transformer's parameter count and activation sizes (width, depth,
-heads, MLP kind, biases, tied head, experts). Five families are described:
-
-- ``"llama"``: rotary positions, RMSNorm, a SwiGLU MLP (gate, up, down), grouped-query attention with
-  ``num_kv_heads`` key/value heads, no biases unless stated, usually an untied head (Llama, Mistral, Qwen2; Gemma,
-  whose GeGLU MLP has the same three projections, with a tied head);
-- ``"gpt2"``: learned positions, LayerNorm, a GELU MLP, biases on every projection, a head tied to the token
-  embedding;
-- ``"phi"``: Phi-1/1.5/2, one LayerNorm feeding attention and a GELU MLP in parallel, partial rotary positions,
-  biases everywhere, an untied head with a bias;
-- ``"bert"``: encoders (BERT, RoBERTa): learned positions and token types, post-LayerNorm blocks, a GELU MLP, biases
-  everywhere, and a pooler; no output head (the model ``AutoModel`` builds, which accelerate's estimator counts);
-- ``"t5"``: T5's encoder-decoder, relative position buckets, RMSNorm, no biases, a ReLU or gated-GELU MLP, decoder
-  blocks with cross-attention, one embedding shared by both stacks (``AutoModelForSeq2SeqLM``).
-
-A ``"llama"`` shape with ``num_experts`` is a sparse mixture of experts (Mixtral): every block's MLP is
-``num_experts`` SwiGLU experts behind a linear router, of which ``experts_per_token`` run for each token.
-
-:data:`MODEL_SHAPES` holds common models by name (their Hugging Face ``config.json`` values); :func:`get_shape`
+A :class:`TransformerShape` holds what decides a transformer's parameter count and activation sizes, for five
+families: ``"llama"`` (with Mixtral's experts), ``"gpt2"``, ``"phi"``, the ``"bert"`` encoders and ``"t5"``
+(``docs/planner.md`` says what each assumes). :data:`MODEL_SHAPES` holds common models by name, :func:`get_shape`
 looks a name up and :func:`from_hf_config` reads a ``config.json``. Parameter counts are exact: the tests compare
-each table entry with the model Hugging Face ``transformers`` builds from the same config.
+each with the model ``transformers`` builds from the same config.
 
 Example:
     >>> shape = get_shape("llama-2-7b")
@@ -70,7 +54,7 @@ class TransformerShape:
 
     Args:
         family: ``"llama"`` (RoPE, RMSNorm, SwiGLU), ``"gpt2"`` (learned positions, LayerNorm, GELU), ``"phi"``,
-            ``"bert"`` or ``"t5"`` (see the module docstring).
+            ``"bert"`` or ``"t5"`` (see ``docs/planner.md``).
         vocab_size: Number of token ids.
         hidden_size: Width of the residual stream.
         num_layers: Number of transformer blocks (of the encoder, for ``"t5"``).
@@ -286,14 +270,7 @@ class TransformerShape:
         return max(head, mlp, attention)
 
     def buffer_bytes(self) -> int:
-        """Bytes of the model's buffers.
-
-        Rotary inverse frequencies (two float32 copies) for ``"llama"`` and ``"phi"``; BERT's int64 position and
-        token-type id tables; none for ``"gpt2"`` and ``"t5"``.
-
-        Returns:
-            The number of bytes.
-        """
+        """Bytes of the buffers: two float32 rotary tables (``"llama"``, ``"phi"``), BERT's int64 id tables."""
         if self.family in ("llama", "phi"):
             return 2 * (int(self.head_size * self.partial_rotary_factor) // 2) * 4
         return 2 * self.max_position_embeddings * 8 if self.family == "bert" else 0

@@ -1,35 +1,11 @@
 """Choose a DeepSpeed ZeRO configuration from a memory plan: the least sharding that fits.
 
-Model state is split as in the ZeRO paper (Rajbhandari et al. 2020) and DeepSpeed's own estimators
-(``estimate_zero2_model_states_mem_needs``, ``estimate_zero3_model_states_mem_needs``), with the byte counts of a
-:class:`~lightning_tune.plan.estimate.MemoryEstimate` in place of DeepSpeed's fixed 2 + 2 + 16 bytes per parameter.
-With ``W`` weights, ``G`` gradients, ``O`` optimizer state and master weights, ``F`` the float32 copy of the
-gradients DeepSpeed's mixed-precision optimizer steps on (the size of the master weights; none without them), ``N``
-GPUs, ``L`` the weights and gradients of the largest single module, and ``A`` the activations and buffers of the
-batch, one GPU holds:
-
-=======================================  ==============================
-Configuration                            Per GPU
-=======================================  ==============================
-stage 0 (plain data parallel)            ``W + G + O + A``
-stage 1 (optimizer state sharded)        ``W + G + (F + O)/N + A``
-stage 2 (and gradients)                  ``W + (G + F + O)/N + A``
-stage 3 (and weights)                    ``(W + G32 + O)/N + L + A``
-stage 2, optimizer offloaded to CPU      ``W + A``
-stage 3, optimizer offloaded             ``W/N + L + A``
-stage 3, optimizer and weights offloaded ``L + A``
-=======================================  ==============================
-
-``G32`` is ``F`` with master weights (stage 3 keeps its gradient partition in float32 only), else ``G``. For bf16-mixed
-AdamW that is DeepSpeed's ``2 + 18/N`` bytes a parameter for stage 2 (``estimate_zero2_model_states_mem_needs``) and
-``18/N`` plus 4 bytes a parameter of the largest layer for stage 3 (``estimate_zero3_model_states_mem_needs``).
-
-They are tried in that order (sharding before offloading: offloading moves every step's optimizer work over PCIe
-to the CPU, and with one GPU sharding saves nothing, so stages 1-3 are skipped there), and the first whose per-GPU
-bytes fit the budget after the margin is chosen.
+Per-GPU bytes follow the ZeRO paper (Rajbhandari et al. 2020) and DeepSpeed's own estimators, with the byte counts
+of a :class:`~lightning_tune.plan.estimate.MemoryEstimate`; ``docs/planner.md`` has the table of configurations, tried
+in order (sharding before offloading, no sharding on one GPU), the first that fits after the margin chosen.
 
 Example:
-    >>> from lightning_tune.plan.analytic import estimate_memory
+    >>> from lightning_tune.plan.estimate import estimate_memory
     >>> estimate = estimate_memory("llama-2-7b", sequence_length=2048, gradient_checkpointing=True)  # bf16-mixed
     >>> plan = plan_zero(estimate, gpu_memory_bytes=80 * 2**30, num_gpus=8, batch_size=4)
     >>> plan.stage, plan.offload_optimizer, plan.offload_parameters
@@ -116,19 +92,7 @@ def _describe(stage: int, offload_optimizer: bool, offload_parameters: bool) -> 
 def zero_bytes(
     estimate: MemoryEstimate, stage: int, offload_optimizer: bool, offload_parameters: bool, num_gpus: int, batch: int
 ) -> int:
-    """Per-GPU bytes of one ZeRO configuration (the table in the module docstring).
-
-    Args:
-        estimate: The memory plan of one replica.
-        stage: ZeRO stage, 0-3.
-        offload_optimizer: Optimizer state on the CPU.
-        offload_parameters: Weights on the CPU (stage 3).
-        num_gpus: GPUs sharded over.
-        batch: Micro-batch per GPU.
-
-    Returns:
-        The number of bytes.
-    """
+    """Per-GPU bytes of one ZeRO configuration (the table in ``docs/planner.md``), ``batch`` samples per GPU."""
     w, g = estimate.weight_bytes, estimate.gradient_bytes
     o = estimate.optimizer_bytes + estimate.master_weight_bytes
     f = estimate.master_weight_bytes  # the float32 gradient partition of a mixed-precision step
