@@ -10,6 +10,8 @@ forward and backward, the optimizer and the callbacks of exactly those steps, an
 - ``lightning_tune``: ``WarmupCosine``, ``ThroughputLatencyMonitor`` and ``DynamicBatchSize`` on a
   ``SimulatedMemory`` (decisions every ``--adjust-every`` steps).
 
+The report ends with ``benchmarks/lr_step.py``'s table: ``ScheduleLR.step`` against ``LambdaLR.step`` with 48 groups.
+
 Every setting logs to a CSV logger every 50 steps (the Trainer's default). The report is a Markdown table of calls a
 step (``cProfile``'s count: Python functions and built-ins) with the ratios to plain Lightning and to Lightning's
 equivalents, then where this package's setting makes more calls than Lightning's equivalents: by where the called
@@ -45,6 +47,9 @@ from lightning.pytorch.loggers import CSVLogger
 
 import lightning_tune as lt
 from lightning_tune.demos import DemoGPT, GPTConfig, SyntheticTokenDataModule
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from lr_step import main as lr_step_table  # noqa: E402  (benchmarks/lr_step.py)
 
 CONFIG = GPTConfig(vocab_size=64, seq_len=32, d_model=32, n_layers=2, n_heads=2)
 BATCH = 8
@@ -226,6 +231,10 @@ def main() -> None:
         header[0].format("Function"),
         header[1],
         *difference(by_function(ours, args.steps), by_function(theirs, args.steps), args.top),
+        "",
+        "## `ScheduleLR.step` against `LambdaLR.step` (`benchmarks/lr_step.py`)",
+        "",
+        lr_step_table([]),
     ]
     print("\n".join(lines))
 

@@ -39,7 +39,7 @@ def _calls(step: Callable[[], None], steps: int) -> float:
 
 
 def main(argv: list[str] | None = None) -> str:
-    """Time both schedulers and return the Markdown table (also printed)."""
+    """Time both schedulers and return the Markdown table."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--groups", type=int, default=48)
     parser.add_argument("--rounds", type=int, default=301)
@@ -77,9 +77,8 @@ def main(argv: list[str] | None = None) -> str:
             *rows,
         ]
     )
-    print(table)
     return table
 
 
 if __name__ == "__main__":
-    main()
+    print(main())

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Callable
+from functools import partial
 from typing import Any
 
 import pytest
@@ -14,11 +15,10 @@ from lightning_tune._compat import check_lightning_version
 from lightning_tune.batch import BatchSizeController, MicroBatchRunner, TokenBudget
 from lightning_tune.bench import LatencyBudget
 from lightning_tune.callbacks import TorchCompile
-from lightning_tune.config import lightning_precision
+from lightning_tune.config.precision import lightning_precision
 from lightning_tune.demos import SyntheticTokenDataModule
-from lightning_tune.lr import OneCycleSchedule, PlateauDetector, WarmupCosineSchedule
+from lightning_tune.lr import PlateauDetector, linear_warmup, one_cycle_lr, warmup_cosine_lr
 from lightning_tune.lr.scheduler import ScheduleLR
-from lightning_tune.lr.schedules import LinearWarmupSchedule
 from lightning_tune.plan import MemoryEstimate, TransformerShape, ZeroPlan, estimate_memory, measure_memory
 from lightning_tune.swaps.compile import compile_modules
 from lightning_tune.swaps.optimizer import swap_optimizers
@@ -31,7 +31,7 @@ _ZERO: dict[str, Any] = {
     "per_gpu_bytes": 1,
     "reason": "fits",
 }
-_WARMUP = LinearWarmupSchedule(base_lrs=(0.1,), warmup_steps=2)
+_WARMUP = partial(linear_warmup, warmup_steps=2)
 
 _RUNNER: dict[str, Any] = {
     "forward": lambda piece: None,
@@ -286,13 +286,13 @@ CASES = [
     ),
     # engine classes
     pytest.param(
-        lambda: WarmupCosineSchedule(base_lrs=(0.1,), min_lrs=(0.0,), warmup_steps=5, total_steps=5),
+        lambda: warmup_cosine_lr(0, base_lr=0.1, warmup_steps=5, total_steps=5),
         ValueError,
         "`warmup_steps` must be smaller than `total_steps` (5), got 5",
         id="engine-warmup",
     ),
     pytest.param(
-        lambda: OneCycleSchedule(max_lrs=(0.1,), total_steps=10, anneal_strategy="exp"),
+        lambda: one_cycle_lr(0, max_lr=0.1, total_steps=10, anneal_strategy="exp"),  # type: ignore[arg-type]
         ValueError,
         "`anneal_strategy` must be one of 'cos', 'linear', got 'exp'",
         id="engine-anneal",
@@ -345,6 +345,18 @@ CASES = [
         ValueError,
         "`pad_to_multiple_of` must be an integer >= 1, got 0",
         id="dbs-pad-multiple",
+    ),
+    pytest.param(
+        lambda: lt.DynamicBatchSize(size_eval="yes"),
+        TypeError,
+        "`size_eval` must be True or False, got 'yes' (str)",
+        id="dbs-size-eval",
+    ),
+    pytest.param(
+        lambda: lt.SimulatedMemory(100, 0, 1, eval_bytes_per_sample=0),
+        ValueError,
+        "`eval_bytes_per_sample` must be an integer >= 1, got 0",
+        id="sim-eval-bytes",
     ),
     pytest.param(
         lambda: lt.SimulatedMemory(100, 0, 1, bytes_per_token=-1),
@@ -672,6 +684,18 @@ CASES = [
         "'adamw_torch_fused', 'lion_8bit', 'paged_adam_8bit', 'paged_adamw_8bit', 'paged_lion_8bit', 'sgd_8bit'), "
         "got 'sgd'; 'sgd' is an optimizer but not one this accepts",
         id="plugin-optimizer-not-a-swap",
+    ),
+    pytest.param(
+        lambda: estimate_memory("gpt2", sequence_length=128, mode="validation"),  # type: ignore[arg-type]
+        ValueError,
+        "`mode` must be one of 'train', 'eval', 'predict', got 'validation'",
+        id="estimate-mode",
+    ),
+    pytest.param(
+        lambda: measure_memory(torch.nn.Linear(4, 2), torch.zeros(2, 4), mode="test"),  # type: ignore[arg-type]
+        ValueError,
+        "`mode` must be one of 'train', 'eval', 'predict', got 'test'",
+        id="measure-mode",
     ),
     pytest.param(
         lambda: measure_memory(torch.nn.Linear(4, 2), [1, 2, 3]),

@@ -116,5 +116,5 @@ def test_resume_follows_the_arguments_it_is_resumed_with(  # type: ignore[no-unt
     assert lrs == pytest.approx(full[6:] if expected is None else expected, rel=1e-12, abs=1e-15)
     assert len(messages) == (1 if warned else 0), messages
     if warned:  # names both schedules and the LR before and after
-        assert "Checkpoint: WarmupCosineSchedule(" in messages[0]
+        assert "Checkpoint: factor warmup_cosine(warmup_steps=5, total_steps=10, " in messages[0]
         assert f"LR of group 0 goes from {full[6]:.4g} to {lrs[0]:.4g}" in messages[0]
