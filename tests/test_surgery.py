@@ -347,7 +347,7 @@ def test_strategy_from_a_plan_gives_lightnings_zero_config(
 
 
 def test_strategy_from_plan_zero_result(lightning_without_deepspeed_check: None) -> None:
-    from lightning_tune.plan.analytic import estimate_memory
+    from lightning_tune.plan import estimate_memory
     from lightning_tune.plan.zero import plan_zero
 
     estimate = estimate_memory("llama-2-7b", sequence_length=2048, precision="bf16", gradient_checkpointing=True)

@@ -1,18 +1,11 @@
 """Trainer plugins of lightning_tune, and the DeepSpeed ZeRO strategy built from a memory plan."""
 
-from lightning_tune.plugins.deepspeed import (
-    ZERO_STAGES,
-    DeepSpeedSettings,
-    build_strategy,
-    deepspeed_settings,
-    deepspeed_strategy,
-)
+from lightning_tune.plugins.deepspeed import DeepSpeedSettings, build_strategy, deepspeed_settings, deepspeed_strategy
 from lightning_tune.plugins.tune import TunePlugin
 
 __all__ = [
     "DeepSpeedSettings",
     "TunePlugin",
-    "ZERO_STAGES",
     "build_strategy",
     "deepspeed_settings",
     "deepspeed_strategy",

@@ -1,38 +1,10 @@
 """Route a model's attention through a chosen kernel: flash-attn, PyTorch SDPA's fused kernels, or the math path.
 
-:func:`swap_attention` finds three kinds of attention in a model and changes only those module *instances* (never a
-class, and never a function of torch or transformers):
-
-=======================  ==============================================================================================
-Kind                     What is changed
-=======================  ==============================================================================================
-``MultiheadAttention``   Each ``torch.nn.MultiheadAttention`` (so also ``nn.Transformer*`` layers): its ``forward`` is
-                         wrapped to run under ``torch.nn.attention.sdpa_kernel`` with the chosen SDPA kernels. The
-                         owning ``nn.TransformerEncoderLayer`` is wrapped too, since its inference fast path calls the
-                         fused attention op without going through the attention module's ``forward``.
-``transformers``         Each outermost Hugging Face ``PreTrainedModel``: its attention implementation is switched
-                         through the model's own API (``set_attn_implementation``, or ``config._attn_implementation``
-                         on versions without it) to ``"flash_attention_2"``, ``"sdpa"`` or ``"eager"``; with ``"sdpa"``
-                         its ``forward`` also runs under ``sdpa_kernel``.
-``sdpa-call``            Any other module whose class source (any class in its MRO outside torch, Lightning and
-                         transformers) mentions ``scaled_dot_product_attention``: its ``forward`` runs under
-                         ``sdpa_kernel``. The source is read once per class.
-=======================  ==============================================================================================
-
-Backends (:data:`lightning_tune.vocab.ATTENTIONS`; Hugging Face's names such as ``"flash_attention_2"`` are aliases):
-
-- ``"flash"``: flash-attn (FlashAttention-2) for transformers models; PyTorch's own FlashAttention kernel through SDPA
-  for the other kinds, whose tensors this module cannot reshape for flash-attn safely. Needs flash-attn installed, a
-  CUDA device of compute capability 8.0 or newer, float16/bfloat16 and a head dimension of at most 256.
-- ``"sdpa"``: ``F.scaled_dot_product_attention`` restricted to its FLASH_ATTENTION and EFFICIENT_ATTENTION kernels
-  on CUDA, so a call neither fused kernel accepts fails loudly instead of silently running the slow math kernel. On
-  CPU, PyTorch has FLASH_ATTENTION and MATH only: the flash kernel, with MATH as the last resort for the calls it
-  declines (attention dropout, for one). Other devices get both fused kernels, then MATH.
-- ``"eager"``: the reference math: SDPA's MATH kernel, transformers' ``"eager"`` implementation.
-- ``"auto"``: ``"flash"`` where it can run, else ``"sdpa"`` with one message saying why.
-
-Everything is undone by :meth:`AttentionSwapResult.restore`. Swapping an already swapped module again does not wrap it
-twice, and restoring any of the results returns the original forwards and attention implementations.
+:func:`swap_attention` changes only module *instances* (never a class, nor a function of torch or transformers): each
+``nn.MultiheadAttention`` (and its ``nn.TransformerEncoderLayer``), each outermost Hugging Face ``PreTrainedModel``
+(through its own attention-implementation switch), and any other module whose class source calls
+``scaled_dot_product_attention``. The kinds and backends are described in docs/attention_swap.md.
+:meth:`AttentionSwapResult.restore` undoes everything; swapping a swapped module again does not wrap it twice.
 """
 
 from __future__ import annotations
@@ -687,7 +659,7 @@ def swap_attention(
 ) -> AttentionSwapResult:
     """Route every attention module of ``module`` through ``backend``; the model is changed in place.
 
-    See the module docstring for what is detected and changed. Call it on the bare model, before DDP/FSDP wrap it.
+    docs/attention_swap.md says what is detected and changed. Call it on the bare model, before DDP/FSDP wrap it.
 
     Args:
         module: The model (a LightningModule is fine).

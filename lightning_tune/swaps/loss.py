@@ -1,24 +1,9 @@
 """Compute a causal language model's training loss without its logits: :func:`swap_loss`.
 
-Each Hugging Face ``*ForCausalLM`` (or ``GPT2LMHeadModel``) instance found in the model gets an instance-level
-``forward`` (never a class patch), as does a module whose ``forward`` takes ``targets`` and whose output layer is
-``head`` (the demo GPT; see :func:`find_causal_lms`), and so does its head. While the model is training and labels are
-given, that forward runs the model's own forward with the head armed, for that call only, to turn the hidden states
-straight into the loss, so the ``tokens x vocabulary`` logits are never made; the output's ``loss`` is the model's loss
-and it has no ``logits``. Without labels the model runs unchanged, and so it does in eval mode (validation, predict,
-generation) unless swapped with ``eval=True``: then a call with labels in eval mode gives the loss the same way, and
-the output also carries ``token_accuracy`` and ``predictions`` (each position's argmax), computed chunk by chunk.
-A module holding no such model is an error: the swap was asked for and would change nothing.
-
-The loss is Hugging Face's ``ForCausalLMLoss``: labels shifted left by one (or the ``shift_labels`` given),
-``ignore_index`` (-100 by default), a mean over the real tokens, or the sum divided by ``num_items_in_batch`` when it
-is passed. The head's bias and Gemma 2's ``final_logit_softcapping`` are applied; tied embeddings need nothing (the
-head's weight is the embedding's tensor). Models that scale their logits some other way, or define another loss, are
-refused when swapped.
-
-Backends (:data:`lightning_tune.vocab.LOSS_BACKENDS`): ``"chunked"`` (:func:`linear_cross_entropy`, PyTorch, any
-device), ``"liger"`` (Liger-Kernel's fused linear cross-entropy, CUDA only, ``pip install 'lightning-tune[liger]'``)
-and ``"auto"`` (liger on CUDA when it is installed, else chunked).
+Each Hugging Face ``*ForCausalLM`` (or a module whose ``forward`` takes ``targets`` and whose output layer is ``head``)
+gets an instance-level ``forward`` that, while training with labels, turns the hidden states straight into Hugging
+Face's ``ForCausalLMLoss`` so the ``tokens x vocabulary`` logits are never made (docs/loss_swap.md). Backends
+(:data:`lightning_tune.vocab.LOSS_BACKENDS`): ``"chunked"`` (:func:`linear_cross_entropy`), ``"liger"`` and ``"auto"``.
 """
 
 from __future__ import annotations
@@ -40,7 +25,7 @@ from lightning_tune._validation import check_bool, check_instance, check_int
 from lightning_tune.swaps.cross_entropy import LinearCrossEntropyOutput, check_loss_options, linear_cross_entropy
 from lightning_tune.vocab import canonical_loss
 
-__all__ = ["LossSwapEntry", "LossSwapResult", "find_causal_lms", "resolve_loss_backend", "swap_loss"]
+__all__ = ["LossSwapEntry", "LossSwapResult", "find_causal_lms", "swap_loss"]
 
 ResolvedLoss = Literal["chunked", "liger"]
 _LossFn = Callable[..., Any]  # the loss, or a LinearCrossEntropyOutput in eval mode
@@ -48,28 +33,10 @@ _LossFn = Callable[..., Any]  # the loss, or a LinearCrossEntropyOutput in eval 
 _LOGIT_SCALES = ("logit_scale", "logits_scaling", "output_multiplier_scale")
 
 
-def resolve_loss_backend(
-    requested: str, *, device: torch.device | str, notify: Callable[[str], object] | None = None
+def _resolve_loss_backend(
+    requested: str, *, device: torch.device, notify: Callable[[str], object] | None
 ) -> ResolvedLoss:
-    """The backend that will run: ``"liger"`` only on CUDA with Liger-Kernel installed.
-
-    Args:
-        requested: ``"auto"``, ``"chunked"`` or ``"liger"``.
-        device: Device the loss will be computed on.
-        notify: Receives the one message saying what ``"auto"`` chose.
-
-    Returns:
-        ``"chunked"`` or ``"liger"``.
-
-    Raises:
-        ValueError: If ``requested`` is unknown, or ``"liger"`` is asked for off CUDA.
-        ModuleNotFoundError: If ``"liger"`` is asked for and Liger-Kernel is not installed.
-
-    Example:
-        >>> resolve_loss_backend("auto", device="cpu")
-        'chunked'
-    """
-    requested = canonical_loss(requested, arg="backend")
+    """The backend that will run for a canonical ``requested``: ``"liger"`` only on CUDA with Liger-Kernel installed."""
     cuda = torch.device(device).type == "cuda"
     if requested == "chunked":
         return "chunked"
@@ -383,7 +350,7 @@ def swap_loss(
     eval: bool = False,
     notify: Callable[[str], object] | None = None,
 ) -> LossSwapResult:
-    """Make each Hugging Face causal LM in ``module`` compute its training loss without logits (see the module doc).
+    """Make each Hugging Face causal LM in ``module`` compute its training loss without logits (docs/loss_swap.md).
 
     Args:
         module: The model (a LightningModule, a peft model or a ``*ForCausalLM``).
@@ -429,7 +396,7 @@ def swap_loss(
     run_device = (
         torch.device(device) if device is not None else (torch.device("cpu") if first is None else first.device)
     )
-    resolved = resolve_loss_backend(requested, device=run_device, notify=notify)
+    resolved = _resolve_loss_backend(requested, device=run_device, notify=notify)
     options: dict[str, Any] = {
         "label_smoothing": label_smoothing,
         "ce_weight": ce_weight,

@@ -1,21 +1,8 @@
 """Replace a configured optimizer with a memory-saving one over the same parameters: the swap engine.
 
-The new optimizer is a bitsandbytes 8-bit optimizer (state stored as ``uint8`` with one ``float32`` scale per block of
-256 values: about 2 bytes per parameter for Adam instead of 8) or torch's fused AdamW. It is built over the *same*
-parameter objects, with every parameter group and its hyperparameters carried over, and learning-rate schedulers are
-re-pointed to it, so a training loop continues as if it had been written with the new optimizer.
-
-Parameters owned by an ``nn.Embedding``/``nn.EmbeddingBag`` keep 32-bit state by default, as bitsandbytes advises for
-stable training (found by parameter, so a weight tied to an output head is kept too). The override is registered on a
-manager private to the new optimizer, never on bitsandbytes' process-wide ``GlobalOptimManager``, so it cannot leak
-into other optimizers or later runs. Of the overrides on that process-wide manager, those registered by module
-(``register_module_override``) are applied; those of ``override_config``, which it keys by ``id()`` alone and keeps
-after their parameter is freed, are not, with a warning (a freed parameter's entry would land on whichever parameter
-reuses its id).
-
-What the target cannot honour (see :func:`swap_optimizer`): within one family of algorithms (Adam/AdamW into an
-Adam-type target, SGD into ``"sgd8bit"``) a setting that would change the update rule is an error; a swap across
-families (SGD into ``"adamw8bit"``, say) is what the caller asked for, so it warns once and lists what changed.
+The new optimizer (bitsandbytes 8-bit, or torch's fused AdamW) is built over the *same* parameter objects with every
+group and hyperparameter carried over, and learning-rate schedulers are re-pointed to it. Embedding parameters keep
+32-bit state through a manager private to the new optimizer (docs/optimizer_swap.md has the rules).
 
 Nothing here needs a Trainer; :class:`~lightning_tune.callbacks.optimizer_swap.OptimizerSwap` is the Lightning adapter,
 and :func:`swap_optimizers` is the entry point for a precision plugin's ``connect`` hook.
@@ -236,19 +223,8 @@ def swap_optimizer(
     keys schedulers add, a group ``name``). Kernel switches (``foreach``, ``fused``, ``capturable``) are the target's
     own. ``old`` itself is not modified.
 
-    Settings the target cannot honour:
-
-    * ``maximize=True`` or ``differentiable=True`` (except ``maximize``/``amsgrad`` for ``"adamw_fused"``, which
-      implements them), and tensor-valued hyperparameters for a bitsandbytes target: always a ``ValueError``.
-    * Same family (torch ``Adam``/``AdamW`` into an Adam-type target, ``SGD`` into ``"sgd8bit"``): any setting that
-      would change the update rule is a ``ValueError`` naming the group and the setting: ``amsgrad=True``,
-      ``nesterov=True``, ``dampening != 0``, ``SGD`` with ``momentum=0`` into ``"sgd8bit"`` (plain SGD has no state to
-      shrink), and torch ``Adam``'s L2 weight decay (``weight_decay > 0`` without ``decoupled_weight_decay``) into an
-      Adam-type target (bitsandbytes' Adam8bit, like AdamW, decays weights decoupled).
-    * Across families (``SGD`` into ``"adamw8bit"``, ``AdamW`` into ``"lion8bit"``, any other torch optimizer): the
-      caller asked for a different algorithm, so settings with a same-named counterpart are carried over, the rest
-      are dropped, missing ones take the target's defaults, and one ``UserWarning`` lists it all (also in
-      :attr:`OptimizerSwapResult.changes`).
+    Settings the target cannot honour are a ``ValueError`` within one family of algorithms and one ``UserWarning``
+    across families (also in :attr:`OptimizerSwapResult.changes`); docs/optimizer_swap.md lists them.
 
     Args:
         old: A torch optimizer that has not stepped yet (no state).
