@@ -10,9 +10,9 @@ import pytest
 import torch
 
 from lightning_tune import keys
-from lightning_tune.perf.ran import StepRun
 from lightning_tune.perf.recorder import StepRecorder, format_summary
 from lightning_tune.perf.stats import Totals
+from lightning_tune.perf.step_run import StepRun
 from lightning_tune.perf.timing import Timeline
 
 

@@ -37,7 +37,7 @@ from lightning_tune.batch.tokens import TokenBudget
 from lightning_tune.batch.trim import PaddingLayout, causal_lm_shift, cut_sequences, padding_layout, sample_tokens
 from lightning_tune.lr.scaling import SCALE_RULES, ScaleRule, scale_lr
 from lightning_tune.perf.batch import BatchLayout
-from lightning_tune.perf.ran import StepRun
+from lightning_tune.perf.step_run import StepRun
 from lightning_tune.plan.estimate import MemoryEstimate
 
 __all__ = ["KEEPS", "LOSS_WEIGHTS", "DynamicStep", "IntervalFigures", "Keep", "LossWeight", "SizePolicy"]

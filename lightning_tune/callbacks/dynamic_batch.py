@@ -26,12 +26,12 @@ from lightning_tune.batch.sampler import ResizableBatchSampler
 from lightning_tune.batch.sharded import GatheredStep
 from lightning_tune.batch.step import KEEPS, LOSS_WEIGHTS, DynamicStep, Keep, LossWeight, Weighting
 from lightning_tune.batch.tokens import TokenBudget
+from lightning_tune.callbacks import _dynamic_batch_plumbing as plumbing
 from lightning_tune.callbacks import _resizable_loader as loaders
-from lightning_tune.callbacks import _strategy as plumbing
+from lightning_tune.callbacks._dynamic_batch_plumbing import Engine
 from lightning_tune.callbacks._logging import log, log_every_n_steps
-from lightning_tune.callbacks._strategy import Engine
 from lightning_tune.lr.scaling import ScaleRule
-from lightning_tune.perf.ran import StepRun
+from lightning_tune.perf.step_run import StepRun
 from lightning_tune.plan.estimate import MemoryEstimate
 
 if TYPE_CHECKING:
@@ -209,7 +209,7 @@ class DynamicBatchSize(Callback):
         return f"{type(self).__name__}({shown})"
 
     def last_step_run(self) -> StepRun | None:
-        """The micro-batches of the last training step (:class:`~lightning_tune.perf.ran.StepRunSource`)."""
+        """The micro-batches of the last training step (:class:`~lightning_tune.perf.step_run.StepRunSource`)."""
         return None if self.runner is None else self.step.step_run()
 
     @override

@@ -26,9 +26,9 @@ from lightning_tune.perf.batch import LAST_BATCH, count_samples, count_tokens, s
 from lightning_tune.perf.counting import FlopModel, count_step_flops
 from lightning_tune.perf.devices import NvmlSampler
 from lightning_tune.perf.flops import peak_flops
-from lightning_tune.perf.ran import StepRunSource
 from lightning_tune.perf.recorder import StepRecorder, format_summary
 from lightning_tune.perf.stats import StepStats
+from lightning_tune.perf.step_run import StepRunSource
 from lightning_tune.perf.timing import HostTimer, Timeline, timer_for
 from lightning_tune.perf.window import MAX_WINDOW, check_percentiles
 from lightning_tune.vocab import precision_dtype

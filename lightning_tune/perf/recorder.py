@@ -13,8 +13,8 @@ from torch import Tensor
 from lightning_tune import keys
 from lightning_tune.perf.counting import FlopModel
 from lightning_tune.perf.flops import mfu
-from lightning_tune.perf.ran import StepRun
 from lightning_tune.perf.stats import StepStats
+from lightning_tune.perf.step_run import StepRun
 from lightning_tune.perf.timing import CudaTimer, Timeline, compiled_graphs
 from lightning_tune.perf.window import LatencyWindow, percentile_suffix
 
