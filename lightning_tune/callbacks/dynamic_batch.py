@@ -225,9 +225,9 @@ class DynamicBatchSize(Callback):
                 self._wrap_eval(pl_module, f"{name}_step")
             return
         self.step.probe = plumbing.choose_probe(self.step.probe, trainer)
+        agreeable, fsdp2 = plumbing.check_strategy(trainer, pl_module, self.sync_oom)
         if self.size_eval and self.probe is not None:
             self._wrap_eval(pl_module, "validation_step")
-        agreeable, fsdp2 = plumbing.check_strategy(trainer, pl_module, self.sync_oom)
         # FSDP2: the parameters are gathered once per step, so the micro-batches run with no collective
         self._gathered = GatheredStep(pl_module) if fsdp2 else None
         self.runner = micro.MicroBatchRunner(
