@@ -137,7 +137,8 @@ def _gpu_tests(rows: Any, *, smoke: bool) -> str:
     from _results import BASELINE, Row
 
     files = gpu_test_files()
-    command = [sys.executable, "-m", "pytest", "-m", "gpu", "-v", "-rs", "-p", "no:cacheprovider", "-p", "no:xdist", *files]
+    pytest = [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-p", "no:xdist"]  # one process: a line a test
+    command = [*pytest, "-m", "gpu", "-v", "-rs", *files]
     rows.text(f"`pytest -m gpu` on the {len(files)} files that hold GPU tests: {', '.join(files)}. One line per test.")
     rows.table("pytest command", "exit code", "summary", "seconds")
     seconds = rows.device.gpu_tests_s if rows.device else GPU_TESTS_S

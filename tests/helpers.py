@@ -135,10 +135,10 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 def run_ddp_script(script: str, out: Path) -> list[Any]:
-    """Run ``tests/<script>`` (a 2-process DDP run on CPU) and return what each rank wrote to ``out/rank<r>.json``."""
+    """Run ``tests/scripts/<script>`` (a 2-process DDP run on CPU); what each rank wrote to ``out/rank<r>.json``."""
     env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
     proc = subprocess.run(
-        [sys.executable, str(ROOT / "tests" / script), str(out)],
+        [sys.executable, str(ROOT / "tests" / "scripts" / script), str(out)],
         env=env,
         cwd=out,
         capture_output=True,

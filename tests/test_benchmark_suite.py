@@ -101,7 +101,7 @@ def test_smoke_suite_calibrates_and_writes_every_part_row_by_row(tmp_path: Path)
     assert archived == {p.name for p in out.iterdir()} - {"suite-results.tar.gz"}
     # the GPU tests ran from the files that hold them, one line a test, and skipped here (no GPU)
     log = (out / "gpu-tests.log").read_text()
-    assert log.count(" SKIPPED") >= 10 and "tests/test_flops.py::" in log and " error" not in log.lower()
+    assert log.count(" SKIPPED") >= 10 and "tests/perf/test_flops.py::" in log and " error" not in log.lower()
     assert rows["gpu-tests"][-1]["text"] == "Full output: `gpu-tests.log`."
     # every part wrote its plan before its first planned row ran, and at this budget kept every planned row
     for name in parts:
@@ -527,7 +527,7 @@ def test_gpu_tests_that_collect_nothing_or_fail_to_import_are_an_error(
 
 def test_the_gpu_tests_are_the_files_that_hold_them() -> None:
     files = _suite().gpu_test_files()
-    assert "tests/test_flops.py" in files and "tests/test_plugin_gpu.py" in files
+    assert "tests/perf/test_flops.py" in files and "tests/swaps/test_plugin_gpu.py" in files
     assert "tests/upstream/test_accelerate_memory.py" not in files
     assert all("mark.gpu" in (ROOT / f).read_text() for f in files)
 

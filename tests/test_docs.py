@@ -69,8 +69,8 @@ def test_the_callbacks_log_exactly_the_keys_of_the_keys_module(tmp_path: Path) -
     token_trainer.predict(gpt, datamodule=tokens)
     token_logger.save()
     # padded variable-length batches (Hugging Face's collator): the token budget and the padding share
+    from tests.batch.test_dynamic_batch_varlen import Cheap, roomy
     from tests.hf_data import TokenDataset, long_tailed_lengths
-    from tests.test_dynamic_batch_varlen import Cheap, roomy
 
     varlen_logger = CSVLogger(str(tmp_path), name="varlen")
     make_trainer(

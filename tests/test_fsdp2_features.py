@@ -1,7 +1,7 @@
 """docs/multi_gpu.md's strategy × feature table, kept true: FSDP2 and DDP cells run on CPU with 2 gloo processes.
 
-One launch per strategy (``tests/fsdp2_features_script.py``) runs every cell; each test below checks one row of the
-table against what both ranks recorded, and reads the status it must agree with from the table itself.
+One launch per strategy (``tests/scripts/fsdp2_features_script.py``) runs every cell; each test below checks one row
+of the table against what both ranks recorded, and reads the status it must agree with from the table itself.
 """
 
 from __future__ import annotations
@@ -44,7 +44,7 @@ def status(test_name: str, strategy: str) -> str:
 def launch(strategy: str, out: Path, *cells: str) -> list[dict[str, Any]]:
     """Both ranks' results; a hang is killed (both processes) after the timeout and fails the test."""
     env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
-    command = [sys.executable, str(ROOT / "tests" / "fsdp2_features_script.py"), str(out), strategy, *cells]
+    command = [sys.executable, str(ROOT / "tests" / "scripts" / "fsdp2_features_script.py"), str(out), strategy, *cells]
     proc = subprocess.Popen(
         command, env=env, cwd=out, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True
     )
@@ -78,7 +78,7 @@ def both(ranks: list[dict], cell: str) -> tuple[dict, dict]:
 def test_every_cell_has_a_status_and_every_row_names_tests_that_exist() -> None:
     rows = table()
     assert len(rows) >= 12
-    sources = {path.name: path.read_text() for path in (ROOT / "tests").glob("test_*.py")}
+    sources = {path.name: path.read_text() for path in (ROOT / "tests").rglob("test_*.py")}
     for row in rows:
         for strategy in STRATEGIES:
             assert row[strategy].split(" (")[0] in STATUSES, (row["Feature"], strategy, row[strategy])
@@ -235,7 +235,7 @@ def test_attention_swap_and_activation_checkpointing_compose_with_the_strategy(r
 def test_dynamic_batch_recovers_an_oom_on_one_rank_or_fails_every_rank(ranks: tuple[str, list[dict]]) -> None:
     strategy, results = ranks
     if strategy == "DDP":
-        pytest.skip("DynamicBatchSize under DDP: tests/test_dynamic_batch_ddp.py")
+        pytest.skip("DynamicBatchSize under DDP: tests/batch/test_dynamic_batch_ddp.py")
     assert status("test_dynamic_batch_recovers_an_oom_on_one_rank_or_fails_every_rank", strategy) == "works"
     zero, one = both(results, "dynamic_batch")
     reference = zero["reference"]

@@ -666,7 +666,7 @@ def test_schedule_lr_resumes_from_last_epoch_without_initial_lr() -> None:
 
 
 def test_reserve_larger_than_the_device_is_refused_when_training_starts(tmp_path: Any) -> None:
-    from tests.test_dynamic_batch import Net, fit
+    from tests.batch.test_dynamic_batch import Net, fit
 
     memory = lt.SimulatedMemory(16 * GIB, 2 * GIB, GIB // 4)
     with pytest.raises(ValueError, match=r"`reserve_gib` must leave memory to train in: PyTorch can get 16 GiB on"):

@@ -88,6 +88,7 @@ for order in (modules, modules[::-1]):  # then all of them, in both orders
 """
 
 
+@pytest.mark.slow
 def test_every_module_imports_first_and_in_any_order() -> None:
     modules = [m for m in MODULES if m != "lightning_tune.__main__"]  # __main__ runs the CLI on import
     result = subprocess.run(

@@ -1,5 +1,5 @@
 """Parity with accelerate's memory utilities (``tests/test_memory_utils.py`` and ``should_reduce_batch_size``) and its
-model-size estimator (``accelerate estimate-memory``, ``commands/estimate.py``, tested in ``tests/test_cli.py``).
+model-size estimator (``accelerate estimate-memory``, ``commands/estimate.py``, tested in ``tests/cli/test_cli.py``).
 
 accelerate's ``find_executable_batch_size`` halves the batch after an error its ``should_reduce_batch_size`` accepts:
 the out-of-memory messages of CUDA, HIP, XPU, MPS, the CPU allocator and Habana's HPU. lightning_tune's micro-batch

@@ -66,6 +66,7 @@ def try_batch(size: int) -> bool:
     return True
 
 
+@pytest.mark.slow
 @pytest.mark.filterwarnings("ignore")
 def test_engine_finds_the_largest_size_lightnings_finder_misses(tmp_path: Path) -> None:
     lightning = lightning_finds("binsearch", tmp_path)  # doubles to 64, which fails, then bisects

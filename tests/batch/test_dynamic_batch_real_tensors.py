@@ -21,7 +21,7 @@ from torch import nn
 
 import lightning_tune as lt
 from lightning_tune.callbacks.dynamic_batch import Keep
-from tests.test_tracked_memory import VOCAB, CausalLM, fit_tracked, gpt2, llama, token_data, weights
+from tests.batch.test_tracked_memory import VOCAB, CausalLM, fit_tracked, gpt2, llama, token_data, weights
 
 SAMPLES, SEQ, STEPS, TARGET = 24, 32, 14, 0.9
 

@@ -253,6 +253,7 @@ def counting_backend() -> tuple[list[int], Any]:
     return calls, backend
 
 
+@pytest.mark.slow
 def test_a_compiled_model_recompiles_a_bounded_number_of_times(tmp_path: Path) -> None:
     torch._dynamo.reset()
     compiles, backend = counting_backend()

@@ -602,7 +602,7 @@ def test_measured_bytes_per_sample_fall_by_the_logits_and_become_batch(tmp_path:
     assert before - after >= 2 * logits  # at least the float32 logits and their gradient are gone
     assert after < 0.1 * before
 
-    from tests.test_dynamic_batch import Net, fit
+    from tests.batch.test_dynamic_batch import Net, fit
 
     settled = []
     for estimate in (plain, swapped):  # a device on which 8 unswapped samples fit under the 0.9 target
@@ -666,7 +666,7 @@ def test_estimate_memory_shows_the_logits_term_and_what_the_swap_leaves() -> Non
 
 @pytest.fixture(scope="module")
 def ranks(tmp_path_factory: pytest.TempPathFactory) -> list[dict[str, Any]]:
-    """Both ranks' runs of tests/ddp_loss_swap_script.py: DDP and FSDP2 on CPU, in one 2-process launch."""
+    """Both ranks' runs of tests/scripts/ddp_loss_swap_script.py: DDP and FSDP2 on CPU, in one 2-process launch."""
     return run_ddp_script("ddp_loss_swap_script.py", tmp_path_factory.mktemp("loss_swap_ranks"))
 
 
@@ -710,8 +710,8 @@ def test_fsdp2_shards_match_the_unswapped_fsdp2_run(ranks: list[dict[str, Any]],
 def test_token_weighted_dynamic_batches_give_the_unswapped_weights(tmp_path: Any) -> None:
     """DynamicBatchSize cuts each step of padded long-tailed batches into micro-batches and weights their losses by
     tokens; the swapped loss (no logits) must give that run's weights."""
+    from tests.batch.test_dynamic_batch_varlen import LM, tiny_gpt2
     from tests.hf_data import long_tailed_lengths
-    from tests.test_dynamic_batch_varlen import LM, tiny_gpt2
 
     class Recording(LM):
         kept_logits: list[bool]

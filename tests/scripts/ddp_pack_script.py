@@ -14,7 +14,7 @@ import warnings
 from datetime import timedelta
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 import torch  # noqa: E402
 from lightning.pytorch import Trainer  # noqa: E402
@@ -22,8 +22,8 @@ from lightning.pytorch.strategies import ModelParallelStrategy  # noqa: E402
 from torch.distributed.fsdp import FSDPModule, fully_shard  # noqa: E402
 
 import lightning_tune as lt  # noqa: E402
+from tests.batch.test_pack import CausalLM, small_device  # noqa: E402
 from tests.helpers import finish_ddp  # noqa: E402
-from tests.test_pack import CausalLM, small_device  # noqa: E402
 
 
 class Sharded(CausalLM):

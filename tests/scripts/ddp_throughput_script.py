@@ -6,7 +6,7 @@ import sys
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from lightning.pytorch import Trainer  # noqa: E402
 from lightning.pytorch.loggers import CSVLogger  # noqa: E402

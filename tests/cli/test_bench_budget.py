@@ -12,9 +12,9 @@ import pytest
 from lightning_tune.bench import BenchResult, BenchRunner, BenchSettings, LatencyBudget
 from lightning_tune.bench.budget import format_recommendation, timed_batches_needed
 from lightning_tune.bench.plot import _figure
-from tests.test_bench_modules import CLOCK
+from tests.cli.test_bench_modules import CLOCK
 
-MODULES = "tests.test_bench_modules"
+MODULES = "tests.cli.test_bench_modules"
 SIZES = (1, 2, 4, 8)
 BASE_MS, PER_SAMPLE_MS = 0.5, 1.0  # a batch of b samples takes 0.5 + b ms: 1.5, 2.5, 4.5, 8.5 ms
 

@@ -18,9 +18,9 @@ from lightning.pytorch.callbacks import BatchSizeFinder, ModelCheckpoint
 
 import lightning_tune as lt
 from lightning_tune.batch import ResizableBatchSampler
+from tests.batch.test_dynamic_batch import Net, fit, sim
+from tests.batch.test_dynamic_batch_varlen import LM, tiny_gpt2
 from tests.hf_data import TokenDataset, lm_collator, long_tailed_lengths
-from tests.test_dynamic_batch import Net, fit, sim
-from tests.test_dynamic_batch_varlen import LM, tiny_gpt2
 
 N, LOADER_BATCH, ACCUMULATE, EPOCHS = 64, 4, 2, 2  # 8 optimizer steps of 8 samples per epoch
 Step = tuple[int, list[int], float, int]  # epoch, samples in the order trained, LR, micro-batch

@@ -1,4 +1,4 @@
-"""LightningModules the bench tests load by name (``tests.test_bench_modules:ClockedModule``); no tests here.
+"""LightningModules the bench tests load by name (``tests.cli.test_bench_modules:ClockedModule``); no tests here.
 
 ``ClockedModule`` runs on a fake clock: each training or predict step moves :data:`CLOCK` forward by the next of
 its ``durations_ms``, and the tests make the monitor read that clock, so every figure of a sweep is exact.

@@ -10,14 +10,14 @@ import sys
 from pathlib import Path
 from typing import Any
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 import torch.distributed as dist  # noqa: E402
 from lightning.pytorch import Callback, Trainer  # noqa: E402
 
 import lightning_tune as lt  # noqa: E402
+from tests.batch.test_dynamic_batch import Net, Record  # noqa: E402
 from tests.helpers import finish_ddp  # noqa: E402
-from tests.test_dynamic_batch import Net, Record  # noqa: E402
 
 
 class Collectives(Callback):

@@ -17,9 +17,9 @@ import lightning_tune as lt
 from lightning_tune.batch.pack import PackingError, no_cache, pack
 from lightning_tune.batch.trim import padding_layout
 from lightning_tune.perf.counting import count_step_flops
+from tests.batch.test_dynamic_batch_varlen import Metrics
 from tests.helpers import make_trainer, run_ddp_script
 from tests.hf_data import VOCAB, TokenDataset, lm_collator, long_tailed_lengths
-from tests.test_dynamic_batch_varlen import Metrics
 
 transformers.logging.set_verbosity_error()
 

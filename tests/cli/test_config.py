@@ -960,7 +960,7 @@ def test_building_trainer_kwargs_leaves_cuda_uninitialised(
 def test_docs_table_names_every_key() -> None:
     from lightning_tune.config.loader import REFUSED
 
-    docs = (Path(__file__).resolve().parents[1] / "docs" / "config.md").read_text()
+    docs = (Path(__file__).resolve().parents[2] / "docs" / "config.md").read_text()
     table = "\n".join(line for line in docs.splitlines() if line.startswith("| `"))
     assert [path for path in [*KEYS, *REFUSED] if f"`{path}`" not in table] == []
 

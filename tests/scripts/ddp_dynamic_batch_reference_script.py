@@ -5,9 +5,9 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-from tests.ddp_dynamic_batch_script import main  # noqa: E402
+from tests.scripts.ddp_dynamic_batch_script import main  # noqa: E402
 
 if __name__ == "__main__":
     main(Path(sys.argv[1]), with_callback=False)

@@ -16,7 +16,7 @@ from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 import torch  # noqa: E402
 from lightning.pytorch import Callback, Trainer  # noqa: E402
@@ -379,7 +379,7 @@ def main(out: Path) -> None:
     results: dict[str, Any] = {}
     rank = 0
     for name, run in cells.items():
-        # DynamicBatchSize's DDP cell is tests/ddp_dynamic_batch_script.py; its refusal is FSDPStrategy's cell
+        # DynamicBatchSize's DDP cell is tests/scripts/ddp_dynamic_batch_script.py; its refusal is FSDPStrategy's cell
         elsewhere = {"ddp": ("dynamic_batch", "dynamic_batch_refused"), "fsdp2": ("dynamic_batch_refused",)}
         if (only and name not in only) or name in elsewhere.get(STRATEGY, ()):
             continue

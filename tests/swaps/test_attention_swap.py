@@ -333,7 +333,7 @@ def test_detection_does_not_import_transformers_models() -> None:
         "swap_attention(torch.nn.MultiheadAttention(8, 2), 'sdpa'); "
         "assert 'transformers.modeling_utils' not in sys.modules"
     )
-    subprocess.run([sys.executable, "-c", code], check=True, cwd=Path(__file__).resolve().parents[1])
+    subprocess.run([sys.executable, "-c", code], check=True, cwd=Path(__file__).resolve().parents[2])
 
 
 # ---------------------------------------------------------------------------------------------- undo and idempotence

@@ -19,9 +19,9 @@ from lightning_tune import _imports, cli
 from lightning_tune.commands import bench
 from lightning_tune.commands.args import PROG, ArgumentParser
 from lightning_tune.commands.bench import add_parser
-from tests.test_bench_modules import CLOCK
+from tests.cli.test_bench_modules import CLOCK
 
-MODULES = "tests.test_bench_modules"
+MODULES = "tests.cli.test_bench_modules"
 TINY_GPT = json.dumps({"d_model": 16, "n_layers": 1, "n_heads": 2})
 # table column -> (result field, decimals shown, scale)
 SHOWN = {
@@ -365,7 +365,7 @@ def test_generated_output_is_kept_out_of_version_control() -> None:
     import shutil
     import subprocess
 
-    root = Path(__file__).resolve().parents[1]
+    root = Path(__file__).resolve().parents[2]
     if shutil.which("git") is None or not (root / ".git").exists():
         pytest.skip("not a git checkout")
     paths = ["lightning_logs/bench/version_0/bench.json", "bench_results/bench.json", "tradeoff.png"]

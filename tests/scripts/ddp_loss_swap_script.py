@@ -19,7 +19,7 @@ from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 import torch  # noqa: E402
 from lightning.pytorch import LightningModule, Trainer  # noqa: E402
@@ -30,7 +30,7 @@ from torch.utils.data import DataLoader  # noqa: E402
 
 import lightning_tune as lt  # noqa: E402
 from tests.helpers import finish_ddp  # noqa: E402
-from tests.test_loss_swap import collated, gemma, llama, padded_batch  # noqa: E402
+from tests.swaps.test_loss_swap import collated, gemma, llama, padded_batch  # noqa: E402
 
 
 def local(tensor: torch.Tensor) -> torch.Tensor:

@@ -10,7 +10,7 @@ import pytest
 from lightning_tune import cli
 from lightning_tune.cli import main
 
-REPO_ROOT = Path(__file__).resolve().parents[1]
+REPO_ROOT = Path(__file__).resolve().parents[2]
 
 
 @pytest.mark.slow

@@ -14,7 +14,7 @@ from lightning.pytorch import Callback, Trainer
 
 import lightning_tune as lt
 from lightning_tune.batch import BatchSizeController, Decision, TokenBudget
-from tests.test_dynamic_batch import Net, fit
+from tests.batch.test_dynamic_batch import Net, fit
 
 GiB = 1 << 30
 TARGET = 0.9

@@ -16,9 +16,9 @@ from lightning_tune.bench import BenchResult, BenchRunner, BenchSettings, Settin
 from lightning_tune.bench.plot import check_png_path, plot_tradeoff
 from lightning_tune.bench.settings import parse_batch_sizes
 from lightning_tune.callbacks.throughput import ThroughputLatencyMonitor
-from tests.test_bench_modules import CLOCK, SEQ, ClockedModule, token_data
+from tests.cli.test_bench_modules import CLOCK, SEQ, ClockedModule, token_data
 
-MODULES = "tests.test_bench_modules"
+MODULES = "tests.cli.test_bench_modules"
 TINY_GPT = {"d_model": 16, "n_layers": 1, "n_heads": 2}
 
 

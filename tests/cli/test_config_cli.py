@@ -13,7 +13,7 @@ from lightning_tune.callbacks import ActivationCheckpointing
 from lightning_tune.config import InitialLR
 from tests.helpers import LRRecorder
 
-EXAMPLE = Path(__file__).resolve().parents[1] / "examples" / "lightning_cli"
+EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "lightning_cli"
 
 
 def load_example() -> Any:

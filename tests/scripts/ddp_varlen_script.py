@@ -10,15 +10,15 @@ import sys
 from pathlib import Path
 from typing import Any
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 import torch  # noqa: E402
 from lightning.pytorch import Callback, Trainer  # noqa: E402
 
 import lightning_tune as lt  # noqa: E402
+from tests.batch.test_dynamic_batch_varlen import Cheap  # noqa: E402
 from tests.helpers import finish_ddp  # noqa: E402
 from tests.hf_data import TokenDataset, long_tailed_lengths  # noqa: E402
-from tests.test_dynamic_batch_varlen import Cheap  # noqa: E402
 
 
 class Seen(Cheap):

@@ -16,8 +16,8 @@ import lightning_tune as lt
 from lightning_tune.batch import Decision, MicroBatch, MicroBatchRunner
 from lightning_tune.batch.step import DynamicStep, IntervalFigures
 from lightning_tune.perf.step_run import StepRun
+from tests.batch.test_dynamic_batch_varlen import LM, fit, roomy, tiny_gpt2
 from tests.hf_data import TokenDataset, lm_collator, long_tailed_lengths
-from tests.test_dynamic_batch_varlen import LM, fit, roomy, tiny_gpt2
 
 
 def _runner(step: DynamicStep, loss: Any, params: list[torch.Tensor], log: list[MicroBatch]) -> MicroBatchRunner:

@@ -313,7 +313,7 @@ def test_precision_takes_aliases_and_auto_is_decided_for_the_device(
 def test_example_script_runs_with_the_pack_callbacks(tmp_path: Path) -> None:
     import importlib.util
 
-    path = Path(__file__).resolve().parents[1] / "examples" / "add_to_existing_module.py"
+    path = Path(__file__).resolve().parents[2] / "examples" / "add_to_existing_module.py"
     spec = importlib.util.spec_from_file_location("add_to_existing_module", path)
     assert spec is not None and spec.loader is not None
     example = importlib.util.module_from_spec(spec)
