@@ -31,6 +31,7 @@ from lightning_tune.callbacks import _resizable_loader as loaders
 from lightning_tune.callbacks._dynamic_batch_plumbing import Engine
 from lightning_tune.callbacks._logging import log, log_every_n_steps
 from lightning_tune.lr.scaling import ScaleRule
+from lightning_tune.perf.batch import LAST_BATCH
 from lightning_tune.perf.step_run import StepRun
 from lightning_tune.plan.estimate import MemoryEstimate
 
@@ -249,6 +250,7 @@ class DynamicBatchSize(Callback):
 
     @override
     def teardown(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
+        LAST_BATCH.clear()  # the last batch counted holds device memory: let it go with the run
         for name in self._eval_originals:
             with contextlib.suppress(AttributeError):
                 delattr(pl_module, name)

@@ -679,3 +679,19 @@ def test_fp16_grad_scaler_through_splitting_and_oom(tmp_path: Path) -> None:
     assert ours.precision_plugin.scaler.get_scale() == plain.precision_plugin.scaler.get_scale()  # type: ignore[attr-defined]
     for a, b in zip(_weights(model), _weights(reference), strict=True):
         torch.testing.assert_close(a, b, rtol=1e-3, atol=2e-4)
+
+
+def test_the_last_batch_counted_is_let_go_at_the_end_of_the_run(tmp_path: Path) -> None:
+    """The counts a step's readers share hold the batch; without the monitor, DynamicBatchSize lets it go at teardown
+    (on a GPU the batch's tensors would otherwise stay allocated after the fit)."""
+    from lightning_tune.perf.batch import LAST_BATCH
+
+    seen: list[Any] = []
+
+    class Keep(Callback):
+        def on_train_batch_end(self, trainer: Trainer, *args: Any) -> None:
+            seen.append(LAST_BATCH.batch)
+
+    fit(Net(n=32), [lt.DynamicBatchSize(probe=sim()), Keep()], tmp_path, max_steps=2)
+    assert seen and all(batch is not None for batch in seen)  # the counts were shared during the run
+    assert LAST_BATCH.batch is None and LAST_BATCH.counts == {}
