@@ -41,6 +41,9 @@ if TYPE_CHECKING:
 __all__ = ["KEEPS", "LOSS_WEIGHTS", "DynamicBatchSize", "Keep", "LossWeight"]
 
 
+_EVAL_STEPS = {"validate": "validation_step", "test": "test_step", "predict": "predict_step"}
+
+
 class DynamicBatchSize(Callback):
     r"""Adjust the micro-batch size while training runs to keep peak device memory at ``target_vram``.
 
@@ -220,10 +223,7 @@ class DynamicBatchSize(Callback):
         if stage != "fit":
             if self.size_eval and (self.probe is not None or trainer.strategy.root_device.type == "cuda"):
                 self.step.probe = plumbing.choose_probe(self.step.probe, trainer)
-                name = next(
-                    n for s, n in (("validate", "validation"), ("test", "test"), ("predict", "predict")) if s == stage
-                )
-                self._wrap_eval(pl_module, f"{name}_step")
+                self._wrap_eval(pl_module, _EVAL_STEPS[stage])
             return
         self.step.probe = plumbing.choose_probe(self.step.probe, trainer)
         agreeable, fsdp2 = plumbing.check_strategy(trainer, pl_module, self.sync_oom)
