@@ -212,7 +212,7 @@ class EvalSizer:
 def join_outputs(outputs: Sequence[Any], sizes: Sequence[int], where: str = "output") -> Any:
     """The outputs of a batch's pieces (of ``sizes`` samples each, in order) as one output of the whole batch.
 
-    Tensors are concatenated on their first (sample) dimension, and a one-element tensor (a per-sample mean, as a
+    Tensors are concatenated on their first (sample) dimension, and a zero-dimensional tensor (a per-sample mean, as a
     loss) becomes the mean weighted by the pieces' samples; mappings, lists and tuples are joined item by item, and a
     list or tuple holding one object per sample (strings, say) is concatenated; all ``None`` is ``None``.
 
