@@ -77,8 +77,9 @@ class LRLogger(Callback):
     def on_before_optimizer_step(
         self, trainer: pl.Trainer, pl_module: pl.LightningModule, optimizer: Optimizer
     ) -> None:
-        if optimizer is trainer.optimizers[0] and self.logs_lr(trainer):
-            log_every_n_steps(trainer, lambda: learning_rates(trainer))
+        # the cheap checks first: whether another callback logs the LRs is asked on logging steps only
+        if optimizer is trainer.optimizers[0] and trainer.loggers and should_log(trainer) and self.logs_lr(trainer):
+            log(trainer, learning_rates(trainer))
 
     @override
     def on_train_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:

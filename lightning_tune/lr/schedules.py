@@ -261,8 +261,14 @@ def warmup_cosine_lr(
     ratio = _check_decay(step, base_lr=base_lr, warmup_steps=warmup_steps, total_steps=total_steps, min_lr=min_lr)
     check_float("num_cycles", num_cycles, low=0.0, low_inclusive=False)
     check_bool("hard_restarts", hard_restarts)
-    cycles = partial(warmup_cosine, num_cycles=num_cycles, hard_restarts=hard_restarts)
-    return base_lr * cycles(step, warmup_steps=warmup_steps, total_steps=total_steps, min_ratio=ratio)
+    return base_lr * warmup_cosine(
+        step,
+        warmup_steps=warmup_steps,
+        total_steps=total_steps,
+        min_ratio=ratio,
+        num_cycles=num_cycles,
+        hard_restarts=hard_restarts,
+    )
 
 
 def warmup_polynomial_lr(
@@ -315,8 +321,15 @@ def warmup_stable_decay_lr(
     check_int("decay_steps", decay_steps, minimum=0, maximum=total_steps - warmup_steps)
     check_choice("warmup_shape", warmup_shape, RAMP_SHAPES)
     check_choice("decay_shape", decay_shape, RAMP_SHAPES)
-    shaped = partial(warmup_stable_decay, warmup_shape=warmup_shape, decay_shape=decay_shape, min_ratio=ratio)
-    return base_lr * shaped(step, warmup_steps=warmup_steps, decay_steps=decay_steps, total_steps=total_steps)
+    return base_lr * warmup_stable_decay(
+        step,
+        warmup_steps=warmup_steps,
+        decay_steps=decay_steps,
+        total_steps=total_steps,
+        min_ratio=ratio,
+        warmup_shape=warmup_shape,
+        decay_shape=decay_shape,
+    )
 
 
 def linear_warmup_lr(step: int, *, base_lr: float, warmup_steps: int) -> float:
@@ -336,11 +349,21 @@ def linear_warmup_lr(step: int, *, base_lr: float, warmup_steps: int) -> float:
     return base_lr * linear_warmup(step, warmup_steps=warmup_steps)
 
 
-def _check_cycle(total_steps: int, pct_start: float, anneal_strategy: str, three_phase: bool) -> None:
+def _checked_cycle(
+    total_steps: int, pct_start: float, anneal_strategy: AnnealStrategy, three_phase: bool
+) -> Callable[..., float]:
+    """:func:`one_cycle` with these arguments, once they are checked."""
     check_int("total_steps", total_steps, minimum=1)
     check_float("pct_start", pct_start, low=0.0, high=1.0, low_inclusive=False, high_inclusive=False)
     check_choice("anneal_strategy", anneal_strategy, ANNEAL_STRATEGIES)
     check_bool("three_phase", three_phase)
+    return partial(
+        one_cycle,
+        total_steps=total_steps,
+        pct_start=pct_start,
+        anneal_strategy=anneal_strategy,
+        three_phase=three_phase,
+    )
 
 
 def one_cycle_lr(
@@ -372,10 +395,9 @@ def one_cycle_lr(
     _check_step(step, max_lr=max_lr)
     check_float("div_factor", div_factor, low=0.0, low_inclusive=False)
     check_float("final_div_factor", final_div_factor, low=0.0, low_inclusive=False)
-    _check_cycle(total_steps, pct_start, anneal_strategy, three_phase)
-    cycle = partial(one_cycle, pct_start=pct_start, anneal_strategy=anneal_strategy, three_phase=three_phase)
+    cycle = _checked_cycle(total_steps, pct_start, anneal_strategy, three_phase)
     start = 1.0 / div_factor
-    return max_lr * cycle(step, total_steps=total_steps, start=start, end=start / final_div_factor)
+    return max_lr * cycle(step, start=start, end=start / final_div_factor)
 
 
 def one_cycle_momentum(
@@ -402,6 +424,5 @@ def one_cycle_momentum(
         0.95
     """
     _check_step(step, base_momentum=base_momentum, max_momentum=max_momentum)
-    _check_cycle(total_steps, pct_start, anneal_strategy, three_phase)
-    cycle = partial(one_cycle, pct_start=pct_start, anneal_strategy=anneal_strategy, three_phase=three_phase)
-    return cycle(step, total_steps=total_steps, start=max_momentum, peak=base_momentum, end=max_momentum)
+    cycle = _checked_cycle(total_steps, pct_start, anneal_strategy, three_phase)
+    return cycle(step, start=max_momentum, peak=base_momentum, end=max_momentum)
