@@ -13,36 +13,44 @@ from typing import TYPE_CHECKING
 
 from lightning_tune._lazy import lazy_exports as _lazy_exports
 
-if TYPE_CHECKING:
-    from lightning_tune.batch import SimulatedMemory, TrackedMemory, find_batch_size
+if TYPE_CHECKING:  # the same names, for type checkers: `X as X` marks each as re-exported
+    from lightning_tune.batch import (
+        SimulatedMemory as SimulatedMemory,
+        TrackedMemory as TrackedMemory,
+        find_batch_size as find_batch_size,
+    )
     from lightning_tune.callbacks import (
-        ActivationCheckpointing,
-        AdaptiveLROnPlateau,
-        AttentionSwap,
-        DynamicBatchSize,
-        LinearWarmup,
-        LossSwap,
-        OneCycle,
-        OptimizerSwap,
-        ThroughputLatencyMonitor,
-        TorchCompile,
-        WarmupCosine,
-        WarmupPolynomial,
-        WarmupStableDecay,
+        ActivationCheckpointing as ActivationCheckpointing,
+        AdaptiveLROnPlateau as AdaptiveLROnPlateau,
+        AttentionSwap as AttentionSwap,
+        DynamicBatchSize as DynamicBatchSize,
+        LinearWarmup as LinearWarmup,
+        LossSwap as LossSwap,
+        OneCycle as OneCycle,
+        OptimizerSwap as OptimizerSwap,
+        ThroughputLatencyMonitor as ThroughputLatencyMonitor,
+        TorchCompile as TorchCompile,
+        WarmupCosine as WarmupCosine,
+        WarmupPolynomial as WarmupPolynomial,
+        WarmupStableDecay as WarmupStableDecay,
     )
-    from lightning_tune.config import InitialLR, TrainingConfig, from_config
-    from lightning_tune.lr import ScheduleLR, scale_lr
+    from lightning_tune.config import (
+        InitialLR as InitialLR,
+        TrainingConfig as TrainingConfig,
+        from_config as from_config,
+    )
+    from lightning_tune.lr import ScheduleLR as ScheduleLR, scale_lr as scale_lr
     from lightning_tune.plan import (
-        MODEL_SHAPES,
-        MemoryEstimate,
-        TransformerShape,
-        ZeroPlan,
-        estimate_memory,
-        measure_memory,
-        plan_zero,
+        MODEL_SHAPES as MODEL_SHAPES,
+        MemoryEstimate as MemoryEstimate,
+        TransformerShape as TransformerShape,
+        ZeroPlan as ZeroPlan,
+        estimate_memory as estimate_memory,
+        measure_memory as measure_memory,
+        plan_zero as plan_zero,
     )
-    from lightning_tune.plugins import TunePlugin, deepspeed_strategy
-    from lightning_tune.swaps import linear_cross_entropy
+    from lightning_tune.plugins import TunePlugin as TunePlugin, deepspeed_strategy as deepspeed_strategy
+    from lightning_tune.swaps import linear_cross_entropy as linear_cross_entropy
 
 #: Where each public name is defined, imported from there on first use.
 _ORIGINS = {
@@ -78,7 +86,8 @@ _ORIGINS = {
     "plan_zero": "lightning_tune.plan",
     "scale_lr": "lightning_tune.lr",
 }
-__getattr__, __dir__ = _lazy_exports(__name__, _ORIGINS)
+if not TYPE_CHECKING:  # type checkers read the imports above, so a misspelt name is an error there
+    __getattr__, __dir__ = _lazy_exports(__name__, _ORIGINS)
 
 try:
     from importlib.metadata import PackageNotFoundError, version
@@ -87,37 +96,4 @@ try:
 except PackageNotFoundError:  # running from a source tree that was not installed
     __version__ = "0.0.0+unknown"
 
-__all__ = [
-    "ActivationCheckpointing",
-    "AdaptiveLROnPlateau",
-    "AttentionSwap",
-    "DynamicBatchSize",
-    "InitialLR",
-    "LinearWarmup",
-    "LossSwap",
-    "MODEL_SHAPES",
-    "MemoryEstimate",
-    "OneCycle",
-    "OptimizerSwap",
-    "ScheduleLR",
-    "SimulatedMemory",
-    "ThroughputLatencyMonitor",
-    "TorchCompile",
-    "TrackedMemory",
-    "TrainingConfig",
-    "TransformerShape",
-    "TunePlugin",
-    "WarmupCosine",
-    "WarmupPolynomial",
-    "WarmupStableDecay",
-    "ZeroPlan",
-    "__version__",
-    "deepspeed_strategy",
-    "estimate_memory",
-    "find_batch_size",
-    "from_config",
-    "linear_cross_entropy",
-    "measure_memory",
-    "plan_zero",
-    "scale_lr",
-]
+__all__ = sorted([*_ORIGINS, "__version__"])

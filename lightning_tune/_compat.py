@@ -1,10 +1,7 @@
-"""The Lightning versions whose private internals lightning_tune relies on were checked with, and a warn-once check.
+"""The Lightning versions the private internals lightning_tune relies on were checked with, and a warn-once check.
 
-Most of the package uses Lightning's public API and follows ``lightning>=2.4`` from ``pyproject.toml``. Where a
-private attribute is the only way (:class:`~lightning_tune.DynamicBatchSize` resizing the running epoch), the code
-was checked on the versions in :data:`LIGHTNING_TESTED` only. Pinning the whole package to them would stop users of
-every other feature from installing it on another Lightning, so such a feature calls :func:`check_lightning_version`
-at fit start instead: one warning per feature and process outside the range, naming both versions.
+Rather than pin the whole package, a feature that needs a private attribute (``DynamicBatchSize`` resizing the running
+epoch) calls :func:`check_lightning_version` at fit start: one warning per feature and process outside the range.
 """
 
 from __future__ import annotations
@@ -15,8 +12,6 @@ from typing import Final
 from lightning.fabric.utilities.rank_zero import rank_zero_warn
 from packaging.version import InvalidVersion, Version
 
-__all__ = ["LIGHTNING_TESTED", "check_lightning_version"]
-
 #: Lightning versions the private internals were checked on: from the first (included) to the second (excluded).
 LIGHTNING_TESTED: Final[tuple[str, str]] = ("2.6.6", "2.7")
 
@@ -26,19 +21,9 @@ _warned: set[str] = set()
 def check_lightning_version(
     feature: str, *, installed: str | None = None, tested: tuple[str, str] = LIGHTNING_TESTED
 ) -> bool:
-    """Warn once per ``feature`` when the installed Lightning is outside the range its internals were checked on.
+    """Warn once per ``feature`` when Lightning (``installed``, else the installed one) is outside ``tested``.
 
-    Args:
-        feature: What relies on the internals, for the message (``"DynamicBatchSize"``).
-        installed: The Lightning version to judge; ``None`` reads the installed ``lightning`` package.
-        tested: ``(first, end)``: versions from ``first`` up to, not including, ``end`` were checked.
-
-    Returns:
-        Whether the version is inside the tested range (``False`` also when it cannot be read).
-
-    Raises:
-        TypeError: If ``feature`` is not a non-empty string or ``installed`` not a string.
-        ValueError: If ``tested`` is not two increasing version strings.
+    ``tested`` is ``(first, end)``, ``end`` excluded. Returns whether the version is inside (``False`` if unreadable).
 
     Example:
         >>> check_lightning_version("DynamicBatchSize", installed="2.6.6")

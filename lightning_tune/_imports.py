@@ -1,9 +1,4 @@
-"""Lazy access to optional packages.
-
-Every optional dependency of lightning_tune is reached through :func:`require` (or the helpers built on it), so
-importing the package never imports bitsandbytes, flash-attn, deepspeed or nvidia-ml-py, and a missing package
-raises one clear error that names the extra to install.
-"""
+"""Lazy access to optional packages: importing lightning_tune imports none, and a missing one names its extra."""
 
 from __future__ import annotations
 
@@ -26,20 +21,10 @@ OPTIONAL_PACKAGES: Final[dict[str, tuple[str, str]]] = {
 
 
 def is_available(module: str) -> bool:
-    """Tell whether an optional package can be imported, without importing it.
+    """Whether the optional package ``module`` (a key of :data:`OPTIONAL_PACKAGES`) can be imported, not importing it.
 
-    flash-attn 2 (``flash_attn``) and flash-attn-4 (``flash_attn.cute``) share the ``flash_attn`` name: flash-attn-4
-    alone installs it as a namespace package, with no ``__init__.py``, which does not count as flash-attn 2 (Hugging
-    Face models would otherwise be sent to ``flash_attention_2``). Neither check imports anything.
-
-    Args:
-        module: Import name, one of the keys of :data:`OPTIONAL_PACKAGES`.
-
-    Returns:
-        ``True`` when the package is installed (or already imported).
-
-    Raises:
-        ValueError: If ``module`` is not one of the optional packages.
+    flash-attn-4 alone installs ``flash_attn`` as a namespace package, which does not count as flash-attn 2 (Hugging
+    Face models would otherwise be sent to ``flash_attention_2``).
 
     Example:
         >>> is_available("flash_attn") in (True, False)
@@ -66,19 +51,7 @@ def is_available(module: str) -> bool:
 
 
 def require(module: str, *, feature: str) -> ModuleType:
-    """Import an optional package or raise an error that names the extra to install.
-
-    Args:
-        module: Import name, one of the keys of :data:`OPTIONAL_PACKAGES`.
-        feature: What needs it, for the error message (e.g. ``"OptimizerSwap"``).
-
-    Returns:
-        The imported module.
-
-    Raises:
-        ValueError: If ``module`` is not one of the optional packages.
-        ModuleNotFoundError: If the package is not installed; the message names the extra.
-    """
+    """Import the optional package ``module``, or raise ``ModuleNotFoundError`` naming the extra ``feature`` needs."""
     _check_known(module)
     extra, distribution = OPTIONAL_PACKAGES[module]
     try:

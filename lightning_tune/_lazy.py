@@ -1,8 +1,5 @@
 """Lazy re-exports for package ``__init__`` modules: a name is imported from its module on first use.
 
-``import lightning_tune`` and the command line's start-up then cost no torch or Lightning import until a name that
-needs one is used; ``lightning_tune.X``, ``from lightning_tune import X`` and ``__all__`` work as with eager imports.
-
 Example:
     >>> getattr_, dir_ = lazy_exports("json", {"dumps": "json"})
     >>> getattr_("dumps")([1])
@@ -16,19 +13,9 @@ import sys
 from collections.abc import Callable, Mapping
 from typing import Any
 
-__all__ = ["lazy_exports"]
-
 
 def lazy_exports(package: str, origins: Mapping[str, str]) -> tuple[Callable[[str], Any], Callable[[], list[str]]]:
-    """The module ``__getattr__`` and ``__dir__`` of ``package`` that import each name from its module on first use.
-
-    Args:
-        package: The package's ``__name__``.
-        origins: Exported name -> the module it is defined in.
-
-    Returns:
-        ``(__getattr__, __dir__)`` to assign in the package's ``__init__``.
-    """
+    """``(__getattr__, __dir__)`` of ``package`` that import each name of ``origins`` (name -> module) on first use."""
 
     def __getattr__(name: str) -> Any:
         if name not in origins:

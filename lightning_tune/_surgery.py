@@ -1,8 +1,7 @@
 """Module surgery shared by the swaps: instance-level ``forward`` wrappers, undoable results, and the checks before.
 
-A wrapper replaces one module *instance*'s ``forward`` (never its class, never another library's globals), remembers
-the ``forward`` the instance had before, and can be removed again. A result records what a surgery changed and runs
-its undo steps, last first, on :meth:`SurgeryResult.restore` or on leaving a ``with`` block.
+A wrapper replaces one module *instance*'s ``forward`` (never its class, nor another library's globals) and can be
+removed again; a result runs its undo steps, last first, on :meth:`SurgeryResult.restore` or leaving a ``with`` block.
 """
 
 from __future__ import annotations
@@ -73,13 +72,7 @@ class InstanceForward:
 
 
 def remove_forward(module: nn.Module, kind: type[InstanceForward]) -> None:
-    """Give ``module`` back the ``forward`` it had before a wrapper of type ``kind``.
-
-    Args:
-        module: The wrapped module.
-        kind: The wrapper class; a ``forward`` of another kind (already restored, or replaced by someone else since)
-            is left alone.
-    """
+    """Give ``module`` back the ``forward`` it had before a wrapper of type ``kind`` (another kind's is left alone)."""
     current = module.__dict__.get("forward")
     if not isinstance(current, kind):
         return

@@ -1,9 +1,4 @@
-"""Command-line interface: ``lightning-tune <command> [options]`` (also ``python -m lightning_tune``).
-
-This module only assembles the parser. Each command lives in a module of :mod:`lightning_tune.commands` whose
-``add_parser(commands)`` builds its sub-parser and sets its handler; adding a command means adding its module to
-:data:`COMMANDS`. Usage errors exit with status 2 and a one-line message on stderr.
-"""
+"""Command-line interface ``lightning-tune <command>`` (also ``python -m lightning_tune``) over :data:`COMMANDS`."""
 
 from __future__ import annotations
 
@@ -16,20 +11,12 @@ import lightning_tune
 from lightning_tune.commands import bench, calc, demo, report
 from lightning_tune.commands.args import PROG, ArgumentParser
 
-__all__ = ["COMMANDS", "build_parser", "main"]
-
 #: The command modules, in the order ``--help`` lists them.
 COMMANDS = (demo, calc, bench, report)
-#: The exit status when the output's reader has gone (``... | head``): 128 + SIGPIPE, as a shell reports a Unix tool.
-BROKEN_PIPE_STATUS = 141
 
 
 def build_parser() -> argparse.ArgumentParser:
-    """Build the ``lightning-tune`` argument parser with every sub-command.
-
-    Returns:
-        The parser; parsed namespaces carry the chosen command's ``handler``.
-    """
+    """The ``lightning-tune`` parser; a parsed namespace carries the chosen command's ``handler``."""
     parser = ArgumentParser(
         prog=PROG,
         description="PyTorch Lightning callbacks that make an existing LightningModule train faster and fit larger.",
@@ -42,14 +29,10 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """Run the ``lightning-tune`` command line.
+    """Run the command line on ``argv`` (``None``: ``sys.argv[1:]``) and return the exit status.
 
-    Args:
-        argv: Arguments without the program name; ``None`` reads ``sys.argv[1:]``.
-
-    Returns:
-        The exit status: 0 on success, 2 on a usage error (message on stderr), 130 when interrupted, 141 when
-        the reader of the output closed it early (``lightning-tune calc ... | head -2``), with nothing printed.
+    0 on success, 2 on a usage error (message on stderr), 130 when interrupted, 141 (128 + SIGPIPE, as a shell
+    reports a Unix tool) when the reader of the output closed it early (``lightning-tune calc ... | head -2``).
     """
     parser = build_parser()
     try:
@@ -65,4 +48,4 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 130
     except BrokenPipeError:  # stop quietly, as a Unix tool stops on SIGPIPE; what is still buffered goes nowhere
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
-        return BROKEN_PIPE_STATUS
+        return 141

@@ -29,7 +29,6 @@ MFU = "perf/train/mfu"
 HFU = "perf/train/hfu"
 STRAGGLER_RATIO = "perf/train/straggler_ratio"
 # ThroughputLatencyMonitor: each validation and predict run
-STAGE = "perf/{stage}/"
 BATCH_MS = "perf/{stage}/batch_ms_p{q}"
 SAMPLE_MS = "perf/{stage}/sample_ms_p{q}"
 STAGE_SAMPLES_PER_SEC = "perf/{stage}/samples_per_sec"

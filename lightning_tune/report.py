@@ -1,8 +1,6 @@
-"""Read the pack's TensorBoard scalars back and draw them as one PNG report (``lightning-tune report``).
+"""Read the pack's TensorBoard scalars back, draw them into one PNG and summarise them (``lightning-tune report``).
 
-:func:`read_scalars` collects every run under a log directory, :func:`render_report` draws the ``perf/`` and
-``tune/`` scalars over training steps (only the panels that have data) and :func:`summarise` gives a short text
-table. matplotlib and TensorBoard's event reader are imported only when these functions run.
+matplotlib and TensorBoard's event reader are imported only when these functions run.
 
 Example:
     >>> table = summarise({"version_0": {"perf/train/samples_per_sec": [(10, 1000.0), (20, 1200.0)]}})
@@ -15,7 +13,9 @@ Example:
 from __future__ import annotations
 
 import io
+import itertools
 import math
+import operator
 import os
 import re
 import statistics
@@ -35,21 +35,6 @@ if TYPE_CHECKING:
     from matplotlib.axes import Axes
     from matplotlib.figure import Figure
 
-__all__ = [
-    "DEFAULT_DPI",
-    "MAX_DPI",
-    "MIN_DPI",
-    "PANEL_TITLES",
-    "ReportError",
-    "ReportWarning",
-    "Runs",
-    "Series",
-    "check_output",
-    "default_title",
-    "read_scalars",
-    "render_report",
-    "summarise",
-]
 
 #: Points of one scalar, ``(step, value)`` sorted by step.
 Series: TypeAlias = list[tuple[int, float]]
@@ -68,27 +53,20 @@ _PANEL_HEIGHT_IN = 3.8
 _MARKER_MAX_POINTS = 30  # series with this many points or fewer also get markers, so single points show
 _GUIDE_COLOUR = "0.3"
 
-_STEP_MS = tuple(keys.STEP_MS.format(q=q) for q in (50, 95, 99))
-_VAL_MS = tuple(keys.BATCH_MS.format(stage="val", q=q) for q in (50, 95, 99))
+_QS = ("p50", "p95", "p99")
+_STEP_MS = tuple(keys.STEP_MS.format(q=q[1:]) for q in _QS)
+_VAL_MS = tuple(keys.BATCH_MS.format(stage="val", q=q[1:]) for q in _QS)
 _LR_GROUP = keys.pattern(keys.LR_GROUP)
 _VRAM = (keys.VRAM_USED_FRAC, keys.VRAM_ALLOCATED_GIB, keys.VRAM_RESERVED_GIB, keys.VRAM_PEAK_GIB)
 _PLOTTED = frozenset(  # the keys some panel draws (besides tune/lr/pg{i} and the losses)
     (keys.SAMPLES_PER_SEC, keys.TOKENS_PER_SEC, *_STEP_MS, keys.STEP_MS_MAX, *_VAL_MS, keys.MFU, keys.DATA_WAIT_FRAC)
-    + (keys.GPU_UTIL_PCT, keys.LR, keys.BATCH_SIZE, keys.EFFECTIVE_BATCH_SIZE, *_VRAM)
-    + (
-        keys.MICRO_BATCH_TOKENS,
-        keys.PADDING_FRAC,
-        keys.OOM_RECOVERIES,
-        keys.PLATEAU_REDUCTIONS,
-        keys.PREDICTED_VRAM_FRAC,
-    )
+    + (keys.GPU_UTIL_PCT, keys.LR, keys.PLATEAU_REDUCTIONS, keys.BATCH_SIZE, keys.EFFECTIVE_BATCH_SIZE, *_VRAM)
+    + (keys.MICRO_BATCH_TOKENS, keys.PADDING_FRAC, keys.OOM_RECOVERIES, keys.PREDICTED_VRAM_FRAC)
 )
 #: Below this share of the time spent waiting for data, and without MFU or GPU readings, the utilisation panel
 #: would be a flat line at 0 %: it is left out.
 _MIN_DATA_WAIT = 0.01
-_PERCENTILE_STYLES = ("-", "--", "-.")  # p50, p95, p99
 _STYLES = ("-", "--", "-.", ":")  # the series of a panel, in turn
-_MAX_STYLE = ":"
 _OOM_MARKER, _PLATEAU_MARKER = "x", "v"  # events, marked on a line: an out-of-memory recovery, an LR reduction
 _MARKERS = (_OOM_MARKER, _PLATEAU_MARKER)
 
@@ -101,26 +79,16 @@ class ReportWarning(UserWarning):
     """Some event files (or names of them) were left out of the report: not regular files, or not readable."""
 
 
-# --------------------------------------------------------------------------------------------------- reading
-
-
 def read_scalars(logdir: str | os.PathLike[str]) -> Runs:
-    """Read every scalar of every TensorBoard run under a log directory.
+    """Read every scalar of every TensorBoard run under a log directory (what a run is: ``docs/cli.md``).
 
-    Each directory under ``logdir`` (``logdir`` itself included) that holds ``events.out.tfevents.*`` files is one
-    run, named by its path relative to ``logdir`` (``"version_0"``, ``"."`` for ``logdir`` itself). Symbolic links
-    to directories are followed, each directory read once. A run's files are read in name order (the order they were
-    written), each once, so the time grows with the number of files, not its square. A name that is not a regular
-    file (a named pipe, a device) is skipped, and so is the rest of a file from a record that cannot be read on (a
-    last record that runs past the end is one still being written, left out silently): one :class:`ReportWarning`
-    names them.
+    One :class:`ReportWarning` names the event files left out.
 
     Args:
         logdir: The log directory, e.g. ``lightning_logs``.
 
     Returns:
-        Run name -> scalar key -> ``(step, value)`` points sorted by step; runs in natural order (``version_2``
-        before ``version_10``).
+        Run name -> scalar key -> ``(step, value)`` points sorted by step; runs in natural order (``version_10`` last).
 
     Raises:
         TypeError: If ``logdir`` is not a path.
@@ -132,10 +100,7 @@ def read_scalars(logdir: str | os.PathLike[str]) -> Runs:
         raise ReportError(f"`logdir` {str(root)!r} does not exist; TensorBoard logs are usually under ./lightning_logs")
     if not root.is_dir():
         raise ReportError(f"`logdir` must be a directory of TensorBoard logs, got the file {str(root)!r}")
-    run_files, skipped = _find_event_files(root)
-    runs: Runs = {}
-    for directory, files in run_files.items():
-        runs[directory.relative_to(root).as_posix()] = _read_run(files, root, skipped)
+    runs, skipped = _read_runs(root)
     if skipped and not any(runs.values()):
         raise ReportError(f"no scalars could be read under {str(root)!r}: {_listed(skipped)}")
     if not runs:
@@ -174,8 +139,8 @@ def _natural_key(text: str) -> list[tuple[int, int | str]]:
     return [(0, int(part)) if part.isdigit() else (1, part) for part in re.split(r"(\d+)", text) if part]
 
 
-def _find_event_files(root: Path) -> tuple[dict[Path, list[Path]], list[str]]:
-    """Each run directory's event files, in name order, and a line for each event name that is not a regular file."""
+def _read_runs(root: Path) -> tuple[Runs, list[str]]:
+    """Every run's scalars, in natural order, and a line for each event file (or rest of one) left out."""
     found: dict[Path, list[Path]] = {}
     seen: set[str] = set()
     skipped = []
@@ -191,25 +156,24 @@ def _find_event_files(root: Path) -> tuple[dict[Path, list[Path]], list[str]]:
                 found.setdefault(directory, []).append(directory / name)
             else:
                 skipped.append(f"{_shown_path(directory / name, root)} (not a regular file)")
-    order = sorted(found, key=lambda d: _natural_key(d.relative_to(root).as_posix()))
-    return {directory: found[directory] for directory in order}, skipped
+    runs: Runs = {}
+    for directory in sorted(found, key=lambda d: _natural_key(d.relative_to(root).as_posix())):
+        series: dict[str, Series] = {}
+        for file in found[directory]:  # in name order: the order they were written
+            points, stopped = _read_event_file(file)
+            if stopped is not None:
+                skipped.append(f"{_shown_path(file, root)} ({stopped})")
+            for tag, step, value in points:
+                series.setdefault(tag, []).append((step, value))
+        runs[directory.relative_to(root).as_posix()] = {
+            t: sorted(series[t], key=lambda p: p[0]) for t in sorted(series)
+        }
+    return runs, skipped
 
 
 def _shown_path(path: Path, root: Path) -> str:
     text = path.relative_to(root).as_posix()
     return repr(text if len(text) <= 120 else f"{text[:50]}...{text[-50:]}")
-
-
-def _read_run(files: list[Path], root: Path, skipped: list[str]) -> dict[str, Series]:
-    """The scalars of one run's event files; a file that cannot be read (from some byte on) joins ``skipped``."""
-    series: dict[str, Series] = {}
-    for file in files:
-        points, stopped = _read_event_file(file)
-        if stopped is not None:
-            skipped.append(f"{_shown_path(file, root)} ({stopped})")
-        for tag, step, value in points:
-            series.setdefault(tag, []).append((step, value))
-    return {tag: sorted(series[tag], key=lambda p: p[0]) for tag in sorted(series)}
 
 
 def _read_event_file(path: Path) -> tuple[list[tuple[str, int, float]], str | None]:
@@ -232,8 +196,7 @@ def _read_event_file(path: Path) -> tuple[list[tuple[str, int, float]], str | No
     while offset + 12 <= len(data):
         (length,), (crc,) = struct.unpack_from("<Q", data, offset), struct.unpack_from("<I", data, offset + 8)
         if masked_crc32c(data[offset : offset + 8]) != crc:
-            what = "not a TensorBoard event file" if offset == 0 else f"a damaged record at byte {offset:,}"
-            return points, what
+            return points, "not a TensorBoard event file" if offset == 0 else f"a damaged record at byte {offset:,}"
         if offset + 16 + length > len(data):
             break
         try:
@@ -247,9 +210,6 @@ def _read_event_file(path: Path) -> tuple[list[tuple[str, int, float]], str | No
     return points, None
 
 
-# --------------------------------------------------------------------------------------------------- summary
-
-
 @dataclass(frozen=True)
 class _Column:
     group: str  # upper header line, shared by neighbouring columns
@@ -257,10 +217,6 @@ class _Column:
     key: str
     reduce: Callable[[list[float]], float]
     fmt: Callable[[float], str]
-
-
-def _last(values: list[float]) -> float:
-    return values[-1]
 
 
 def _rate(value: float) -> str:
@@ -271,6 +227,7 @@ def _ms(value: float) -> str:
     return f"{value:.0f}" if abs(value) >= 100 else f"{value:.1f}" if abs(value) >= 10 else f"{value:.2f}"
 
 
+_last = operator.itemgetter(-1)
 _STEP_GROUP = "step ms (median)"
 _GAP = 2  # spaces between columns
 _COLUMNS: tuple[_Column, ...] = (
@@ -278,9 +235,7 @@ _COLUMNS: tuple[_Column, ...] = (
     _Column("samples/s", "median", keys.SAMPLES_PER_SEC, statistics.median, _rate),
     _Column("tokens/s", "last", keys.TOKENS_PER_SEC, _last, _rate),
     _Column("tokens/s", "median", keys.TOKENS_PER_SEC, statistics.median, _rate),
-    _Column(_STEP_GROUP, "p50", _STEP_MS[0], statistics.median, _ms),
-    _Column(_STEP_GROUP, "p95", _STEP_MS[1], statistics.median, _ms),
-    _Column(_STEP_GROUP, "p99", _STEP_MS[2], statistics.median, _ms),
+    *(_Column(_STEP_GROUP, q, key, statistics.median, _ms) for q, key in zip(_QS, _STEP_MS, strict=True)),
     _Column("VRAM frac", "peak", keys.VRAM_USED_FRAC, max, "{:.2f}".format),
     _Column("VRAM frac", "predicted", keys.PREDICTED_VRAM_FRAC, _last, "{:.2f}".format),
     _Column("LR", "final", keys.LR, _last, "{:.2e}".format),
@@ -294,13 +249,7 @@ _COLUMNS: tuple[_Column, ...] = (
 
 
 def summarise(runs: Mapping[str, Mapping[str, Sequence[tuple[int, float]]]]) -> str:
-    """Summarise runs as a text table, one row per run and only the columns some run has data for.
-
-    Columns: last and median samples/s and tokens/s, median over the run of the p50/p95/p99 step time (ms), peak
-    VRAM used fraction and the last predicted one (``DynamicBatchSize``'s), final learning rate and the plateau
-    reductions, last batch size and effective batch size and the out-of-memory errors recovered, last token budget of
-    a micro-batch and median padding share (%), under two header lines
-    (a group such as ``samples/s`` over ``last`` and ``median``); ``-`` marks a run without that scalar.
+    """Summarise runs as a text table, one row per run and only the columns some run has data for (``docs/cli.md``).
 
     Args:
         runs: Run name -> scalar key -> ``(step, value)`` points, as :func:`read_scalars` returns.
@@ -321,18 +270,14 @@ def summarise(runs: Mapping[str, Mapping[str, Sequence[tuple[int, float]]]]) -> 
         rows.append([name, *(c.fmt(c.reduce(v)) if v else "-" for c, v in zip(columns, values, strict=True))])
     widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
     # Group headers ("samples/s" over "last" and "median"): widen a group's last column when the label is longer.
-    spans: list[tuple[str, int, int]] = []  # (label, first column, last column), columns counted after "run"
-    for index, column in enumerate(columns, start=1):
-        if spans and spans[-1][0] == column.group:
-            spans[-1] = (column.group, spans[-1][1], index)
-        else:
-            spans.append((column.group, index, index))
-    for label, first, last in spans:
+    groups = " " * widths[0]
+    first = 1  # columns counted after "run"
+    for label, group in itertools.groupby(columns, key=lambda c: c.group):
+        last = first + len(list(group)) - 1
         span = sum(widths[first : last + 1]) + _GAP * (last - first)
         widths[last] += max(0, len(label) - span)
-    groups = " " * widths[0] + "".join(
-        " " * _GAP + label.center(sum(widths[first : last + 1]) + _GAP * (last - first)) for label, first, last in spans
-    )
+        groups += " " * _GAP + label.center(max(span, len(label)))
+        first = last + 1
     return "\n".join([groups.rstrip(), *align(rows, left=1, widths=widths)])
 
 
@@ -361,9 +306,6 @@ def _normalise_runs(runs: Any) -> dict[str, dict[str, Series]]:
                     f"`runs[{name!r}][{key!r}]` must be a sequence of (step, value) number pairs: {err}"
                 ) from None
     return out
-
-
-# --------------------------------------------------------------------------------------------------- figure
 
 
 @dataclass
@@ -416,10 +358,7 @@ class _Canvas:
         return any([self.line(ax, run, key, style=style, scale=scale, steps=steps) for run in self.runs])
 
     def events(self, ax: Axes, count: str, on: Callable[[str], str], marker: str) -> int:
-        """Mark where the counter ``count`` rose, on the line of each run's ``on(run)`` key; the rises counted.
-
-        A counter logged every few steps rose at the first logged step after the event.
-        """
+        """Mark each rise of counter ``count`` (at the next logged step) on each run's ``on(run)`` line; the rises."""
         total = 0
         for run, scalars in self.runs.items():
             line, before = [(s, v) for s, v in scalars.get(on(run), ()) if math.isfinite(v)], 0.0
@@ -439,19 +378,7 @@ def render_report(
     title: str | None = None,
     dpi: int = DEFAULT_DPI,
 ) -> list[str]:
-    """Draw the runs' ``perf/`` and ``tune/`` scalars over training steps into one PNG.
-
-    Panels (each drawn only when some run has its data): throughput (samples/s; tokens/s on a right-hand axis),
-    step time (p50/p95/p99 and max, ms), the losses the module logged (``train_loss``, ``val_loss``, ...),
-    learning rate (log scale when it spans more than a decade), batch size as DynamicBatchSize decided it in
-    samples (the micro-batch, unless a token budget decides it, and the effective batch of an optimizer step), the
-    token budget of a micro-batch (``tune/micro_batch_tokens``), the padding share (``perf/train/padding_frac``),
-    GPU memory (used fraction of the device, with the 1.0 limit marked), utilisation (MFU, data-wait share, GPU busy,
-    in %; left out when there is neither MFU nor a GPU reading and the data wait stays under 1 %) and validation
-    batch latency. Each run has one colour in every panel
-    (the legend under the title); line styles tell the series of a panel apart. The file is written to a
-    temporary file next to ``output`` and then renamed, so a crash never leaves a partial PNG; missing parent
-    directories are created.
+    """Draw the runs' ``perf/`` and ``tune/`` scalars over training steps into one PNG (the panels: ``docs/cli.md``).
 
     Args:
         runs: Run name -> scalar key -> ``(step, value)`` points, as :func:`read_scalars` returns.
@@ -484,8 +411,7 @@ def render_report(
             "nothing to plot: no run has a perf/ or tune/ scalar that the report draws"
             + (f" (found only: {shown})" if found else " (no scalars at all)")
         )
-    fig = _figure(canvas, panels, "lightning_tune report" if title is None else title, dpi)
-    _write_png_atomically(fig, path)
+    _write_png_atomically(_figure(canvas, panels, "lightning_tune report" if title is None else title, dpi), path)
     return [name for name, _ in panels]
 
 
@@ -512,7 +438,9 @@ def _figure(canvas: _Canvas, panels: list[tuple[str, Callable[[Axes, _Canvas], N
     from matplotlib.ticker import EngFormatter, MaxNLocator
 
     drawn_runs = [
-        run for run, scalars in canvas.runs.items() if any(_is_plotted(k) and _finite(p) for k, p in scalars.items())
+        run
+        for run, scalars in canvas.runs.items()
+        if any((k in _PLOTTED or _LR_GROUP.match(k) or _is_loss(k)) and _finite(p) for k, p in scalars.items())
     ]
     palette = matplotlib.color_sequences["tab10" if len(drawn_runs) <= 10 else "tab20"]
     canvas.colours = {run: palette[i % len(palette)] for i, run in enumerate(drawn_runs)}
@@ -526,8 +454,7 @@ def _figure(canvas: _Canvas, panels: list[tuple[str, Callable[[Axes, _Canvas], N
     body_in = _PANEL_HEIGHT_IN * nrows
     layout = ConstrainedLayoutEngine(h_pad=0.06, w_pad=0.06, hspace=0.07, wspace=0.03)
     fig = Figure(figsize=(_FIG_WIDTH_IN, header_in + body_in), dpi=dpi, layout=layout)
-    # The title and the run legend get a strip of their own: a figure-level legend placed "outside" would overlap
-    # the suptitle.
+    # The title and the run legend get a strip of their own: a figure legend placed "outside" overlaps the suptitle.
     strips = fig.add_gridspec(2, 1, height_ratios=[header_in, body_in], hspace=0.0)
     head, body = fig.add_subfigure(strips[0]), fig.add_subfigure(strips[1])
     for index, (name, draw) in enumerate(panels):
@@ -558,10 +485,6 @@ def _is_loss(key: str) -> bool:
     return not key.startswith(keys.PREFIXES) and "loss" in key.rsplit("/", 1)[-1].lower()
 
 
-def _is_plotted(key: str) -> bool:
-    return key in _PLOTTED or _LR_GROUP.match(key) is not None or _is_loss(key)
-
-
 def _run_label(run: str) -> str:
     return "(log directory itself)" if run == "." else _plain(run)
 
@@ -571,22 +494,21 @@ def _plain(text: str) -> str:
     return text.replace("$", r"\$")
 
 
-def _style_legend(ax: Axes, entries: Sequence[tuple[str, str]]) -> None:
-    """A legend of line styles (the series), above the plot on the title's line, so that it never hides data.
-
-    The handles are grey since colours stand for runs.
-    """
+def _style_handles(entries: Sequence[tuple[str, str]]) -> list[Any]:
+    """Grey legend handles of ``(line style or event marker, label)`` entries: colours stand for runs."""
     from matplotlib.lines import Line2D
 
     grey: dict[str, Any] = {"color": _GUIDE_COLOUR, "linewidth": 1.6}
-    handles = [
-        Line2D(
-            [], [], **(grey | ({"linestyle": "none", "marker": style} if style in _MARKERS else {"linestyle": style}))
-        )
-        for style, _ in entries
+    return [
+        Line2D([], [], **(grey | ({"linestyle": "none", "marker": s} if s in _MARKERS else {"linestyle": s})))
+        for s, _ in entries
     ]
+
+
+def _style_legend(ax: Axes, entries: Sequence[tuple[str, str]]) -> None:
+    """A legend of line styles (the series), above the plot on the title's line, so that it never hides data."""
     ax.legend(
-        handles,
+        _style_handles(entries),
         [label for _, label in entries],
         loc="lower right",
         bbox_to_anchor=(1.0, 1.0),
@@ -602,9 +524,8 @@ def _draw_throughput(ax: Axes, canvas: _Canvas) -> None:
     from matplotlib.ticker import EngFormatter
 
     has_samples, has_tokens = canvas.has(keys.SAMPLES_PER_SEC), canvas.has(keys.TOKENS_PER_SEC)
-    primary = keys.SAMPLES_PER_SEC if has_samples else keys.TOKENS_PER_SEC
     ax.set_ylabel("samples/s" if has_samples else "tokens/s")
-    canvas.lines(ax, primary)
+    canvas.lines(ax, keys.SAMPLES_PER_SEC if has_samples else keys.TOKENS_PER_SEC)
     ax.set_ylim(bottom=0)
     ax.yaxis.set_major_formatter(EngFormatter(sep=""))
     if has_samples and has_tokens:
@@ -616,22 +537,25 @@ def _draw_throughput(ax: Axes, canvas: _Canvas) -> None:
         _style_legend(right, [("-", "samples/s (left axis)"), ("--", "tokens/s (right axis)")])
 
 
-def _draw_percentiles(ax: Axes, canvas: _Canvas, names: Sequence[str], max_key: str | None, ylabel: str) -> None:
-    series = [(key, style, key.rsplit("_", 1)[-1]) for key, style in zip(names, _PERCENTILE_STYLES, strict=True)]
-    series += [(max_key, _MAX_STYLE, "max")] if max_key is not None else []
+def _draw_lines(
+    ax: Axes, canvas: _Canvas, series: Sequence[tuple[str, str, str]], ylabel: str, zero: bool = True
+) -> None:
+    """Draw each ``(key, style, label)`` of every run, from ``zero``, with a style legend when several were drawn."""
     entries = [(style, label) for key, style, label in series if canvas.lines(ax, key, style=style)]
     ax.set_ylabel(ylabel)
-    ax.set_ylim(bottom=0)
+    if zero:
+        ax.set_ylim(bottom=0)
     if len(entries) > 1:
         _style_legend(ax, entries)
 
 
 def _draw_step_time(ax: Axes, canvas: _Canvas) -> None:
-    _draw_percentiles(ax, canvas, _STEP_MS, keys.STEP_MS_MAX, "step time (ms)")
+    series = (*zip(_STEP_MS, _STYLES, _QS, strict=False), (keys.STEP_MS_MAX, ":", "max"))
+    _draw_lines(ax, canvas, series, "step time (ms)")
 
 
 def _draw_val_latency(ax: Axes, canvas: _Canvas) -> None:
-    _draw_percentiles(ax, canvas, _VAL_MS, None, "validation batch time (ms)")
+    _draw_lines(ax, canvas, tuple(zip(_VAL_MS, _STYLES, _QS, strict=False)), "validation batch time (ms)")
     ax.set_xlabel("training step (at each validation run)")
 
 
@@ -662,13 +586,8 @@ def _draw_lr(ax: Axes, canvas: _Canvas) -> None:
 
 
 def _draw_loss(ax: Axes, canvas: _Canvas) -> None:
-    entries = [(_STYLES[i % len(_STYLES)], key) for i, key in enumerate(canvas.loss_keys())]
-    for style, key in entries:
-        canvas.lines(ax, key, style=style)
-    entries = [(style, _plain(key)) for style, key in entries]
-    ax.set_ylabel("loss")
-    if len(entries) > 1:
-        _style_legend(ax, entries)
+    series = [(key, _STYLES[i % len(_STYLES)], _plain(key)) for i, key in enumerate(canvas.loss_keys())]
+    _draw_lines(ax, canvas, series, "loss", zero=False)
 
 
 def _samples_decided(canvas: _Canvas) -> bool:
@@ -688,8 +607,7 @@ def _draw_batch_size(ax: Axes, canvas: _Canvas) -> None:
         (keys.EFFECTIVE_BATCH_SIZE, "--", "per optimizer step (effective)"),
     ):
         runs = [r for r in canvas.runs if key != keys.BATCH_SIZE or canvas.micro_batch_in_samples(r)]
-        drawn = [canvas.line(ax, run, key, style=style, steps=True) for run in runs]  # every run, not the first
-        if any(drawn):
+        if any([canvas.line(ax, run, key, style=style, steps=True) for run in runs]):  # every run, not the first
             entries.append((style, label))
 
     def drawn_size(run: str) -> str:  # the line an out-of-memory recovery is marked on
@@ -708,16 +626,8 @@ def _draw_memory(ax: Axes, canvas: _Canvas) -> None:
     from matplotlib.lines import Line2D
 
     if not canvas.has(keys.VRAM_USED_FRAC, keys.PREDICTED_VRAM_FRAC):  # no fraction of the device known: plot GiB
-        series = (
-            (keys.VRAM_ALLOCATED_GIB, "-", "allocated"),
-            (keys.VRAM_RESERVED_GIB, "--", "reserved"),
-            (keys.VRAM_PEAK_GIB, ":", "peak allocated"),
-        )
-        entries = [(style, label) for key, style, label in series if canvas.lines(ax, key, style=style)]
-        ax.set_ylabel("GPU memory (GiB)")
-        ax.set_ylim(bottom=0)
-        if len(entries) > 1:
-            _style_legend(ax, entries)
+        gib = ((keys.VRAM_ALLOCATED_GIB, "-", "allocated"), (keys.VRAM_RESERVED_GIB, "--", "reserved"))
+        _draw_lines(ax, canvas, (*gib, (keys.VRAM_PEAK_GIB, ":", "peak allocated")), "GPU memory (GiB)")
         return
     fractions = (
         (keys.VRAM_USED_FRAC, "-", "used (all processes)"),
@@ -728,9 +638,7 @@ def _draw_memory(ax: Axes, canvas: _Canvas) -> None:
     ax.axhline(1.0, color=_GUIDE_COLOUR, linestyle=":", linewidth=1.4)
     ax.set_ylim(0, top * 1.08)
     ax.set_ylabel("device memory (fraction)")
-    grey: dict[str, Any] = {"color": _GUIDE_COLOUR, "linewidth": 1.6}
-    handles = [Line2D([], [], **(grey | {"linestyle": style})) for style, _ in entries]
-    handles.append(Line2D([], [], color=_GUIDE_COLOUR, linestyle=":", linewidth=1.4))
+    handles = [*_style_handles(entries), Line2D([], [], color=_GUIDE_COLOUR, linestyle=":", linewidth=1.4)]
     labels = [label for _, label in entries] + ["device total (1.0)"]
     for run in canvas.runs:
         peaks = _finite(canvas.runs[run].get(keys.VRAM_PEAK_GIB, ()))

@@ -1,10 +1,7 @@
 """The names a user types for a precision, an optimizer, an attention backend or an accelerator, defined once.
 
-Each kind has one canonical spelling: Lightning's for precisions (``"bf16-mixed"``), the pack's for optimizers
-(``"adamw8bit"``) and attention (``"flash"``). The spellings of tuning guides and Hugging Face (``"bf16"``,
-``"fp16"``, ``"adamw_8bit"``, ``"adamw_torch_fused"``, ``"flash_attention_2"``) are aliases, converted here and
-nowhere else. Commands, configuration keys, the plugin, the swaps and the planner all accept the same set, and their
-messages show the canonical name.
+Each kind has one canonical spelling (Lightning's for precisions); the spellings of tuning guides and Hugging Face are
+aliases, converted here and nowhere else, so every command, configuration key, swap and the planner accept one set.
 
 Example:
     >>> canonical_precision("bf16"), canonical_optimizer("adamw_8bit"), canonical_attention("flash_attention_2")
@@ -18,29 +15,6 @@ from typing import TYPE_CHECKING, Final, Literal, cast, get_args
 
 if TYPE_CHECKING:  # torch is imported where a dtype or a device is needed: the command line starts without it
     import torch
-
-__all__ = [
-    "ACCELERATORS",
-    "ATTENTIONS",
-    "LOSS_BACKENDS",
-    "OPTIMIZERS",
-    "PLAN_MODES",
-    "PRECISIONS",
-    "Accelerator",
-    "Attention",
-    "LossBackend",
-    "OptimizerName",
-    "PlanMode",
-    "Precision",
-    "auto_precision",
-    "canonical_attention",
-    "canonical_loss",
-    "canonical_optimizer",
-    "canonical_precision",
-    "check_precision_device",
-    "precision_bytes",
-    "precision_dtype",
-]
 
 #: Lightning's precision strings, and ``"auto"``: bf16-mixed or 16-mixed on a CUDA GPU, 32-true elsewhere.
 Precision = Literal[
@@ -84,46 +58,29 @@ LOSS_BACKENDS: Final[tuple[str, ...]] = get_args(LossBackend)
 Accelerator = Literal["auto", "cpu", "gpu", "cuda", "mps"]
 ACCELERATORS: Final[tuple[str, ...]] = get_args(Accelerator)
 
-# Lightning's own short forms, then the tuning guides' and Hugging Face's spellings.
+# Lightning's own short forms, the tuning guides' and Hugging Face's spellings.
 _PRECISION_ALIASES: Final[Mapping[str, str]] = {
-    "32": "32-true",
-    "16": "16-mixed",
-    "bf16": "bf16-mixed",
-    "64": "64-true",
-    "fp32": "32-true",
-    "fp16": "16-mixed",
-    "fp64": "64-true",
-    "float32": "32-true",
-    "float16": "16-mixed",
-    "bfloat16": "bf16-mixed",
+    **dict.fromkeys(("32", "fp32", "float32"), "32-true"),
+    **dict.fromkeys(("16", "fp16", "float16"), "16-mixed"),
+    **dict.fromkeys(("bf16", "bfloat16"), "bf16-mixed"),
+    **dict.fromkeys(("64", "fp64"), "64-true"),
 }
 _OPTIMIZER_ALIASES: Final[Mapping[str, str]] = {
     "adamw_torch": "adamw",
     "adamw_torch_fused": "adamw_fused",
-    "adam_8bit": "adam8bit",
-    "adamw_8bit": "adamw8bit",
     "adamw_bnb_8bit": "adamw8bit",
-    "lion_8bit": "lion8bit",
-    "sgd_8bit": "sgd8bit",
-    "paged_adam_8bit": "paged_adam8bit",
-    "paged_adamw_8bit": "paged_adamw8bit",
-    "paged_lion_8bit": "paged_lion8bit",
+    **{name.replace("8bit", "_8bit"): name for name in OPTIMIZERS if name.endswith("8bit")},  # adamw_8bit, ...
 }
 _ATTENTION_ALIASES: Final[Mapping[str, str]] = {
-    "flash_attention_2": "flash",
-    "flash_attention_3": "flash",
-    "flash-attn": "flash",
+    **dict.fromkeys(("flash_attention_2", "flash_attention_3", "flash-attn"), "flash"),
     "scaled_dot_product_attention": "sdpa",
 }
 _DTYPES: Final[Mapping[str, tuple[str, int]]] = {  # the torch dtype's name and its bytes per element
     "32-true": ("float32", 4),
-    "16-mixed": ("float16", 2),
-    "16-true": ("float16", 2),
-    "bf16-mixed": ("bfloat16", 2),
-    "bf16-true": ("bfloat16", 2),
+    **dict.fromkeys(("16-mixed", "16-true"), ("float16", 2)),
+    **dict.fromkeys(("bf16-mixed", "bf16-true"), ("bfloat16", 2)),
     "64-true": ("float64", 8),
-    "transformer-engine": ("float8_e4m3fn", 1),
-    "transformer-engine-float16": ("float8_e4m3fn", 1),
+    **dict.fromkeys(("transformer-engine", "transformer-engine-float16"), ("float8_e4m3fn", 1)),
 }
 
 
@@ -143,16 +100,7 @@ def _canonical(
 
 
 def canonical_precision(value: object, *, arg: str = "precision", allowed: Collection[str] = PRECISIONS) -> Precision:
-    """The canonical (Lightning) name of a precision, or a clear error.
-
-    Args:
-        value: A precision name or alias, e.g. ``"bf16"``, ``"fp16"`` or ``"bf16-mixed"``.
-        arg: The argument, flag or key named in messages.
-        allowed: The canonical names the caller accepts (a subset of :data:`PRECISIONS`).
-
-    Raises:
-        TypeError: If ``value`` is not a string.
-        ValueError: If it names no precision in ``allowed``.
+    """The canonical (Lightning) name of a precision in ``allowed``, or a TypeError/ValueError naming ``arg``.
 
     Example:
         >>> canonical_precision("fp16"), canonical_precision("32")
@@ -208,8 +156,7 @@ def precision_dtype(precision: str) -> torch.dtype:
     """
     import torch
 
-    dtype: torch.dtype = getattr(torch, _DTYPES[canonical_precision(precision, allowed=_DTYPES)][0])
-    return dtype
+    return getattr(torch, _DTYPES[canonical_precision(precision, allowed=_DTYPES)][0])
 
 
 def precision_bytes(precision: str) -> int:
@@ -223,14 +170,7 @@ def precision_bytes(precision: str) -> int:
 
 
 def check_precision_device(precision: str, device: str) -> None:
-    """Refuse a precision that cannot train on a device type: ``16-mixed`` (fp16 with a gradient scaler) on a CPU.
-
-    Args:
-        precision: A precision name or alias.
-        device: The device type, e.g. ``"cpu"`` or ``"cuda"``.
-
-    Raises:
-        ValueError: If the precision cannot train there.
+    """Refuse (ValueError) a precision that cannot train on a device type: ``16-mixed`` (fp16 with a scaler) on a CPU.
 
     Example:
         >>> check_precision_device("bf16", "cpu"), check_precision_device("16-mixed", "cuda")

@@ -125,6 +125,20 @@ def make_trainer(tmp_path: Any, callbacks: Sequence[Callback], **kwargs: Any) ->
     return Trainer(callbacks=list(callbacks), **defaults)
 
 
+def fit(
+    module: LightningModule,
+    callbacks: Sequence[Callback],
+    tmp_path: Any,
+    *,
+    ckpt_path: str | None = None,
+    **kwargs: Any,
+) -> Trainer:
+    """``module`` fitted by :func:`make_trainer`'s Trainer, for one epoch unless ``kwargs`` say otherwise."""
+    trainer = make_trainer(tmp_path, callbacks, **{"max_epochs": 1, **kwargs})
+    trainer.fit(module, ckpt_path=ckpt_path)
+    return trainer
+
+
 def csv_rows(log_dir: str) -> list[dict[str, str]]:
     """Rows of the ``metrics.csv`` a ``CSVLogger`` wrote."""
     with open(Path(log_dir) / "metrics.csv", newline="") as handle:
@@ -134,29 +148,38 @@ def csv_rows(log_dir: str) -> list[dict[str, str]]:
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def run_ddp_script(script: str, out: Path) -> list[Any]:
-    """Run ``tests/scripts/<script>`` (a 2-process DDP run on CPU); what each rank wrote to ``out/rank<r>.json``."""
+def launch_two_ranks(out: Path, *scenarios: str, timeout: float = 900) -> dict[str, list[Any]]:
+    """Run ``scenarios`` of ``tests/scripts/two_ranks.py`` (all CPU ones if none) in one 2-process launch on CPU.
+
+    Returns each scenario's two ranks' results; a launch that fails or hangs (killed with both ranks) fails the test.
+    """
     env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
-    proc = subprocess.run(
-        [sys.executable, str(ROOT / "tests" / "scripts" / script), str(out)],
-        env=env,
-        cwd=out,
-        capture_output=True,
-        text=True,
-        timeout=300,
+    command = [sys.executable, str(ROOT / "tests" / "scripts" / "two_ranks.py"), str(out), *scenarios]
+    proc = subprocess.Popen(
+        command, env=env, cwd=out, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True
     )
-    assert proc.returncode == 0, proc.stderr[-4000:]
-    return [json.loads((out / f"rank{rank}.json").read_text()) for rank in (0, 1)]
+    try:
+        output, _ = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)  # rank 0 leads the session: its rank-1 child goes too
+        output, _ = proc.communicate()
+        raise AssertionError(f"the 2-process launch did not finish in {timeout} s:\n{output[-4000:]}") from None
+    assert proc.returncode == 0, output[-4000:]
+    ran = [path for path in sorted(out.iterdir()) if path.is_dir() and (not scenarios or path.name in scenarios)]
+    return {path.name: [_read_rank(path / f"rank{rank}.json") for rank in (0, 1)] for path in ran}
+
+
+def _read_rank(path: Path) -> Any:
+    return json.loads(path.read_text()) if path.exists() else {"error": f"{path.name} was not written"}
 
 
 def finish_ddp(out: Path, rank: int, payload: Any) -> None:
-    """Write one rank's results, then tear the gloo group down before exit (exit-time teardown can abort)."""
+    """Write one rank's results, then wait for the other rank (the launch tears the gloo group down at its end)."""
     import torch.distributed as dist
 
     (out / f"rank{rank}.json").write_text(json.dumps(payload))
     if dist.is_initialized():
         dist.barrier()
-        dist.destroy_process_group()
 
 
 @contextlib.contextmanager

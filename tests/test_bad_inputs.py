@@ -12,7 +12,7 @@ import torch
 
 import lightning_tune as lt
 from lightning_tune._compat import check_lightning_version
-from lightning_tune.batch import BatchSizeController, MicroBatchRunner, TokenBudget
+from lightning_tune.batch import BatchSizeController
 from lightning_tune.bench import LatencyBudget
 from lightning_tune.callbacks import TorchCompile
 from lightning_tune.config.precision import lightning_precision
@@ -32,14 +32,6 @@ _ZERO: dict[str, Any] = {
     "reason": "fits",
 }
 _WARMUP = partial(linear_warmup, warmup_steps=2)
-
-_RUNNER: dict[str, Any] = {
-    "forward": lambda piece: None,
-    "backward": lambda loss: None,
-    "zero_grad": lambda: None,
-    "free": lambda: None,
-    "shrink": lambda size: size // 2,
-}
 
 CASES = [
     # WarmupCosine
@@ -804,32 +796,6 @@ CASES = [
         ValueError,
         "`tested` must be two increasing version strings (first, end), got ('2.7', '2.6')",
         id="compat-tested",
-    ),
-    pytest.param(
-        lambda: MicroBatchRunner(**_RUNNER, min_size=0),
-        ValueError,
-        "`min_size` must be an integer >= 1, got 0",
-        id="runner-min-size",
-    ),
-    pytest.param(
-        lambda: MicroBatchRunner(**_RUNNER, min_size=8, min_samples=0),
-        ValueError,
-        "`min_samples` must be an integer >= 1, got 0",
-        id="runner-min-samples",
-    ),
-    pytest.param(
-        lambda: TokenBudget(None, pad_to_multiple_of=8),  # type: ignore[arg-type]
-        TypeError,
-        "`samples` must be a BatchSizeController, got None (NoneType)",
-        id="token-budget-samples",
-    ),
-    pytest.param(
-        lambda: TokenBudget(
-            BatchSizeController(target=0.9, min_batch_size=1, max_batch_size=None, multiple_of=8), pad_to_multiple_of=0
-        ),
-        ValueError,
-        "`pad_to_multiple_of` must be an integer >= 1, got 0",
-        id="token-budget-pad",
     ),
     pytest.param(
         lambda: check_lightning_version("DynamicBatchSize", installed=2.6),  # type: ignore[arg-type]

@@ -1,30 +1,26 @@
 """docs/multi_gpu.md's strategy × feature table, kept true: FSDP2 and DDP cells run on CPU with 2 gloo processes.
 
-One launch per strategy (``tests/scripts/fsdp2_features_script.py``) runs every cell; each test below checks one row
-of the table against what both ranks recorded, and reads the status it must agree with from the table itself.
+The suite's 2-process launch runs every cell of each strategy (``tests/scripts/fsdp2_features_script.py``); each test
+below checks one row of the table against what both ranks recorded, and reads the status it must agree with from the
+table itself.
 """
 
 from __future__ import annotations
 
 import ast
-import json
-import os
 import re
-import signal
-import subprocess
-import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from lightning_tune.lr import warmup_cosine_lr
-from tests.helpers import ROOT
+from tests.helpers import ROOT, launch_two_ranks
 
 TABLE = ROOT / "docs" / "multi_gpu.md"
 STRATEGIES = ("DDP", "FSDP2", "FSDP", "DeepSpeed")
 STATUSES = ("works", "refused", "pending", "n/a")
-LAUNCH_TIMEOUT_S = 300
 
 
 def table() -> list[dict[str, str]]:
@@ -41,21 +37,8 @@ def status(test_name: str, strategy: str) -> str:
     return rows[0][strategy].split(" (")[0]
 
 
-def launch(strategy: str, out: Path, *cells: str) -> list[dict[str, Any]]:
-    """Both ranks' results; a hang is killed (both processes) after the timeout and fails the test."""
-    env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
-    command = [sys.executable, str(ROOT / "tests" / "scripts" / "fsdp2_features_script.py"), str(out), strategy, *cells]
-    proc = subprocess.Popen(
-        command, env=env, cwd=out, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True
-    )
-    try:
-        output, _ = proc.communicate(timeout=LAUNCH_TIMEOUT_S)
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)  # rank 0 leads the session: its rank-1 child goes too
-        output, _ = proc.communicate()
-        pytest.fail(f"the {strategy} launch did not finish in {LAUNCH_TIMEOUT_S} s:\n{output[-4000:]}")
-    assert proc.returncode == 0, output[-4000:]
-    ranks = [json.loads((out / f"rank{rank}.json").read_text()) for rank in (0, 1)]
+def checked(ranks: list[dict[str, Any]], strategy: str) -> list[dict[str, Any]]:
+    """Both ranks' cells, failing on the first cell that raised."""
     for rank in ranks:
         for name, cell in rank.items():
             assert "error" not in cell, f"{strategy} cell {name!r} failed:\n{cell['error']}"
@@ -63,9 +46,9 @@ def launch(strategy: str, out: Path, *cells: str) -> list[dict[str, Any]]:
 
 
 @pytest.fixture(scope="module", params=["DDP", "FSDP2"])
-def ranks(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> tuple[str, list[dict]]:
+def ranks(request: pytest.FixtureRequest, two_ranks: Callable[[str], list[Any]]) -> tuple[str, list[dict]]:
     strategy = request.param
-    return strategy, launch(strategy.lower(), tmp_path_factory.mktemp(strategy.lower()))
+    return strategy, checked(two_ranks(f"features_{strategy.lower()}"), strategy)
 
 
 def both(ranks: list[dict], cell: str) -> tuple[dict, dict]:
@@ -274,7 +257,7 @@ def test_gpu_fsdp_strategy_refuses_dynamic_batch_on_every_rank(tmp_path: Path) -
     if torch.cuda.device_count() < 2:
         pytest.skip("needs 2 GPUs")
     assert status("test_gpu_fsdp_strategy_refuses_dynamic_batch_on_every_rank", "FSDP") == "refused"
-    for rank in launch("fsdp", tmp_path, "dynamic_batch_refused"):
+    for rank in checked(launch_two_ranks(tmp_path, "features_fsdp")["features_fsdp"], "FSDP"):
         cell = rank["dynamic_batch_refused"]
         assert cell["refused"] and cell["type"] == "MisconfigurationException", cell
         assert "cannot drive FSDPStrategy" in cell["message"] and "fully_shard" in cell["message"]

@@ -33,8 +33,16 @@ from torch import nn
 
 import lightning_tune as lt
 from lightning_tune import batch, callbacks, config, lr, perf, plan, plugins
+from lightning_tune.batch.step import DynamicBatchSettings
+from lightning_tune.perf import counting, devices, flops
 
 PACKAGES = (lt, callbacks, plugins, batch, lr, perf, plan, config)
+#: Engine names the docs tell users to import from their own module (docs/peak_flops.md, docs/bench.md).
+ENGINE = {
+    counting: counting.__all__,
+    flops: ("canonical_device", "mfu", "peak_flops"),
+    devices: ("NvmlSampler", "cuda_memory_metrics", "describe_device"),
+}
 CASE_SECONDS = 2.0
 BIG = 10**30
 NAN = float("nan")
@@ -52,12 +60,6 @@ def _sgd() -> torch.optim.Optimizer:
 def _estimate() -> lt.MemoryEstimate:
     return lt.MemoryEstimate(parameters=10, weight_bytes=40, bytes_per_sample=100, fixed_bytes=1000)
 
-
-def _controller() -> batch.BatchSizeController:
-    return batch.BatchSizeController(target=0.9, min_batch_size=1, max_batch_size=None, multiple_of=8)
-
-
-_NOOP: Callable[..., None] = lambda *a, **k: None  # noqa: E731
 
 #: Known-valid arguments per callable (a factory, called afresh for each case). Each case replaces one of them.
 BASES: dict[str, Callable[[], dict[str, Any]]] = {
@@ -105,34 +107,13 @@ BASES: dict[str, Callable[[], dict[str, Any]]] = {
     "DeepSpeedSettings": dict,
     "deepspeed_settings": lambda: {"stage": 2},
     "BatchSizeController": lambda: {"target": 0.9, "min_batch_size": 1, "max_batch_size": None, "multiple_of": 8},
-    "MemoryModel": dict,
-    "StepLogs": dict,
-    "MicroBatchRunner": lambda: {
-        "forward": _NOOP,
-        "backward": _NOOP,
-        "zero_grad": _NOOP,
-        "free": _NOOP,
-        "shrink": lambda size: size // 2,
-        "min_size": 1,
-    },
-    "ResizableBatchSampler": lambda: {"sampler": torch.utils.data.SequentialSampler(range(10)), "batch_size": 2},
-    "TokenBudget": lambda: {"samples": _controller(), "pad_to_multiple_of": 8},
-    "DynamicStep": lambda: {"loss_weight": "samples"},
-    "cut_step": lambda: {"batch": torch.randn(4, 2), "micro_batch_size": 2, "sample_weight": 0.25},
+    "DynamicBatchSettings": lambda: {"loss_weight": "samples"},
+    "DynamicStep": lambda: {"settings": DynamicBatchSettings(loss_weight="samples")},
     "find_batch_size": lambda: {"try_batch": lambda size: size <= 8},
     "linear_cross_entropy": lambda: {
         "hidden": torch.randn(2, 3, 4),
         "weight": torch.randn(5, 4),
         "labels": torch.randint(0, 5, (2, 3)),
-    },
-    "expandable_segments": dict,
-    "is_allocation_failure": lambda: {"err": RuntimeError("x")},
-    "split_batch": lambda: {"batch": torch.randn(4, 2), "size": 2},
-    "split_sizes": lambda: {"batch": torch.randn(4, 2), "sizes": [2, 2]},
-    "step_with_retry": lambda: {
-        **(lambda o: {"optimizer": o, "step": o.step})(_sgd()),
-        "free": _NOOP,
-        "warn": _NOOP,
     },
     "PlateauDetector": dict,
     "linear_warmup_lr": lambda: {"step": 1, "base_lr": 0.1, "warmup_steps": 2},
@@ -147,13 +128,9 @@ BASES: dict[str, Callable[[], dict[str, Any]]] = {
         "decay_steps": 2,
         "total_steps": 10,
     },
-    "HostTimer": dict,
-    "LatencyWindow": lambda: {"size": 10},
     "StepStats": lambda: {"window": 10, "percentiles": (50, 99)},
     "attention_pairs": lambda: {"q_len": 4, "k_len": 4, "causal": True},
     "canonical_device": lambda: {"name": "NVIDIA H100 80GB HBM3"},
-    "check_percentiles": lambda: {"name": "percentiles", "percentiles": (50, 99)},
-    "compiled_graphs": dict,
     "count_step_flops": lambda: {
         "module": nn.Linear(4, 2),
         "batch": torch.randn(2, 4),
@@ -164,7 +141,6 @@ BASES: dict[str, Callable[[], dict[str, Any]]] = {
     "meta_copy": lambda: {"module": nn.Linear(4, 2)},
     "mfu": lambda: {"flops_per_sec": 1e12, "peak": 1e15},
     "peak_flops": lambda: {"device_name": "NVIDIA H100 80GB HBM3", "dtype": torch.bfloat16},
-    "percentile_suffix": lambda: {"percentile": 99},
     "timer_for": lambda: {"device": torch.device("cpu")},
     "from_hf_config": lambda: {
         "config": {
@@ -182,7 +158,6 @@ BASES: dict[str, Callable[[], dict[str, Any]]] = {
 #: Public names that take no bad values of their own, with the reason.
 NOT_FUZZED = {
     # Protocols and the records engines return, not built from user input.
-    "MemoryProbe": "protocol",
     "ScheduleCallback": "abstract base of the schedule callbacks, which are fuzzed",
     "WarmupDecay": "abstract base of WarmupCosine, WarmupPolynomial and WarmupStableDecay, which are fuzzed",
     # Factor functions of the step: unchecked on purpose, as they run every step; the `*_lr` functions are their
@@ -190,34 +165,23 @@ NOT_FUZZED = {
     **dict.fromkeys(
         ("linear_warmup", "one_cycle", "warmup_cosine", "warmup_polynomial", "warmup_stable_decay"), "factor function"
     ),
-    "Timer": "protocol",
-    "Decision": "record an engine returns",
-    "StepOutcome": "record an engine returns",
-    "BatchSizeSearch": "record an engine returns",
-    "MicroBatch": "record an engine passes to the user's forward",
-    "IntervalFigures": "record an engine returns",
-    "SizePolicy": "protocol",
     "FlopModel": "record an engine returns",
-    "Totals": "record an engine returns",
     # They need what a CPU-only run lacks: CUDA, NVML, an initialised process group, the deepspeed package.
     "CudaMemory": "needs CUDA",
-    "CudaTimer": "needs CUDA",
     "NvmlSampler": "needs NVML",
     "cuda_memory_metrics": "needs CUDA",
-    "all_reduce_max": "needs a process group",
     "deepspeed_strategy": "needs deepspeed",
     "build_strategy": "needs deepspeed",
     # Their arguments are batches of any structure: every value is legitimate input.
     "count_samples": "any batch",
     "count_tokens": "any batch",
-    "sequence_length": "any batch",
 }
 
 
 def _public() -> dict[str, Callable[..., Any]]:
     found: dict[str, Callable[..., Any]] = {}
-    for package in PACKAGES:
-        for name in package.__all__:
+    for package, names in [*((p, p.__all__) for p in PACKAGES), *ENGINE.items()]:
+        for name in names:
             obj = getattr(package, name)
             if callable(obj) and name != "__version__" and not isinstance(obj, (dict, tuple)):
                 found.setdefault(name, obj)
@@ -328,6 +292,7 @@ def bad_values(fn: Callable[..., Any], param: inspect.Parameter) -> list[Bad]:
 LARGE = {"10**30", "1e300"}
 
 _ZERO_IS_VALID = [
+    ("DynamicBatchSettings", "min_change"),
     ("AdaptiveLROnPlateau", "patience"),
     ("AdaptiveLROnPlateau", "threshold"),
     ("AdaptiveLROnPlateau", "eps"),
@@ -336,7 +301,6 @@ _ZERO_IS_VALID = [
     ("PlateauDetector", "threshold"),
     ("BatchSizeController", "min_change"),
     ("DynamicBatchSize", "min_change"),
-    ("DynamicStep", "min_change"),
     ("DeepSpeedSettings", "stage"),
     ("deepspeed_settings", "stage"),
     ("ZeroPlan", "stage"),
@@ -376,7 +340,6 @@ _ZERO_IS_VALID = [
     ("format_bytes", "n"),
     ("mfu", "flops_per_sec"),
     ("count_step_flops", "samples"),
-    ("ResizableBatchSampler", "seed"),
     ("scale_lr", "lr"),
 ]
 
@@ -389,9 +352,7 @@ VALID: dict[tuple[str, str], set[str]] = {
     ("AdaptiveLROnPlateau", "monitor"): {"unknown name"},
     ("canonical_device", "name"): {"empty", "unknown name"},
     ("peak_flops", "device_name"): {"empty", "unknown name"},
-    ("expandable_segments", "conf"): {"empty", "unknown name"},
     ("from_hf_config", "name"): {"unknown name"},
-    ("check_percentiles", "name"): {"unknown name"},
     ("lightning_precision", "key"): {"unknown name"},
     ("lightning_precision", "mixed_key"): {"unknown name"},
     # The raw mapping a configuration was read from, kept for reference: any keys.
@@ -503,6 +464,7 @@ def parameters(name: str) -> Iterator[inspect.Parameter]:
 
 #: Bad values the annotations do not suggest: values inside mappings, and values bad only together with others.
 EXTRA: dict[str, list[tuple[str, Bad]]] = {
+    "DynamicBatchSettings": [("label_shift", Bad("shift for samples", 3))],
     "TrainingConfig": [
         ("dataloader_kwargs", Bad("negative workers", {"num_workers": -1})),
         ("dataloader_kwargs", Bad("str pin_memory", {"pin_memory": "yes"})),
@@ -513,7 +475,6 @@ EXTRA: dict[str, list[tuple[str, Bad]]] = {
         ("schedule_kwargs", Bad("misspelt key", {"warmup_step": 10}, also={"schedule": "linear_warmup"})),
     ],
     "DynamicBatchSize": [("label_shift", Bad("shift for samples", 3))],
-    "DynamicStep": [("label_shift", Bad("shift for samples", 3))],
     "TorchCompile": [("options", Bad("misspelt inductor option", {"max_autotun": True}))],
     "scale_lr": [
         ("lr", Bad("overflowing", 1e300, also={"old_batch_size": 1, "new_batch_size": BIG, "rule": "linear"}))

@@ -1,29 +1,8 @@
 """The batch-size control law: which micro-batch size to run next, given the memory seen.
 
-At each decision the controller records the interval's peak memory in its :class:`MemoryModel` and picks the
-largest size on its grid whose predicted peak stays at or under ``target × total``. The grid is the multiples of
-``multiple_of`` inside ``[min_batch_size, max_batch_size]`` (and below ``cap``, the effective batch, when the
-effective batch is held), plus halvings below the smallest multiple so that it can still shrink to
-``min_batch_size``.
-
-It settles instead of oscillating:
-
-- it grows only when the new size is at least ``min_change`` (relative) above the current one, only to sizes the
-  model predicts within target, and, from a line fitted through two or more sizes, at most to twice the largest size
-  measured (extrapolating further would amplify noise in the slope) or to what the line from ``base_bytes`` (the
-  memory in use between steps, a lower bound of the fixed part) through the largest size measured allows, if more.
-  That line over-estimates what a larger size needs, so from a single size anchored at it (or at a prior's slope)
-  the controller goes straight to the largest size predicted within target;
-- it shrinks when the interval's measured peak went over target, when the allocator was under pressure, or when a
-  size ran out of memory; such a size is a ceiling for the next ``ceiling_decisions`` decisions;
-- with only one size seen, no prior and no base, the model cannot separate fixed from per-sample memory, so the
-  first decision probes for a slope: one grid step up when even the over-estimated slope says that step stays within
-  target, otherwise half the size (always safe); at the top of the grid it does not probe.
-
-The interval's peak is of reserved memory, which a caching allocator keeps after the need has gone: the caller
-empties the cache after every decision, so that each interval's peak is its own and the batch grows back when
-memory use falls, and reads the memory live tensors hold then (allocated, not reserved) as the next decision's
-``base_bytes``.
+Each decision records the interval's peak in a :class:`MemoryModel` and picks the largest grid size predicted within
+``target × total``, settling rather than oscillating (``docs/dynamic_batch.md``, "Control law"). The caller empties the
+allocator's cache after every decision, so that each interval's peak is its own.
 """
 
 from __future__ import annotations
@@ -35,23 +14,14 @@ from typing import Any
 from lightning_tune._validation import check_float, check_instance, check_int
 from lightning_tune.batch.memory import MemoryModel
 
-__all__ = ["BatchSizeController", "Decision"]
-
 
 @dataclass(frozen=True)
 class Decision:
-    """One decision of the controller.
-
-    Attributes:
-        batch_size: The micro-batch size to run next.
-        predicted_fraction: Predicted peak at ``batch_size`` as a fraction of the device total, when the model can
-            predict.
-        reason: Why: ``"grow"``, ``"probe"``, ``"shrink"``, ``"pressure"``, ``"oom"`` or ``"hold"``.
-    """
+    """One decision of the controller: the micro-batch size to run next."""
 
     batch_size: int
-    predicted_fraction: float | None
-    reason: str
+    predicted_fraction: float | None  # predicted peak at batch_size over the device total, when the model can predict
+    reason: str  # "grow", "probe", "shrink", "pressure", "oom" or "hold"
 
 
 class BatchSizeController:
@@ -142,9 +112,6 @@ class BatchSizeController:
         Args:
             size: Any positive size.
             cap: An extra upper limit (the held effective batch), which is itself on the grid.
-
-        Returns:
-            The grid size.
         """
         size = min(size, self._upper(cap))
         if cap is not None and size >= cap and (self.max_batch_size is None or cap <= self.max_batch_size):
@@ -195,9 +162,6 @@ class BatchSizeController:
             budget_bytes: Peak memory allowed (``None``: ``target × total_bytes``).
             base_bytes: Memory in use at the interval's start, with the cache emptied and no micro-batch running (a
                 lower bound of the fixed part; ``None``: keep the model's).
-
-        Returns:
-            The decision.
         """
         lifted = self._age_ceiling()
         budget = self.target * total_bytes if budget_bytes is None else budget_bytes

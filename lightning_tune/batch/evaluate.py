@@ -1,17 +1,7 @@
 """The evaluation batch of :class:`~lightning_tune.DynamicBatchSize`, without a Trainer: :class:`EvalSizer`.
 
-Validation, test and predict hold no gradients and no optimizer state: their memory grows by a smaller slope than
-training's, so their batch has its own :class:`~lightning_tune.batch.BatchSizeController` (the same control law, its
-own :class:`~lightning_tune.batch.MemoryModel`). An evaluation loop's batches come at :attr:`EvalSizer.size`; the
-first ones end in a decision until one holds (from a single size the line from the memory live tensors hold through
-its peak over-states the slope, so the first decision jumps to the largest size that line allows and the second, on
-a fitted line, holds). A batch that runs out of memory is cut in pieces (:func:`~lightning_tune.batch.cut_step`)
-and each piece runs once: no sample is evaluated twice, and the outputs of its pieces are joined in order
-(:func:`join_outputs`).
-
-The ranks agree (``agree``: the element-wise maximum over ranks, as the training step's agreement) at the loop's start
-on the fewest samples a rank holds, after each deciding batch on the interval's figures, and at the loop's end on the
-smallest piece that failed: every rank calls it equally often, so every rank runs its batches at the same size.
+A batch that runs out of memory runs in pieces, each sample once, their outputs joined (:func:`join_outputs`). The
+ranks agree (``agree``: the element-wise maximum over ranks) equally often on every rank. See "Evaluation" in the docs.
 """
 
 from __future__ import annotations
@@ -28,8 +18,6 @@ from lightning_tune.batch.probes import MemoryProbe
 from lightning_tune.batch.runner import MicroBatch, count_step, cut_step, is_allocation_failure
 from lightning_tune.perf.batch import BatchLayout, sequence_length
 
-__all__ = ["EvalSizer", "join_outputs"]
-
 _NONE = 1e18  # "no failure" in an agreement of maxima of negated sizes
 Agree = Callable[[Sequence[float]], Sequence[float]]
 
@@ -37,14 +25,8 @@ Agree = Callable[[Sequence[float]], Sequence[float]]
 class EvalSizer:
     """The evaluation batch size: one per kind of evaluation loop (validation in a fit, validate, test, predict).
 
-    Args:
-        controller: Its control law and memory model (``max_batch_size=None``: bounded by memory and the loop's
-            samples).
-        probe: Where memory is read.
-        budget: ``budget() -> (capacity, peak allowed)`` in bytes (``target_vram`` and ``reserve_gib`` applied).
-        layout: How a batch is counted and cut.
-        split: A user's ``split_batch`` (``None``: the layout's rule).
-        warn: Gives a warning's text to the user.
+    ``controller`` is training's control law with its own memory model (``max_batch_size=None``: bounded by memory and
+    the loop's samples); ``budget() -> (capacity, peak allowed)`` in bytes; ``split``: a user's ``split_batch``.
 
     Example:
         >>> from lightning_tune.batch import SimulatedMemory
@@ -85,8 +67,7 @@ class EvalSizer:
     ) -> None:
         """An evaluation loop of ``samples`` samples on this rank starts; ``start`` is the first size (training's).
 
-        ``loader_batch`` is the DataLoader's batch: the first size when there is no ``start`` and no earlier loop, and
-        the size of a ``fixed`` loop (whose batches cannot be resized: nothing is decided, a failing batch is cut).
+        ``loader_batch``: the first size without ``start`` or an earlier loop, and a ``fixed`` loop's (nothing decided).
         """
         self.handed, self.failed, self.deciding = 0, None, not fixed
         if fixed:
@@ -101,15 +82,14 @@ class EvalSizer:
     def _new_interval(self) -> None:
         self.probe.empty_cache()
         self.probe.reset_peak()
-        allocated = getattr(self.probe, "allocated_bytes", None)
-        self.base, self.largest = float(allocated() if callable(allocated) else self.probe.peak_bytes()), 0
+        self.base, self.largest = live_bytes(self.probe), 0
 
     def run(self, batch: Any, step: Callable[[Any], Any]) -> Any:
         """``step(batch)``, or ``step`` on each of its pieces when it runs out of memory; the pieces' outputs joined.
 
         Raises:
             torch.OutOfMemoryError: If a piece of ``min_batch_size`` samples runs out of memory.
-            TypeError: If the pieces' outputs cannot be joined (see :func:`join_outputs`).
+            TypeError: If the pieces' outputs cannot be joined.
         """
         assert self.size is not None
         n = count_step(batch, self.layout, self.split)
@@ -119,7 +99,6 @@ class EvalSizer:
         sizes: list[int] = []
         while queue:
             piece = queue.pop(0)
-            message = ""
             try:
                 self.largest = max(self.largest, piece.samples)
                 self.probe.before_micro_batch(piece.samples, piece.seq_len)
@@ -164,18 +143,18 @@ class EvalSizer:
             return False  # (a rank with fewer samples ran no such batch: the decision waits for the loop's end)
         capacity, budget = self.budget()
         figures = [-(self.failed or _NONE), self.probe.peak_bytes(), float(self.probe.pressure()), -budget, -self.base]
-        failed, peak, pressure, budget, base = agree([*figures, float(self.largest)])[:5]
+        failed, peak, pressure, budget, base, largest = agree([*figures, float(self.largest)])
         before = self.size
         if -failed < _NONE:
             self._failed_at(int(-failed), capacity, -budget)
-        elif self.largest:
+        elif largest:
             decision = self.controller.decide(
                 self.size or 1,
                 peak_bytes=peak,
                 total_bytes=capacity,
                 pressure=pressure > 0,
                 cap=max(self.samples, 1),
-                observed_size=self.largest,
+                observed_size=int(largest),
                 budget_bytes=-budget,
                 base_bytes=-base,
             )
@@ -209,12 +188,20 @@ class EvalSizer:
         self.controller.load_state_dict(state["controller"])
 
 
+def live_bytes(probe: MemoryProbe) -> float:
+    """What live tensors hold now (allocated, not reserved, where the probe tells them apart).
+
+    A reserved base would count the free room of live segments, which the next activations fill first: it would
+    under-state the slope and over-state the size that fits.
+    """
+    allocated = getattr(probe, "allocated_bytes", None)
+    return float(allocated() if callable(allocated) else probe.peak_bytes())
+
+
 def join_outputs(outputs: Sequence[Any], sizes: Sequence[int], where: str = "output") -> Any:
     """The outputs of a batch's pieces (of ``sizes`` samples each, in order) as one output of the whole batch.
 
-    Tensors are concatenated on their first (sample) dimension, and a zero-dimensional tensor (a per-sample mean, as a
-    loss) becomes the mean weighted by the pieces' samples; mappings, lists and tuples are joined item by item, and a
-    list or tuple holding one object per sample (strings, say) is concatenated; all ``None`` is ``None``.
+    Joined as "Evaluation" in the docs says; a list or tuple of one object per sample (strings, say) is concatenated.
 
     Raises:
         TypeError: Naming the place in the output, if it holds anything else or the pieces' outputs differ in shape.

@@ -1,8 +1,6 @@
 """What a ``training_step`` logs while its step runs as micro-batches: one value per key, as the uncut step's.
 
-A module that logs ``self.log("train_loss", loss)`` in ``training_step`` logs it once per micro-batch when the step is
-cut; the last micro-batch (under length grouping, the shortest samples) would stand for the step. :class:`StepLogs`
-collects the micro-batches' values with their weights and gives back one value per key for the step.
+Without it, the last micro-batch (under length grouping, the shortest samples) would stand for the step.
 """
 
 from __future__ import annotations
@@ -17,22 +15,10 @@ from typing import Any
 import torch
 from torch import Tensor
 
-__all__ = ["StepLogs"]
-
-_REDUCTIONS: dict[Any, str] = {
-    "mean": "mean",
-    "avg": "mean",
-    "sum": "sum",
-    "max": "max",
-    "min": "min",
-    torch.mean: "mean",
-    torch.sum: "sum",
-    torch.max: "max",
-    torch.min: "min",
-}
-
-
 _COMBINE: dict[str, Callable[[Tensor], Tensor]] = {"sum": torch.sum, "max": torch.max, "min": torch.min}
+#: Each ``reduce_fx`` (a name or a torch function) whose micro-batch values can be combined, to its name.
+_REDUCTIONS: dict[Any, str] = {"mean": "mean", "avg": "mean", torch.mean: "mean"}
+_REDUCTIONS |= {name: name for name in _COMBINE} | {fn: name for name, fn in _COMBINE.items()}
 
 
 @functools.cache
@@ -46,13 +32,9 @@ def _parameters(log: Callable[..., Any], bound: bool) -> tuple[str, ...]:
 class StepLogs:
     """Collect the values the micro-batches of a step log and combine them into the step's values.
 
-    Each micro-batch's value is weighted as its loss is (its share of the step's samples, or of its label tokens): a
-    mean over the step (a loss, an accuracy) is the weighted mean of the micro-batches' means, whatever the cut. A
-    key logged with ``reduce_fx`` ``"sum"``, ``"max"`` or ``"min"`` combines its values that way. A value that is not a
-    number or a one-element tensor (a ``torchmetrics`` metric, which accumulates on its own) is not collected.
-
-    Attributes:
-        weight: The weight of the micro-batch that runs now (set before it runs).
+    Each micro-batch's value is weighted as its loss is (:attr:`weight`, set before it runs), so a mean over the step is
+    the weighted mean of the micro-batches' means; ``reduce_fx`` ``"sum"``, ``"max"`` or ``"min"`` combine that way. A
+    value that is not a number or a one-element tensor (a ``torchmetrics`` metric) is not collected.
 
     Example:
         >>> logs = StepLogs()
@@ -77,11 +59,8 @@ class StepLogs:
     def add(self, name: str, value: Any, options: dict[str, Any]) -> bool:
         """Collect ``value`` for ``name`` at :attr:`weight`; ``False`` (nothing kept) for a value it cannot combine.
 
-        Args:
-            name: The key.
-            value: What the micro-batch logged.
-            options: The other arguments of ``LightningModule.log`` (``batch_size`` is summed over the micro-batches
-                when each gave one).
+        ``options`` are the other arguments of ``LightningModule.log`` (``batch_size`` is summed over the micro-batches
+        when each gave one).
         """
         if isinstance(value, Tensor):
             if value.numel() != 1 or value.is_complex():
@@ -115,11 +94,7 @@ class StepLogs:
 
     @contextlib.contextmanager
     def collecting(self, module: Any) -> Iterator[None]:
-        """While a step's micro-batches run, collect what ``module.log`` logs; then log each key's step value once.
-
-        The instance's ``log`` is replaced, never its class's: the logged value is the step's, as without the cut,
-        and Lightning's epoch aggregate counts the step once, at the step's batch size.
-        """
+        """While a step's micro-batches run, collect what ``module.log`` logs; then log each key's step value once."""
         original = module.log
         names = _parameters(getattr(original, "__func__", original), hasattr(original, "__self__"))
 

@@ -1,14 +1,7 @@
-"""A linear memory model, peak ≈ fixed + per-sample × batch size, learned from what training has shown.
+"""A linear memory model, peak ≈ fixed + per-sample × batch size, fitted to the latest peak of recent sizes.
 
-Observations are (micro-batch size, peak bytes) pairs, one per measurement interval. The model keeps the latest peak
-of each of the most recently seen batch sizes, so that it follows a change in memory use (longer sequences later in
-training) instead of averaging it away, and fits a line through them by least squares.
-
-With a single size seen it cannot tell the fixed part from the per-sample part. It then anchors a prior slope (from
-:func:`lightning_tune.plan.estimate_memory`, say) at the measured point, or else takes the fixed part to be
-:attr:`MemoryModel.base_bytes`, the memory in use while no micro-batch runs (0 when unknown). That is a lower bound
-of the fixed part, so the slope through it and the measured point is an over-estimate: predictions above the
-measured size err towards too much memory, and a jump to the largest size they allow stays within budget.
+With one size seen it anchors a prior slope there, or else the line from :attr:`MemoryModel.base_bytes` (a lower bound
+of the fixed part) through it, whose slope is an over-estimate: a size it predicts within budget fits.
 """
 
 from __future__ import annotations
@@ -16,8 +9,6 @@ from __future__ import annotations
 from typing import Any
 
 from lightning_tune._validation import check_float, check_int
-
-__all__ = ["MemoryModel"]
 
 
 class MemoryModel:
@@ -28,10 +19,6 @@ class MemoryModel:
         prior_bytes_per_sample: Per-sample part of a prior estimate.
         window: How many of the most recently observed batch sizes the fit uses.
         tolerance: Relative prediction error beyond which older observations are dropped (see :meth:`observe`).
-
-    Attributes:
-        base_bytes: Memory in use while no micro-batch runs (weights, gradients, optimizer state; ``None`` until
-            known), a lower bound of the fixed part that a single observation is anchored at.
 
     Raises:
         TypeError: If an argument is not an integer.
@@ -78,7 +65,7 @@ class MemoryModel:
         self.tolerance = tolerance
         self._misses = 0
         self._points: dict[int, float] = {}  # batch size -> latest peak, in insertion (recency) order
-        self.base_bytes: float | None = None
+        self.base_bytes: float | None = None  # memory in use while no micro-batch runs, once known
 
     @property
     def determined(self) -> bool:
@@ -96,12 +83,7 @@ class MemoryModel:
         return max(self._points, default=0)
 
     def observe(self, batch_size: int, peak_bytes: float) -> None:
-        """Record the peak memory of an interval run at ``batch_size``.
-
-        Two peaks running more than ``tolerance`` (relative) away from what the fit predicted mean memory use itself
-        changed (longer sequences, a new phase of training): the older observations are dropped and the fit starts
-        again from the latest one.
-        """
+        """Record an interval's peak; two peaks running more than ``tolerance`` off the fit drop older observations."""
         if len(self._points) >= 2:
             predicted = self.predict(batch_size)
             missed = predicted is not None and abs(predicted - peak_bytes) > self.tolerance * max(peak_bytes, 1.0)
@@ -144,8 +126,7 @@ class MemoryModel:
     def largest_safe(self, budget_bytes: float) -> float | None:
         """Largest batch size within ``budget_bytes`` by the line from the base through the largest size seen.
 
-        The fixed part is at least the base, so that line's slope is at least the true one and the size it gives
-        fits, however noise bent the least-squares line (only the noise of that one peak remains).
+        That line's slope is at least the true one, so the size fits however noise bent the least-squares line.
         """
         if not self._points:
             return None

@@ -1,13 +1,8 @@
 """Padding-free micro-batches: a step's samples packed into rows with sequence boundaries (``pack=True``).
 
-A padded batch of a Hugging Face collator (``input_ids``, ``attention_mask``, ``labels`` with -100) becomes rows of
-real tokens only, as ``transformers.DataCollatorWithFlattening(return_flash_attn_kwargs=True)`` makes them:
-``position_ids`` restart at 0 for every sample, the first label of every sample is -100 (no sample predicts from its
-neighbour), and ``cu_seq_lens_q/k`` (int32) and ``max_length_q/k`` tell varlen attention kernels where each sample
-starts. There is no ``attention_mask``: Hugging Face's SDPA and eager paths then build a block-diagonal causal mask
-from the restarting ``position_ids``, provided the forward runs without a cache (``use_cache=False``, which
-:func:`no_cache` sets for the packed call). :func:`check_packed` compares a packed loss with the unpacked one, so that
-an attention that ignores the boundaries is caught instead of training on mixed samples.
+A row is what ``transformers.DataCollatorWithFlattening`` makes of a padded Hugging Face batch (see
+``docs/dynamic_batch.md``, "Packing"); :func:`check_packed` compares a packed loss with the unpacked one, so that an
+attention that ignores the boundaries is caught instead of training on mixed samples.
 """
 
 from __future__ import annotations
@@ -22,21 +17,9 @@ import torch
 from torch import Tensor
 
 from lightning_tune.batch.runner import MicroBatch, loss_of
-from lightning_tune.batch.trim import PaddingLayout, take, trim
+from lightning_tune.batch.split import select
+from lightning_tune.batch.trim import PaddingLayout, trim
 from lightning_tune.perf.batch import BatchLayout
-
-__all__ = [
-    "PackingError",
-    "check_packable",
-    "check_packed",
-    "cut_packed",
-    "hf_models",
-    "ignore_first_labels",
-    "no_cache",
-    "pack",
-    "pack_rows",
-    "unpacked",
-]
 
 _MASK, _LABELS, _POSITIONS = "attention_mask", "labels", "position_ids"
 
@@ -45,18 +28,10 @@ class PackingError(RuntimeError):
     """A packed forward's loss differs from the unpacked forward's: the attention mixes the packed samples."""
 
 
-def _real(layout: PaddingLayout, i: int) -> slice:
-    """Sample ``i``'s real positions in the padded batch."""
-    length = layout.lengths[i]
-    return slice(0, length) if layout.side == "right" else slice(layout.padded - length, layout.padded)
-
-
 def ignore_first_labels(batch: Any, layout: PaddingLayout | None) -> Any:
     """``batch`` with each sample's first real label set to -100, as a packed row has it.
 
-    Unpacked, a left-padded sample's first token is a target of the padding before it; packed, it would be a target of
-    the previous sample's last token. Setting it to -100 on the step's batch makes the packed and the unpacked step
-    weigh and average the same label tokens.
+    The packed and the unpacked step then weigh and average the same label tokens.
 
     Example:
         >>> mask = torch.tensor([[0, 1, 1], [1, 1, 1]])
@@ -71,7 +46,7 @@ def ignore_first_labels(batch: Any, layout: PaddingLayout | None) -> Any:
     check_packable(batch, layout)
     assert layout is not None
     labels = batch[_LABELS].clone()
-    firsts = [(_real(layout, i).start, i) for i in range(len(layout.lengths)) if layout.lengths[i]]
+    firsts = [(layout.span(layout.lengths[i]).start, i) for i in range(len(layout.lengths)) if layout.lengths[i]]
     if firsts:
         where = torch.tensor(firsts).T.to(labels.device, non_blocking=True)  # a list index would copy it blocking
         labels[where[1], where[0]] = -100
@@ -83,12 +58,8 @@ def pack(batch: Mapping[str, Any], layout: PaddingLayout, indices: Sequence[int]
     """One row of the real tokens of the samples at ``indices`` of a padded batch, with their boundaries.
 
     The row is what ``DataCollatorWithFlattening(return_flash_attn_kwargs=True, return_position_ids=True)`` collates
-    from those samples: the layout's sequence keys concatenated (``attention_mask`` dropped), ``labels`` with each
-    sample's first label -100, ``position_ids`` restarting at 0 (int64), ``cu_seq_lens_q/k`` (int32) and
-    ``max_length_q/k`` (ints). Values that are not per-token go whole into the row.
-
-    Raises:
-        TypeError: If the batch has no 2-D ``labels`` beside its ``attention_mask``, or holds another per-sample value.
+    from those samples; values that are not per-token go whole into it. The batch is one :func:`ignore_first_labels`
+    accepted.
 
     Example:
         >>> mask = torch.tensor([[1, 1, 0], [1, 1, 1]])
@@ -100,8 +71,7 @@ def pack(batch: Mapping[str, Any], layout: PaddingLayout, indices: Sequence[int]
         >>> row["cu_seq_lens_q"].tolist(), row["max_length_q"]
         ([0, 3, 5], 3)
     """
-    check_packable(batch, layout)
-    real = [_real(layout, i) for i in indices]
+    real = [layout.span(layout.lengths[i]) for i in indices]
     row: dict[str, Any] = {}
     for key, value in batch.items():
         if key in (_MASK, _POSITIONS):
@@ -169,11 +139,7 @@ def pack_rows(lengths: Sequence[int], budget: int) -> list[list[int]]:
 def cut_packed(
     batch: Mapping[str, Any], layout: PaddingLayout, budget: int, *, tokens: Sequence[int]
 ) -> list[tuple[MicroBatch, list[int]]]:
-    """A step's micro-batches as packed rows of at most ``budget`` tokens, each weighing its share of ``tokens``.
-
-    Returns:
-        Each micro-batch (its ``seq_len`` the row's length) with the step's sample indices it packs.
-    """
+    """A step's packed rows of at most ``budget`` tokens, each weighing its share of ``tokens``, with their samples."""
     total = float(sum(tokens))
     pieces = []
     for indices in pack_rows(layout.lengths, budget):
@@ -185,17 +151,8 @@ def cut_packed(
 
 def unpacked(batch: Mapping[str, Any], layout: PaddingLayout, indices: Sequence[int], rule: BatchLayout) -> Any:
     """The samples at ``indices`` as a padded micro-batch, trimmed to their longest (what the guard compares with)."""
-    part = take(batch, indices, len(layout.lengths), layout=rule)
+    part = select(batch, indices, layout=rule)
     return trim(part, layout, layout.longest(indices) + (layout.side == "left"))
-
-
-def hf_models(module: torch.nn.Module) -> list[torch.nn.Module]:
-    """The Hugging Face models (``PreTrainedModel``) in ``module`` (none without ``transformers``)."""
-    try:
-        from transformers import PreTrainedModel
-    except ImportError:
-        return []
-    return [m for m in module.modules() if isinstance(m, PreTrainedModel)]
 
 
 @contextlib.contextmanager
@@ -228,20 +185,9 @@ def check_packed(
 ) -> tuple[float, float]:
     """Compare the loss ``run`` gives a packed row with the loss of the same samples padded, without gradients.
 
-    ``module`` runs in eval mode for both (dropout would make them differ; each submodule's mode is restored after).
-    Autocast is off for both forwards, so that the comparison sees the model's own precision: relative tolerance
-    ``1e-5`` when it computes in float32 or float64 with full-precision matmuls (``precise``), ``1e-2`` otherwise.
-
-    Args:
-        run: ``run(batch) -> output`` (the module's ``training_step`` on a micro-batch; a loss or a mapping with one).
-        packed: The packed row.
-        padded: The same samples, padded.
-        model: What the error names (the model's class and its attention implementation).
-        module: The module ``run`` runs (``None``: its modes are left alone).
-        precise: Whether the model computes in float32 or wider, without TF32 matmuls.
-
-    Returns:
-        The packed and the padded loss.
+    ``module`` (``None``: modes left alone) runs in eval mode for both (dropout would make them differ), and autocast
+    is off, so that the comparison sees the model's own precision: relative tolerance ``1e-5`` when it computes in full
+    precision (``precise``), ``1e-2`` otherwise. Returns the packed and the padded loss.
 
     Raises:
         PackingError: If they differ beyond the tolerance.

@@ -1,10 +1,7 @@
-"""Memory probes: where :class:`~lightning_tune.DynamicBatchSize` reads device memory.
+"""Memory probes: where :class:`~lightning_tune.DynamicBatchSize` reads device memory (:class:`MemoryProbe`).
 
-A probe reports the device's total memory, what PyTorch can actually get of it (free memory plus what the caching
-allocator already holds), the peak reserved since it was last reset, and whether the allocator came under pressure
-(had to free cached blocks and retry an allocation, the step before an out-of-memory error). It is also told the size
-and padded sequence length of every micro-batch just before that micro-batch runs, which lets
-:class:`SimulatedMemory` allocate, and fail, exactly where a real device would.
+Pressure is the allocator having had to free cached blocks and retry an allocation, the step before an out-of-memory
+error; a probe is told each micro-batch's size and padded length just before it runs.
 """
 
 from __future__ import annotations
@@ -21,18 +18,7 @@ from typing import Any, Literal, Protocol, get_args, runtime_checkable
 
 import torch
 
-from lightning_tune._validation import check_float, check_instance, check_int
-
-__all__ = [
-    "FAILURE_KINDS",
-    "CudaMemory",
-    "FailureKind",
-    "MemoryProbe",
-    "SimulatedMemory",
-    "TrackedMemory",
-    "expandable_segments",
-]
-
+from lightning_tune._validation import check_bool, check_choice, check_float, check_instance, check_int
 
 FailureKind = Literal["oom", "cublas", "cudnn"]
 #: How :class:`SimulatedMemory` reports an allocation failure: ``torch.OutOfMemoryError``, or the ``RuntimeError``
@@ -43,16 +29,12 @@ _ACTIVATIONS: tuple[str, ...] = get_args(Activations)
 
 
 def expandable_segments(conf: str | None = None) -> bool:
-    """Whether the CUDA caching allocator uses expandable segments.
-
-    Read from ``PYTORCH_CUDA_ALLOC_CONF`` (or ``PYTORCH_ALLOC_CONF``), or from ``conf`` when given.
+    """Whether ``conf``, or ``PYTORCH_CUDA_ALLOC_CONF`` / ``PYTORCH_ALLOC_CONF``, turns expandable segments on.
 
     Example:
         >>> expandable_segments("max_split_size_mb:128,expandable_segments:True")
         True
     """
-    if conf is not None:
-        check_instance("conf", conf, str, "a string")
     names = ("PYTORCH_CUDA_ALLOC_CONF", "PYTORCH_ALLOC_CONF")
     texts = [conf] if conf is not None else [os.environ.get(name, "") for name in names]
     for text in texts:
@@ -93,13 +75,7 @@ class MemoryProbe(Protocol):
 
 
 class CudaMemory:
-    """Memory of a CUDA device, read from the caching allocator's statistics and the driver.
-
-    The peak is ``torch.cuda.max_memory_reserved``: what the allocator holds, fragmentation included, which is what
-    runs out. What the process can get is ``torch.cuda.mem_get_info``'s free memory plus the allocator's reserved
-    bytes, re-read at every decision, so the CUDA context, NCCL buffers, other processes and managed memory are left
-    out. Pressure is a rise of ``num_alloc_retries`` (the allocator freed its cache and tried again). Resetting the
-    interval's peak keeps the run's peak for lightning_tune's monitor (``perf/vram_peak_gib``).
+    """Memory of a CUDA device, read from the caching allocator's statistics and the driver (``docs/dynamic_batch.md``).
 
     Args:
         device: The CUDA device; ``None`` is the current device at the time memory is read (after the Trainer has
@@ -118,8 +94,7 @@ class CudaMemory:
         self._device = None if device is None else torch.device(device)
         if self._device is not None and self._device.type != "cuda":
             raise ValueError(f"`device` must be a CUDA device, got {str(self._device)!r}")
-        #: Whether ``PYTORCH_CUDA_ALLOC_CONF`` turns expandable segments on (less fragmentation: reserved stays close
-        #: to allocated).
+        #: Whether ``PYTORCH_CUDA_ALLOC_CONF`` turns expandable segments on.
         self.expandable_segments = expandable_segments()
         self._retries: int | None = None
 
@@ -176,17 +151,15 @@ class CudaMemory:
 
 
 class _CachingAllocator:
-    """The caching allocator :class:`SimulatedMemory` and :class:`TrackedMemory` model: blocks, a cache, a peak.
+    """The caching allocator that :class:`SimulatedMemory` and :class:`TrackedMemory` model."""
 
-    A request is rounded up to ``granule`` bytes. A freed block stays reserved in the cache until :meth:`empty_cache`.
-    With ``fragmentation > 0`` and no ``expandable_segments``, a new block is rounded up by that fraction and a cached
-    block serves only a request it is large enough for (the smallest such block, used whole); otherwise cached memory
-    serves any request. A request that does not fit first empties the cache and retries (pressure), then fails.
-    """
-
-    granule = 1
+    granule = 1  # every request is rounded up to a multiple of this
 
     def __init__(self, total_bytes: int, outside_bytes: int, fragmentation: float, expandable_segments: bool) -> None:
+        check_int("total_bytes", total_bytes, minimum=1)
+        check_int("outside_bytes", outside_bytes, minimum=0)
+        check_float("fragmentation", fragmentation, low=0.0, high=1.0, high_inclusive=False)
+        check_bool("expandable_segments", expandable_segments)
         self.total, self.outside_bytes = total_bytes, outside_bytes
         self.fragmentation, self.expandable_segments = fragmentation, expandable_segments
         self._blocks: dict[int, int] = {}  # live allocation id -> block size
@@ -310,28 +283,10 @@ class _Hold(torch.autograd.Function):
 
 
 class SimulatedMemory(_CachingAllocator):
-    """A simulated CUDA device with a caching allocator, for trying and testing without a GPU.
+    """A simulated CUDA device with a caching allocator, for trying and testing without a GPU (docs: "Probes").
 
-    Memory is ``fixed_bytes`` (weights, gradients, optimizer state, workspace) plus ``bytes_per_sample`` per sample of
-    a micro-batch (activations), scaled by ``padded length / seq_len`` when ``seq_len`` is given, plus
-    ``bytes_per_token`` per padded token (``batch × padded length``), the way a transformer's activations grow with a
-    micro-batch of variable-length sequences. It models what makes a real device hard:
-
-    - a caching allocator: freed blocks stay reserved (reserved >= allocated) until :meth:`free` empties the cache;
-      the peak read is the peak reserved. With ``fragmentation > 0`` and no ``expandable_segments``, a new block is
-      rounded up by that fraction and a cached block serves only a request it is large enough for; with
-      ``expandable_segments=True`` (``PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True``) cached memory serves any
-      request;
-    - allocator pressure: when a new block does not fit, the allocator first frees its cached blocks and retries
-      (:meth:`pressure` turns true), and only then fails;
-    - memory outside PyTorch (``outside_bytes``: the CUDA context, NCCL, other processes), so that what PyTorch can get
-      (:meth:`capacity_bytes`) is less than the total;
-    - memory held by live tensors: :meth:`hold` (or :meth:`through`, for activations) ties an allocation to a tensor,
-      and it counts until that tensor is garbage, so a reference kept alive (a traceback, a closure) keeps it;
-    - failures as ``torch.OutOfMemoryError`` or as the ``RuntimeError`` of cuBLAS or cuDNN (``fail_as``), in forward
-      (:meth:`before_micro_batch`, or :meth:`through` with ``activations="tensors"``), in backward
-      (:meth:`with_backward` and ``backward_bytes_per_sample``) and anywhere a test calls :meth:`hold` (an
-      optimizer's state, say).
+    Memory held by live tensors (:meth:`hold`, :meth:`through`) counts until the tensor is garbage, so a reference kept
+    alive by a traceback keeps it.
 
     Args:
         total_bytes: Memory of the simulated device.
@@ -343,17 +298,14 @@ class SimulatedMemory(_CachingAllocator):
         fragmentation: Rounding of new blocks when segments do not expand, in [0, 1).
         expandable_segments: Whether the allocator's segments expand (cached memory serves any request).
         seq_len: Sequence length ``bytes_per_sample`` is given for (``None``: per sample, whatever the length).
-        activations: ``"micro_batch"``: :meth:`before_micro_batch` allocates the micro-batch's activations, freed when
-            the next one starts; ``"tensors"``: the module's forward allocates them with :meth:`through`, and they
-            live as long as its output.
-        backward_bytes_per_sample: Transient memory each sample needs at the start of backward
-            (:meth:`with_backward`).
+        activations: Who allocates a micro-batch's activations: :meth:`before_micro_batch` (``"micro_batch"``, freed
+            when the next starts) or the module's forward, with :meth:`through` (``"tensors"``, as long as its output).
+        backward_bytes_per_sample: Transient memory each sample needs at the start of backward (:meth:`with_backward`).
         fail_as: How a failure is raised: ``"oom"``, ``"cublas"`` or ``"cudnn"``.
         bytes_per_token: Activation memory of each padded token of a micro-batch (its samples × its padded length, as
             :meth:`before_micro_batch` is told), on top of ``bytes_per_sample``.
-        eval_bytes_per_sample: ``bytes_per_sample`` of a micro-batch that runs without gradients (evaluation, under
-            ``torch.no_grad`` or ``torch.inference_mode``), which keeps no activations for a backward (``None``: the
-            same as with gradients).
+        eval_bytes_per_sample: ``bytes_per_sample`` of a micro-batch run without gradients (``torch.no_grad`` or
+            ``torch.inference_mode``), which keeps no activations for a backward (``None``: the same).
 
     Raises:
         TypeError: If an argument has the wrong type.
@@ -389,16 +341,11 @@ class SimulatedMemory(_CachingAllocator):
         bytes_per_token: int = 0,
         eval_bytes_per_sample: int | None = None,
     ) -> None:
-        from lightning_tune._validation import check_bool, check_choice
-
-        check_int("total_bytes", total_bytes, minimum=1)
+        super().__init__(total_bytes, outside_bytes, fragmentation, expandable_segments)
         check_int("fixed_bytes", fixed_bytes, minimum=0)
         check_int("bytes_per_sample", bytes_per_sample, minimum=1)
         check_float("noise", noise, low=0.0, high=1.0, high_inclusive=False)
         check_int("seed", seed, minimum=0)
-        check_int("outside_bytes", outside_bytes, minimum=0)
-        check_float("fragmentation", fragmentation, low=0.0, high=1.0, high_inclusive=False)
-        check_bool("expandable_segments", expandable_segments)
         check_int("seq_len", seq_len, minimum=1, allow_none=True)
         check_choice("activations", activations, _ACTIVATIONS)
         check_int("backward_bytes_per_sample", backward_bytes_per_sample, minimum=0)
@@ -410,7 +357,6 @@ class SimulatedMemory(_CachingAllocator):
                 f"`fixed_bytes` + `outside_bytes` must be below `total_bytes` ({total_bytes}) so that a sample fits, "
                 f"got {fixed_bytes} + {outside_bytes}"
             )
-        super().__init__(total_bytes, outside_bytes, fragmentation, expandable_segments)
         self.fixed_bytes, self.seq_len = fixed_bytes, seq_len
         self.bytes_per_sample, self.bytes_per_token, self.noise = bytes_per_sample, bytes_per_token, noise
         self.eval_bytes_per_sample = eval_bytes_per_sample
@@ -450,7 +396,7 @@ class SimulatedMemory(_CachingAllocator):
             weakref.finalize(owner, self._release, block)
 
     def through(self, x: torch.Tensor) -> torch.Tensor:
-        """``x`` itself, as a new tensor that owns this micro-batch's activation memory (``activations="tensors"``).
+        """``x`` itself, as a new tensor that owns this micro-batch's activations (``activations="tensors"``).
 
         Use it in the module's forward on an activation that a later operation saves for backward.
         """
@@ -462,12 +408,10 @@ class SimulatedMemory(_CachingAllocator):
     def with_backward(self, loss: torch.Tensor) -> torch.Tensor:
         """``loss`` itself, whose backward first allocates the backward's transient memory.
 
-        That is ``backward_bytes_per_sample`` per sample of the last :meth:`through`, taken while every activation is
-        still alive and given back when the backward ends.
+        That is ``backward_bytes_per_sample`` per sample of the last :meth:`through`, while every activation is alive.
         """
         return _Hold.apply(loss, self, int(self.backward_bytes_per_sample * self._samples * self._length_scale))
 
-    # -- the probe ---------------------------------------------------------------------------------------------------
     def usage(self, batch_size: int, seq_len: int | None = None) -> int:
         """Noise-free memory a micro-batch of ``batch_size`` samples padded to ``seq_len`` needs, fixed included."""
         scale = seq_len / self.seq_len if seq_len is not None and self.seq_len is not None else 1.0
@@ -539,21 +483,7 @@ def _aliases(func: Any) -> bool:
 class TrackedMemory(_CachingAllocator):
     """A device of ``total_bytes`` that holds the real tensors of a run on the CPU, for rehearsing without a GPU.
 
-    While :meth:`tracking` is entered, every new tensor storage the run creates is allocated on it: weights (those
-    handed to :meth:`tracking`, and any made inside it), gradients, optimizer state, activations, temporaries, the
-    batches a collate makes. A storage counts once however many views share it and until it is freed. Allocations go
-    through the caching allocator :class:`SimulatedMemory` models (requests rounded up to 512 bytes as CUDA's are;
-    freed blocks stay reserved until :meth:`empty_cache`; ``fragmentation`` and ``expandable_segments`` as there), so
-    the peak read is of reserved memory, as on CUDA. An allocation that would pass what PyTorch can get raises
-    ``torch.OutOfMemoryError`` with CUDA's message from inside the operation that made it, in a forward, a backward,
-    an optimizer step or a collate, so recovery runs where it runs on a GPU.
-
-    Give it to :class:`~lightning_tune.DynamicBatchSize` as its ``probe`` and run the fit inside :meth:`tracking`:
-    DynamicBatchSize then takes its decisions on the model's own memory as a GPU of that size would hold it (the
-    tensors are on the CPU, so the device-independent parts: no CUDA context, cuBLAS workspace or kernels' scratch).
-    The run's own operations are watched with a ``TorchDispatchMode``; of the tensors made before :meth:`tracking`,
-    only those handed to it count (a dataset in host memory is not the device's), and batches made in DataLoader
-    worker processes are not seen (use ``num_workers=0``).
+    Inside :meth:`tracking` each new storage is allocated on it, failing as CUDA does (docs: "Which probe to use").
 
     Args:
         total_bytes: Memory of the device.
@@ -594,19 +524,14 @@ class TrackedMemory(_CachingAllocator):
         fragmentation: float = 0.0,
         expandable_segments: bool = False,
     ) -> None:
-        from lightning_tune._validation import check_bool
         from lightning_tune.plan.measured import LiveBytes
 
-        check_int("total_bytes", total_bytes, minimum=1)
-        check_int("outside_bytes", outside_bytes, minimum=0)
-        check_float("fragmentation", fragmentation, low=0.0, high=1.0, high_inclusive=False)
-        check_bool("expandable_segments", expandable_segments)
+        super().__init__(total_bytes, outside_bytes, fragmentation, expandable_segments)
         if outside_bytes >= total_bytes:
             raise ValueError(
                 f"`outside_bytes` must be below `total_bytes` ({total_bytes}) so that PyTorch gets some memory, got "
                 f"{outside_bytes}"
             )
-        super().__init__(total_bytes, outside_bytes, fragmentation, expandable_segments)
         memory = self
 
         class Storages(LiveBytes):  # each storage first seen is a block of this allocator, released when it dies
@@ -626,9 +551,8 @@ class TrackedMemory(_CachingAllocator):
         """Allocate every storage made inside the block, and those of ``objects`` (made before it), on this device.
 
         Args:
-            objects: Modules (their parameters, gradients and buffers), optimizers (their state) and tensors that
-                exist already and live on the device: the model, typically. What the run makes inside the block (an
-                optimizer and its state, a precision plugin's copies) is counted without being named here.
+            objects: Modules, optimizers (their state) and tensors made before the block that live on the device: the
+                model, typically (docs: "What it counts").
 
         Raises:
             TypeError: If an object is not a module, an optimizer or a tensor.

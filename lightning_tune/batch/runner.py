@@ -1,31 +1,7 @@
 """Run one optimizer step as micro-batches, through allocation failures, agreed across ranks.
 
-:class:`MicroBatchRunner` knows no Trainer. It is given callables (forward, backward, zero-grad, free, and for a
-multi-process run agree) and a batch; it cuts the batch into micro-batches with their exact weights
-(:func:`cut_step`), runs them, and after an allocation failure (:func:`is_allocation_failure`) drops the step's
-gradients, frees memory, shrinks the micro-batch and runs the same step again. Recovery always happens after the
-``except`` block has exited: nothing of the failed micro-batch (the exception, its traceback and frames, its outputs)
-is alive while memory is freed.
-
-The ``agree`` contract (DDP today; FSDP/FSDP2 builds on it):
-
-- ``agree(values)`` takes this rank's list of floats and returns the element-wise maximum over all ranks. The first
-  value is the rank's status for the attempt: ``0`` every micro-batch ran, ``1`` an allocation failure that a smaller
-  micro-batch can retry, ``2`` a failure that cannot be recovered (the micro-batch is already at its minimum). The
-  others are a payload the caller adds (the interval's memory figures), so that a step costs one collective at most.
-- It is called exactly once per attempt at a step, by every rank, after the rank ran every micro-batch it could (a
-  rank whose micro-batch failed stops there and goes straight to ``agree``) and before anything that enters a
-  collective of the step's gradient reduction. Micro-batches therefore must run without collectives of their own:
-  under DDP inside ``no_sync`` (all but the last, whose backward carries the gradient all-reduce overlapped with
-  it, after the agreement); under FSDP2 every micro-batch, the last's backward included, with the parameters
-  gathered once before the first and gradient sync off, the gradients reduce-scattered after the agreement
-  (:class:`~lightning_tune.batch.sharded.GatheredStep`).
-- It must be one small all-reduce, with no barrier, read back once, and bounded in time: a rank that waits longer
-  than its timeout raises a clear error instead of waiting forever (:func:`all_reduce_max`). When the agreed status
-  is ``2``, every rank raises the same error at once.
-- Under DDP, an allocation failure inside the last micro-batch's backward, where the gradient reduction runs, cannot
-  be agreed: that rank raises, and the others end with their collective's error (at once under gloo, at the process
-  group's timeout under NCCL). Under FSDP2 there is no such case: the reduction runs after the agreement.
+:class:`MicroBatchRunner` knows no Trainer: it runs the step again at a smaller micro-batch once the ``except`` block
+has exited, so that nothing of the failed micro-batch is alive then.
 """
 
 from __future__ import annotations
@@ -41,32 +17,15 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from lightning_tune._validation import check_callable, check_float, check_instance, check_int, check_numbers
 from lightning_tune.batch.split import split_sizes
 from lightning_tune.perf.batch import BatchLayout, sequence_length
 
-__all__ = [
-    "ALLOCATION_FAILURE_MESSAGES",
-    "MicroBatch",
-    "MicroBatchRunner",
-    "StepOutcome",
-    "all_reduce_max",
-    "cut_step",
-    "is_allocation_failure",
-    "retry_steps",
-    "step_with_retry",
-    "undo_retry_steps",
-]
-
 #: Allocation-failure messages of the devices Lightning trains on, for errors that are not ``torch.OutOfMemoryError``:
-#: CUDA and its libraries (a cuBLAS handle or workspace, a cuDNN workspace, a raw ``cudaMalloc`` in an extension),
-#: ROCm's HIP, Intel's XPU (builds that raise it as a plain ``RuntimeError``), Apple's MPS allocator, torch's CPU
-#: allocator (``[enforce fail at alloc_cpu.cpp:...] DefaultCPUAllocator: can't allocate memory: ...``) and Habana's
-#: HPU device-memory module; then what Lightning's ``is_oom_error`` and accelerate's ``should_reduce_batch_size`` also
-#: shrink on: any device's ``"<DEVICE> out of memory."`` (NPU, MLU, MUSA, ...) and cuDNN's
-#: ``CUDNN_STATUS_NOT_SUPPORTED``, which cuDNN returns when a convolution or RNN's batch is too large for its kernels
-#: and workspace (PyTorch issue 4107; torch adds "This error may appear if you passed in a non-contiguous input": a
-#: smaller batch cannot help there, and at the smallest micro-batch the runner stops with an error quoting cuDNN's).
+#: CUDA and its libraries, ROCm's HIP, Intel's XPU, Apple's MPS, torch's CPU allocator and Habana's HPU; then what
+#: Lightning's ``is_oom_error`` and accelerate's ``should_reduce_batch_size`` also shrink on: any device's
+#: ``"<DEVICE> out of memory."`` and cuDNN's ``CUDNN_STATUS_NOT_SUPPORTED``, returned when a convolution or RNN's batch
+#: is too large for its kernels and workspace (PyTorch issue 4107; where a non-contiguous input is the cause instead,
+#: the runner stops at the smallest micro-batch with an error quoting cuDNN's).
 ALLOCATION_FAILURE_MESSAGES: tuple[str, ...] = (
     "CUDA out of memory",
     "CUDA error: out of memory",
@@ -87,10 +46,8 @@ ALLOCATION_FAILURE_MESSAGES: tuple[str, ...] = (
     "cuDNN error: CUDNN_STATUS_NOT_SUPPORTED.",
 )
 
-#: The types an allocation failure that is not ``torch.OutOfMemoryError`` comes as: torch's C++ checks raise
-#: ``RuntimeError``, and torch versions that have ``torch.AcceleratorError`` raise that subclass for a failed CUDA
-#: runtime call (``torch.AcceleratorError: CUDA error: out of memory``). Other subclasses (``NotImplementedError``, ...)
-#: are other errors.
+#: The types of other allocation failures: ``RuntimeError`` (torch's C++ checks) and, where torch has it,
+#: ``torch.AcceleratorError`` (a failed CUDA runtime call); their other subclasses are other errors.
 _FAILURE_TYPES = frozenset({RuntimeError, getattr(torch, "AcceleratorError", RuntimeError)})
 
 OK, RETRY, FATAL = 0, 1, 2
@@ -98,15 +55,6 @@ OK, RETRY, FATAL = 0, 1, 2
 
 def is_allocation_failure(err: BaseException) -> bool:
     """Whether ``err`` is a failure a smaller micro-batch can cure: by type first, then by the devices' messages.
-
-    ``torch.OutOfMemoryError`` always is. A ``RuntimeError`` or ``torch.AcceleratorError`` (not another subclass, such
-    as ``NotImplementedError``) is when its message holds one of :data:`ALLOCATION_FAILURE_MESSAGES` or names CUDA and
-    "out of memory" together: each message on which Lightning's ``is_oom_error`` (its ``BatchSizeFinder``) or
-    accelerate's ``should_reduce_batch_size`` (its ``find_executable_batch_size``) shrinks the batch, and the CUDA
-    libraries' allocation statuses besides. cuDNN's
-    ``CUDNN_STATUS_NOT_SUPPORTED`` counts, as upstream: cuDNN returns it when a batch is too large for its kernels
-    and workspace. Where a smaller batch does not cure it (a non-contiguous input), the runner shrinks to its
-    smallest micro-batch and then stops with an error that quotes cuDNN's message.
 
     Example:
         >>> is_allocation_failure(RuntimeError("CUDA error: CUBLAS_STATUS_ALLOC_FAILED when calling `cublasCreate`"))
@@ -117,7 +65,6 @@ def is_allocation_failure(err: BaseException) -> bool:
         >>> is_allocation_failure(RuntimeError("mat1 and mat2 shapes cannot be multiplied"))
         False
     """
-    check_instance("err", err, BaseException, "an exception")
     if isinstance(err, torch.OutOfMemoryError):
         return True
     if type(err) not in _FAILURE_TYPES:
@@ -148,26 +95,12 @@ def cut_step(
     layout: BatchLayout | None = None,
     split: Callable[[Any, list[int]], Sequence[Any]] | None = None,
 ) -> list[MicroBatch]:
-    """Cut one optimizer step's batch into micro-batches with their exact loss weights.
+    """Cut one optimizer step's batch into consecutive micro-batches with their exact loss weights.
 
     The step's last ``tail`` samples (a DataLoader's short last batch, which Lightning averages on its own) form
-    micro-batches of their own; each of their samples weighs ``tail_weight``, every other sample ``sample_weight``.
-    With ``tokens`` (each sample's count of label tokens) a micro-batch weighs its share of the step's tokens
-    instead. A micro-batch's weight is its sample count times its samples' weight: its mean loss times the weight is
-    its share of the step's loss. This is the one place a step is cut in consecutive pieces.
-
-    Args:
-        batch: The step's collated batch.
-        micro_batch_size: Largest micro-batch.
-        sample_weight: Weight of one sample outside the tail.
-        tail: Samples at the end forming their own micro-batches (0 for none).
-        tail_weight: Weight of one tail sample.
-        tokens: Each sample's label tokens, to weigh micro-batches by (``None``: by samples).
-        layout: The run's :class:`~lightning_tune.perf.batch.BatchLayout` (a fresh one by default).
-        split: ``split(batch, sizes) -> pieces`` cuts the batch instead of the layout's rule (:func:`count_step`).
-
-    Returns:
-        The micro-batches, in order.
+    micro-batches of their own whose samples weigh ``tail_weight``, the others ``sample_weight``; with ``tokens`` (each
+    sample's label tokens) a micro-batch weighs its share of them instead. ``split(batch, sizes) -> pieces``, the
+    user's ``split_batch``, cuts instead of ``layout``'s rule.
 
     Raises:
         TypeError: If the batch holds nothing per-sample to count, or ``split`` returns another number of pieces.
@@ -179,18 +112,8 @@ def cut_step(
         >>> [(p.samples, p.weight) for p in pieces]
         [(4, 0.5), (4, 0.5), (2, 0.5)]
     """
-    check_int("micro_batch_size", micro_batch_size, minimum=1)
-    check_float("sample_weight", sample_weight, low=0.0, low_inclusive=False)
-    check_float("tail_weight", tail_weight, low=0.0)
-    check_callable("split", split, allow_none=True)
-    check_instance("layout", layout, BatchLayout, "a BatchLayout", allow_none=True)
-    if tokens is not None:
-        check_numbers("tokens", tokens, low=0, allow_empty=True)
     layout = layout if layout is not None else BatchLayout()
     n = count_step(batch, layout, split)
-    check_int("tail", tail, minimum=0, maximum=n)
-    if tokens is not None and len(tokens) != n:
-        raise ValueError(f"`tokens` must hold one count per sample of the batch's {n}, got {len(tokens)}")
     tail = 0 if tokens is not None else tail  # a token mean weighs the short last batch's tokens as any others
 
     def chunks(total: int) -> list[int]:
@@ -236,21 +159,16 @@ def count_step(batch: Any, layout: BatchLayout, split: Callable[..., Any] | None
 
 def loss_of(output: Any) -> Tensor | None:
     """The loss in what ``training_step`` returned (a tensor, or a dict's ``"loss"``)."""
-    if isinstance(output, Tensor):
-        return output
-    if isinstance(output, Mapping):
-        loss = output.get("loss")
-        return loss if isinstance(loss, Tensor) else None
-    return None
+    loss = output.get("loss") if isinstance(output, Mapping) else output
+    return loss if isinstance(loss, Tensor) else None
 
 
 def _with_loss(output: Any, change: Callable[[Tensor], Tensor]) -> Any:
-    """``output`` with its loss (a tensor, or a mapping's ``"loss"``) replaced by ``change(loss)``."""
-    if isinstance(output, Tensor):
-        return change(output)
-    if isinstance(output, Mapping) and isinstance(output.get("loss"), Tensor):
-        return {**output, "loss": change(output["loss"])}
-    return output
+    """``output`` with its loss (as :func:`loss_of` finds it) replaced by ``change(loss)``."""
+    loss = loss_of(output)
+    if loss is None:
+        return output
+    return change(loss) if loss is output else {**output, "loss": change(loss)}
 
 
 def _scaled(output: Any, weight: float) -> Any:
@@ -259,15 +177,10 @@ def _scaled(output: Any, weight: float) -> Any:
 
 @dataclass
 class StepOutcome:
-    """What :meth:`MicroBatchRunner.run` leaves: the output to return and the agreed payload.
+    """What :meth:`MicroBatchRunner.run` leaves: the output to return, the agreed payload, the failures recovered.
 
-    Attributes:
-        output: The last micro-batch's output, its loss weighted, valued at the step's mean loss. Its loss still
-            needs a backward when the runner was told to leave the last backward to the caller; otherwise it is
-            detached.
-        payload: The element-wise maximum over ranks of the payload given to :meth:`MicroBatchRunner.run` (the
-            payload itself without ``agree``).
-        failures: Allocation failures recovered from during the step.
+    ``output`` is the last micro-batch's, its loss weighted and valued at the step's mean loss, detached unless the
+    caller was left the last backward.
     """
 
     output: Any
@@ -287,7 +200,10 @@ class MicroBatchRunner:
         min_size: The smallest micro-batch: a failure there cannot be retried.
         min_samples: With sizes that are token budgets, the fewest samples a micro-batch can hold: a failure in a
             micro-batch that small cannot be helped by a smaller budget, so it is not retried either.
-        agree: For a multi-process run, the agreement (see the module's docstring); ``None`` for one process.
+        agree: For a multi-process run, ``agree(values)``: the element-wise maximum over ranks of this rank's status
+            (``OK``, ``RETRY``, or ``FATAL`` at the smallest micro-batch) and payload, called by every rank once per
+            attempt, after its micro-batches (run without collectives) and before the step's gradient reduction
+            (:func:`all_reduce_max`); ``None`` for one process.
         no_sync: A context manager factory under which backward does not reduce gradients across ranks.
         on_failure: ``on_failure(old_size, new_size, message)`` after each recovered failure (for a warning).
 
@@ -321,14 +237,6 @@ class MicroBatchRunner:
         on_failure: Callable[[int, int, str], None] | None = None,
         min_samples: int | None = None,
     ) -> None:
-        for name, hook in (("forward", forward), ("backward", backward), ("zero_grad", zero_grad), ("free", free)):
-            check_callable(name, hook)
-        check_callable("shrink", shrink)
-        check_callable("no_sync", no_sync)
-        check_callable("agree", agree, allow_none=True)
-        check_callable("on_failure", on_failure, allow_none=True)
-        check_int("min_size", min_size, minimum=1)
-        check_int("min_samples", min_samples, minimum=1, allow_none=True)
         self.forward, self.backward, self.zero_grad, self.free = forward, backward, zero_grad, free
         self.shrink, self.min_size, self.agree, self.no_sync = shrink, min_size, agree, no_sync
         self.on_failure, self.min_samples = on_failure, min_samples
@@ -349,17 +257,10 @@ class MicroBatchRunner:
     ) -> StepOutcome:
         """Run one step's micro-batches at ``size`` (or smaller, after failures) and return what is left to do.
 
-        Args:
-            batch: The step's batch.
-            payload: Floats to agree on with the other ranks (their element-wise maximum comes back).
-            cut: ``cut(batch, size) -> micro-batches`` (:func:`cut_step` with the step's weights).
-            size: Micro-batch size to start with.
-            leave_last_backward: Leave the last micro-batch's backward to the caller (under DDP, so that its gradient
-                all-reduce overlaps the backward, after the agreement); otherwise every backward runs here.
-            payload_fn: Computes the payload just before the agreement instead (the interval's figures so far).
-
-        Returns:
-            StepOutcome: The output for the caller, the agreed payload and the failures recovered.
+        ``cut(batch, size)`` makes the micro-batches (:func:`cut_step` with the step's weights). ``payload``, or what
+        ``payload_fn`` computes just before the agreement (the interval's figures so far), is agreed with the other
+        ranks. With ``leave_last_backward`` the last micro-batch's backward is the caller's (under DDP, so that its
+        gradient all-reduce overlaps the backward, after the agreement).
 
         Raises:
             torch.OutOfMemoryError: If the micro-batch failed at ``min_size`` on this or another rank.
@@ -439,19 +340,10 @@ def _with_mean(output: Any, earlier: list[Tensor], total_weight: float) -> Any:
 
 
 def all_reduce_max(values: Sequence[float], *, device: torch.device, timeout: float, group: Any = None) -> list[float]:
-    """Element-wise maximum of ``values`` over the ranks: one small all-reduce, no barrier, one host read.
-
-    Args:
-        values: This rank's floats.
-        device: Where the collective runs (the rank's device).
-        timeout: Seconds to wait for the other ranks before raising.
-        group: The process group (``None``: the default one).
-
-    Returns:
-        The maximum of each value over the ranks.
+    """Element-wise maximum of ``values`` over ``group``'s ranks: one small all-reduce, no barrier, one host read.
 
     Raises:
-        RuntimeError: If the other ranks did not join within ``timeout`` (one of them failed or hangs).
+        RuntimeError: If the other ranks did not join within ``timeout`` seconds (one of them failed or hangs).
     """
     import torch.distributed as dist
 
@@ -480,21 +372,14 @@ def step_with_retry(
 ) -> Any:
     """``optimizer``'s ``step``, retried once after an allocation failure while it was creating its state.
 
-    The closure (the step's micro-batches and their backward) runs once, before the update. A failure while the
-    optimizer created state for parameters that had none (its first step) is retried once, when no parameter was
-    updated yet (their version counters say so: an optimizer steps its groups one after the other, so a failure in
-    the second group's state comes after the first group's update): the state it had started is dropped and memory
-    freed. Otherwise, or when the retry fails too, it raises a clear error: the fixed memory does not fit, whatever
-    the batch size.
+    The closure runs once, before the update. The retry (new state dropped, memory freed) happens only when no
+    parameter was updated yet, as their version counters say: an optimizer steps its groups one after the other.
 
     Raises:
         torch.OutOfMemoryError: If the step does not fit.
     """
     if not (hasattr(optimizer, "state") and hasattr(optimizer, "param_groups")):  # wrappers of other packages too
         raise TypeError(f"`optimizer` must be an optimizer, got {optimizer!r} ({type(optimizer).__name__})")
-    for name, hook in (("step", step), ("free", free), ("warn", warn)):
-        check_callable(name, hook)
-    check_callable("closure", closure, allow_none=True)
     loss = closure() if closure is not None else None
     before = set(optimizer.state)
     params = [p for group in optimizer.param_groups for p in group["params"]]

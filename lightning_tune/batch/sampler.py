@@ -1,11 +1,7 @@
 """A batch sampler whose batch size can change while an epoch runs, and that can resume mid-epoch.
 
-It takes the place of a DataLoader's ``BatchSampler`` and keeps its sampler (so order, shuffling and a
-``DistributedSampler``'s sharding stay the user's), its ``drop_last``, and everything else of the DataLoader
-(workers, collate function, pinning). The epoch's order is drawn from the sampler once, when the epoch starts;
-batches are then cut from it at whatever size :attr:`batch_size` has when each batch is handed out. A DataLoader
-with workers asks for indices ahead of time, so a change reaches the training step a few batches later; nothing is
-skipped or repeated either way.
+The epoch's order is drawn from the user's sampler once, when the epoch starts; batches are cut from it at whatever
+size :attr:`batch_size` has when each is handed out (with workers, a few batches later): nothing skipped or repeated.
 """
 
 from __future__ import annotations
@@ -17,29 +13,15 @@ from typing import Any
 import torch
 from torch.utils.data import Sampler
 
-from lightning_tune._validation import check_bool, check_int
-
-__all__ = ["ResizableBatchSampler"]
+from lightning_tune._validation import check_int
 
 
 class ResizableBatchSampler(Sampler[list[int]]):
     """Yield lists of indices from ``sampler`` in batches of a size that may change at any time.
 
-    Args:
-        sampler: The per-sample sampler (``SequentialSampler``, ``RandomSampler``, ``DistributedSampler``, ...).
-        batch_size: Initial batch size.
-        drop_last: As ``BatchSampler``'s: leave out the samples that would not fill a last batch of the DataLoader's
-            original size ``granule``.
-        granule: Batch size that ``drop_last`` refers to (the DataLoader's own batch size).
-        limit: Samples per epoch at most (the Trainer's ``limit_train_batches`` in samples), ``None`` for all.
-        seed: For a sampler that draws from a ``generator`` (``RandomSampler``, ``SubsetRandomSampler``,
-            ``WeightedRandomSampler``): each epoch's order is drawn with a generator seeded ``seed + epoch``, as
-            ``DistributedSampler`` does, so that it depends on the epoch alone and a resumed run draws the same
-            orders (``None``: from the sampler as it is).
-
-    Raises:
-        TypeError: If ``sampler`` has no length or an argument has the wrong type.
-        ValueError: If a size is below 1.
+    ``drop_last`` leaves out the samples that would not fill a last batch of ``granule`` (the DataLoader's own batch
+    size); ``limit`` caps an epoch's samples. With a ``seed``, a sampler that draws from a ``generator`` draws each
+    epoch's order with one seeded ``seed + epoch``, as ``DistributedSampler`` does, so a resumed run draws the same.
 
     Example:
         >>> from torch.utils.data import SequentialSampler
@@ -64,29 +46,18 @@ class ResizableBatchSampler(Sampler[list[int]]):
     ) -> None:
         if isinstance(sampler, (str, bytes)) or not isinstance(sampler, Sized):
             raise TypeError(f"`sampler` must be a sampler of indices with a length, got {type(sampler).__name__}")
-        check_int("batch_size", batch_size, minimum=1)
-        check_bool("drop_last", drop_last)
-        check_int("granule", granule, minimum=1)
-        check_int("limit", limit, minimum=1, allow_none=True)
+        # the sizes come from the DataLoader's BatchSampler and Lightning's limit; a seed may come from a checkpoint
         check_int("seed", seed, minimum=0, maximum=2**63 - 1, allow_none=True)
         self.sampler = sampler  # the name DataLoader and Lightning look for (set_epoch, DistributedSampler)
         self.drop_last, self.granule, self.limit, self.seed, self.epoch = drop_last, granule, limit, seed, 0
-        self._batch_size = batch_size
+        #: Size of the batches handed out from now on.
+        self.batch_size = batch_size
         self._order: list[int] | None = None  # the running epoch's order
         self._handed_out = 0  # samples of the running epoch already handed out
         self._batches_out = 0  # batches of the running epoch already handed out
+        # a resumed epoch's order (None: drawn again, the same from a sampler that reproduces it), samples, batches
         self._resume: tuple[list[int] | None, int, int] | None = None
         self._drawn: deque[int] = deque()  # sizes of the batches handed out and not trained yet, in order
-
-    @property
-    def batch_size(self) -> int:
-        """Size of the batches handed out from now on."""
-        return self._batch_size
-
-    @batch_size.setter
-    def batch_size(self, value: int) -> None:
-        check_int("batch_size", value, minimum=1)
-        self._batch_size = value
 
     def _epoch_samples(self) -> int:
         n = len(self.sampler)
@@ -99,7 +70,6 @@ class ResizableBatchSampler(Sampler[list[int]]):
 
     def set_epoch(self, epoch: int) -> None:
         """The epoch whose order the next iteration draws (passed on to the sampler's own ``set_epoch``)."""
-        check_int("epoch", epoch, minimum=0)
         self.epoch = epoch
         if hasattr(self.sampler, "set_epoch"):
             self.sampler.set_epoch(epoch)
@@ -129,33 +99,13 @@ class ResizableBatchSampler(Sampler[list[int]]):
         return self._batches_out + self._count(len(self._order) - self._handed_out)
 
     def _count(self, samples: int) -> int:
-        return -(-max(samples, 0) // self._batch_size)
-
-    def resume(self, consumed: int, batches_done: int, order: list[int] | None = None) -> None:
-        """Make the next epoch start after ``consumed`` samples (a run resumed mid-epoch).
-
-        Args:
-            consumed: Samples of the epoch already trained on.
-            batches_done: Batches they came in (counted in the epoch's length, as the training loop counts them).
-            order: The epoch's full order as it was, when the sampler cannot reproduce it (``None``: draw it again
-                from the sampler, which must then give the same order, as ``DistributedSampler`` and
-                ``SequentialSampler`` do).
-        """
-        check_int("consumed", consumed, minimum=0)
-        check_int("batches_done", batches_done, minimum=0)
-        self._resume = (order, consumed, batches_done)
+        return -(-max(samples, 0) // self.batch_size)
 
     def restore(self, state: Mapping[str, Any], epoch: int, mid_epoch: bool) -> tuple[bool, bool]:
         """Take a checkpoint's ``seed`` and position (``order``, ``consumed``, ``batches_done``, the ``epoch`` of them).
 
-        Args:
-            state: The checkpoint's state (``DynamicBatchSize``'s).
-            epoch: The epoch the resumed run starts in.
-            mid_epoch: Whether the run resumes within an epoch.
-
-        Returns:
-            Whether the epoch resumes after its ``consumed`` samples, and whether the run goes on with the epoch after
-            the checkpoint's (saved at its last batch).
+        Returns whether the epoch resumes after its ``consumed`` samples, and whether the run goes on with the epoch
+        after the checkpoint's (saved at its last batch).
         """
         if state.get("seed") is not None:
             self.seed = state["seed"]
@@ -165,7 +115,7 @@ class ResizableBatchSampler(Sampler[list[int]]):
             same = state["epoch"] == epoch
         if mid_epoch and same and state["consumed"]:  # skip what was trained
             order = None if state["order"] is None else [int(i) for i in state["order"].tolist()]
-            self.resume(state["consumed"], state["batches_done"], order)
+            self._resume = (order, state["consumed"], state["batches_done"])
         return mid_epoch and same and bool(state["consumed"]), mid_epoch and not same
 
     def __iter__(self) -> Iterator[list[int]]:
@@ -182,7 +132,7 @@ class ResizableBatchSampler(Sampler[list[int]]):
         # The order and counters stay after the last batch is handed out: a DataLoader with workers draws the
         # whole epoch's indices long before training reaches its end, and a checkpoint then still needs them.
         while self._handed_out < len(order):
-            batch = order[self._handed_out : self._handed_out + self._batch_size]
+            batch = order[self._handed_out : self._handed_out + self.batch_size]
             self._handed_out += len(batch)
             self._batches_out += 1
             self._drawn.append(len(batch))
@@ -191,8 +141,7 @@ class ResizableBatchSampler(Sampler[list[int]]):
     def next_drawn(self) -> int | None:
         """The samples drawn for the oldest batch handed out that training has not finished (``None``: unknown).
 
-        A collate may drop samples (or add some): the training step reads what was drawn for it here, and the
-        epoch's position counts drawn samples. Batches come out of a DataLoader in the order they were drawn.
+        A collate may drop or add samples: the step and the epoch's position count drawn ones, in the order drawn.
         """
         return self._drawn[0] if self._drawn else None
 

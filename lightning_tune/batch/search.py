@@ -1,17 +1,8 @@
 """A batch-size search before the fit, on the grid of the controller that sizes the batch during it.
 
-:func:`find_batch_size` runs a ``try_batch(size)`` callable (one training step, or a few, at that size) and returns
-the largest size that fits. It follows Lightning's ``BatchSizeFinder`` (``mode``, ``init_val``, ``max_trials``)
-and accelerate's ``find_executable_batch_size`` (an allocation failure means "does not fit"), with two differences:
-
-- the sizes tried are those of a :class:`~lightning_tune.batch.BatchSizeController` (``min_batch_size``,
-  ``max_batch_size``, ``multiple_of``), the grid ``DynamicBatchSize`` moves on, so the size found is one it would
-  use and can start from;
-- ``"binsearch"`` bisects on that grid until the fitting and the failing size are neighbours, instead of stopping
-  after ``max_trials`` or at a relative gap, and a failure at the first size halves down until one fits.
-
-It knows no Trainer: the callable runs the step, frees what it allocated, and returns ``False`` or raises an
-allocation failure (:func:`~lightning_tune.batch.is_allocation_failure`) when the size does not fit.
+It follows Lightning's ``BatchSizeFinder`` and accelerate's ``find_executable_batch_size``, but tries only sizes on a
+:class:`~lightning_tune.batch.BatchSizeController`'s grid and bisects until the fitting and the failing size are
+neighbours there (``docs/dynamic_batch.md``). It knows no Trainer: the callable decides what a trial is.
 
 Example:
     >>> def try_batch(size: int) -> bool:  # a step that runs out of memory above 45 samples
@@ -34,8 +25,6 @@ from lightning_tune._validation import check_callable, check_choice, check_insta
 from lightning_tune.batch.control import BatchSizeController
 from lightning_tune.batch.runner import is_allocation_failure
 
-__all__ = ["SEARCH_MODES", "BatchSizeSearch", "SearchMode", "find_batch_size"]
-
 SearchMode = Literal["power", "binsearch"]
 SEARCH_MODES: Final[tuple[str, ...]] = get_args(SearchMode)
 _MAX_SIZE: Final[int] = 2**31 - 1  # beyond any batch; a larger start would only be halved trial after trial
@@ -43,12 +32,7 @@ _MAX_SIZE: Final[int] = 2**31 - 1  # beyond any batch; a larger start would only
 
 @dataclass(frozen=True)
 class BatchSizeSearch:
-    """What :func:`find_batch_size` found.
-
-    Args:
-        batch_size: The largest size that fitted.
-        trials: Every size tried, in order, with whether it fitted.
-    """
+    """What :func:`find_batch_size` found: the largest size that fitted, and every size tried with whether it did."""
 
     batch_size: int
     trials: tuple[tuple[int, bool], ...]
@@ -73,9 +57,6 @@ def find_batch_size(
         max_trials: At most this many calls of ``try_batch``.
         controller: Its grid decides the sizes tried (``DynamicBatchSize``'s controller, or one built with the same
             arguments); default: every size from 1 up.
-
-    Returns:
-        The size found and the trials.
 
     Raises:
         TypeError: If an argument has the wrong type.

@@ -1,17 +1,7 @@
 """FSDP2 modules gathered once per optimizer step, so that the step's micro-batches run with no collective.
 
-Under FSDP2 (``fully_shard``) every module all-gathers its parameters before its forward and again before its
-backward, and reduce-scatters its gradients after it. If one rank runs out of memory inside a micro-batch, the others
-would wait forever in the next of those collectives. :class:`GatheredStep` removes them from the micro-batches: the
-parameters are all-gathered once before the first micro-batch (every rank, in the same order) and kept whole through
-every forward and backward, the last micro-batch's included, and the gradients accumulate unreduced. Only after the
-ranks agreed that every micro-batch ran (:class:`~lightning_tune.batch.MicroBatchRunner`'s ``agree``) are they
-reduce-scattered and the parameters resharded (:meth:`GatheredStep.reduce`). An allocation failure anywhere in the
-step's forward and backward passes is therefore recoverable on every rank (:meth:`GatheredStep.recover`).
-
-The cost is memory and overlap: during the step each rank holds the whole parameters and unreduced gradients (as
-``reshard_after_forward=False``), and the reduce-scatters run after the backward passes instead of overlapping the
-last one. In exchange a step all-gathers once per module instead of twice per micro-batch.
+A rank out of memory in a micro-batch would leave the others waiting in FSDP2's next collective; the gradients are
+reduced only once the ranks agreed that every micro-batch ran (see "FSDP2 and FSDP" in the docs).
 
 FSDP2 has no public call for some of this; the private ones (``_get_fsdp_state``, its parameter groups, the
 end-of-backward callback) were checked on torch 2.13.
@@ -22,8 +12,6 @@ from __future__ import annotations
 from typing import Any
 
 from torch import nn
-
-__all__ = ["GatheredStep", "fsdp2_modules"]
 
 
 def fsdp2_modules(root: nn.Module) -> list[Any]:
@@ -36,10 +24,7 @@ def fsdp2_modules(root: nn.Module) -> list[Any]:
 
 
 class GatheredStep:
-    """Gather an FSDP2 model's parameters for a whole step; reduce and reshard only in the last backward.
-
-    Args:
-        root: The model (the ``LightningModule``) holding the ``fully_shard`` modules.
+    """Gather the parameters of ``root``'s ``fully_shard`` modules for a whole step; reduce and reshard at its end.
 
     Example:
         >>> from torch import nn
@@ -77,9 +62,7 @@ class GatheredStep:
     def recover(self) -> None:
         """After a failed attempt (on every rank, after the agreement): reset FSDP2's state and gather again.
 
-        An exception inside a forward or backward leaves FSDP2 mid-iteration (its end-of-backward callback never ran);
-        ``reset_iter_state`` on the root discards the attempt's gradients and reshards, then :meth:`begin` gathers
-        the parameters for the retry, on every rank alike.
+        An exception inside a forward or backward leaves FSDP2 mid-iteration (its end-of-backward callback never ran).
         """
         modules = fsdp2_modules(self.root)
         if not modules:
@@ -95,11 +78,9 @@ class GatheredStep:
         self.begin()
 
     def reduce(self) -> None:
-        """Reduce-scatter the step's accumulated gradients and reshard, as FSDP2's own end of backward does.
+        """Reduce-scatter the step's gradients and reshard, on every rank once they agreed that every micro-batch ran.
 
-        Called on every rank once the ranks agreed that every micro-batch ran: the step's only collectives after
-        :meth:`begin`'s all-gathers. It runs FSDP2's end-of-backward callback, which reduces every parameter group
-        that has not reduced yet (all of them: gradient sync was off), then puts the modules' settings back.
+        FSDP2's end-of-backward callback reduces every parameter group that has not reduced yet (all: sync was off).
         """
         modules = fsdp2_modules(self.root)
         for module in modules:

@@ -1,9 +1,7 @@
 """Cut a collated batch into micro-batches along its sample dimension, by one rule (:class:`BatchLayout`'s).
 
-Tensors are cut on their first dimension, sequences of per-sample objects (a target dict per image, a
-variable-length tensor per recording, strings, ragged lists) item by item; mappings, named tuples and tuples or lists
-of values are walked; scalars, strings and values named in ``per_batch`` go whole to every micro-batch. What the rule
-cannot cut safely is refused, naming its place in the batch (see :class:`~lightning_tune.perf.batch.BatchLayout`).
+What the rule cannot cut safely is refused, naming its place in the batch (see
+:class:`~lightning_tune.perf.batch.BatchLayout` and ``docs/dynamic_batch.md``, "Batches the pack cuts").
 """
 
 from __future__ import annotations
@@ -14,10 +12,8 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from lightning_tune._validation import check_instance, check_int
+from lightning_tune._validation import check_int
 from lightning_tune.perf.batch import BatchLayout, Path, children, is_record
-
-__all__ = ["select", "split_batch", "split_sizes"]
 
 
 def split_batch(batch: Any, size: int, *, per_batch: Sequence[str] = ()) -> list[Any]:
@@ -48,39 +44,15 @@ def split_batch(batch: Any, size: int, *, per_batch: Sequence[str] = ()) -> list
     return split_sizes(batch, [min(size, n - start) for start in range(0, n, size)], layout=layout)
 
 
-def split_sizes(
-    batch: Any, sizes: Sequence[int], *, per_batch: Sequence[str] = (), layout: BatchLayout | None = None
-) -> list[Any]:
-    """Cut ``batch`` into consecutive pieces of the given sizes (which add up to its sample count).
-
-    Args:
-        batch: A collated batch.
-        sizes: Samples in each piece.
-        per_batch: Values that go whole to every piece (mapping keys or places, as :class:`BatchLayout`).
-        layout: The layout already read from the run's batches (it carries its own ``per_batch``).
-
-    Returns:
-        The pieces, in order.
-
-    Raises:
-        TypeError: If the batch cannot be counted or cut (as :func:`split_batch`), or ``sizes`` is not a sequence of
-            integers.
-        ValueError: If a size is below 1, ``sizes`` do not add up to the batch's samples, or its per-sample values
-            disagree on the sample count.
+def split_sizes(batch: Any, sizes: Sequence[int], *, layout: BatchLayout | None = None) -> list[Any]:
+    """Cut ``batch`` into consecutive pieces of ``sizes`` samples (which add up to its count) by ``layout``'s rule.
 
     Example:
         >>> [p.tolist() for p in split_sizes(torch.arange(5), [3, 2])]
         [[0, 1, 2], [3, 4]]
     """
-    if isinstance(sizes, (str, bytes)) or not isinstance(sizes, Sequence):
-        raise TypeError(f"`sizes` must be a sequence of integers, got {sizes!r} ({type(sizes).__name__})")
-    for index, k in enumerate(sizes):
-        check_int(f"sizes[{index}]", k, minimum=1)
-    check_instance("layout", layout, BatchLayout, "a BatchLayout", allow_none=True)
-    layout = layout if layout is not None else BatchLayout(per_batch)
-    n = _count(batch, layout)
-    if sum(sizes) != n:
-        raise ValueError(f"`sizes` must add up to the batch's {n} samples, got {sizes}")
+    layout = layout if layout is not None else BatchLayout()
+    _count(batch, layout)  # reads the places of the batch's sequences, which the cut follows
     if len(sizes) == 1:
         return [batch]
     pieces, start = [], 0
@@ -90,17 +62,15 @@ def split_sizes(
     return pieces
 
 
-def select(batch: Any, indices: Sequence[int], layout: BatchLayout) -> Any:
-    """The samples at ``indices`` of a batch whose ``layout`` was read (:meth:`BatchLayout.samples`), in that order.
+def select(batch: Any, indices: Sequence[int], *, layout: BatchLayout | None = None) -> Any:
+    """The samples at ``indices`` of a collated batch, in that order, by ``layout``'s rule (a fresh one by default).
 
     Example:
-        >>> batch = {"x": torch.arange(4), "id": ["a", "b", "c", "d"], "t": 0.5}
-        >>> layout = BatchLayout()
-        >>> layout.samples(batch)
-        4
-        >>> select(batch, [2, 0], layout)
+        >>> select({"x": torch.arange(4), "id": ["a", "b", "c", "d"], "t": 0.5}, [2, 0])
         {'x': tensor([2, 0]), 'id': ['c', 'a'], 't': 0.5}
     """
+    layout = layout if layout is not None else BatchLayout()
+    layout.samples(batch)  # reads the places of the batch's sequences, which the cut follows
     return _Cut(layout, list(indices)).walk(batch, ())
 
 

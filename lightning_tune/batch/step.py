@@ -1,8 +1,7 @@
 """What :class:`~lightning_tune.DynamicBatchSize` decides, without a Trainer: :class:`DynamicStep`.
 
-The sizes and what ``keep`` makes of them, the memory budget, a step's cut into weighted micro-batches (run by a
-:class:`~lightning_tune.batch.MicroBatchRunner` on the caller's forward and backward), the size policy, the
-interval's figures, the decisions and the compile-shape policy.
+Sizes, budget, a step's cut into weighted micro-batches (run by a :class:`~lightning_tune.batch.runner.MicroBatchRunner`
+on the caller's forward and backward), decisions and compile shapes, told one :class:`DynamicBatchSettings`.
 """
 
 from __future__ import annotations
@@ -12,7 +11,7 @@ import itertools
 import logging
 import warnings
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import KW_ONLY, dataclass
 from typing import Any, Literal, Protocol, get_args
 
 import torch
@@ -24,23 +23,29 @@ from lightning_tune._validation import (
     check_callable,
     check_choice,
     check_float,
+    check_instance,
     check_int,
     check_strings,
 )
 from lightning_tune.batch.control import BatchSizeController, Decision
-from lightning_tune.batch.evaluate import EvalSizer
+from lightning_tune.batch.evaluate import EvalSizer, live_bytes
 from lightning_tune.batch.memory import MemoryModel
-from lightning_tune.batch.pack import check_packed, cut_packed, hf_models, ignore_first_labels, no_cache, unpacked
+from lightning_tune.batch.pack import check_packed, cut_packed, ignore_first_labels, no_cache, unpacked
 from lightning_tune.batch.probes import MemoryProbe
 from lightning_tune.batch.runner import MicroBatch, MicroBatchRunner, StepOutcome, count_step, cut_step
 from lightning_tune.batch.tokens import TokenBudget
-from lightning_tune.batch.trim import PaddingLayout, causal_lm_shift, cut_sequences, padding_layout, sample_tokens
+from lightning_tune.batch.trim import (
+    PaddingLayout,
+    causal_lm_shift,
+    cut_sequences,
+    hf_models,
+    padding_layout,
+    sample_tokens,
+)
 from lightning_tune.lr.scaling import SCALE_RULES, ScaleRule, scale_lr
 from lightning_tune.perf.batch import BatchLayout
 from lightning_tune.perf.step_run import StepRun
 from lightning_tune.plan.estimate import MemoryEstimate
-
-__all__ = ["KEEPS", "LOSS_WEIGHTS", "DynamicStep", "IntervalFigures", "Keep", "LossWeight", "SizePolicy"]
 
 Keep = Literal["effective", "lr", "none"]
 #: What ``keep`` accepts.
@@ -50,6 +55,13 @@ LossWeight = Literal["auto", "samples", "tokens"]
 LOSS_WEIGHTS: tuple[str, ...] = get_args(LossWeight)
 #: What a step's micro-batch losses are weighted by (``"auto"`` resolved).
 Weighting = Literal["samples", "tokens"]
+#: The settings a checkpoint records (with ``trim_keys`` and ``per_batch``), in the order a resumed run names them.
+_RECORDED = (
+    "target_vram min_batch_size max_batch_size adjust_every keep lr_rule multiple_of reserve_gib loss_weight "
+    "label_shift pad_to_multiple_of pack size_eval min_change"
+)
+#: The sizes and counters a checkpoint holds, besides the controllers.
+_SAVED = "batch_size user_batch_size user_accumulation lr_factor oom_recoveries decisions steps consumed batches_done"
 _GIB = 1 << 30
 _LOG = logging.getLogger(__name__)
 
@@ -57,8 +69,7 @@ _LOG = logging.getLogger(__name__)
 class SizePolicy(Protocol):
     """How the micro-batch size moves, in its unit: :class:`BatchSizeController` (samples), :class:`TokenBudget`.
 
-    ``effective`` is the configured effective batch, ``cap`` the same when it is held (else ``None``), ``ran`` the
-    largest micro-batch the interval ran in samples; ``memory`` is the controller's (``total_bytes``, ...).
+    ``cap``: the effective batch when it is held; ``ran``: the interval's largest micro-batch in samples.
     """
 
     unit: str
@@ -94,66 +105,124 @@ class IntervalFigures:
         return cls(peak, pressure > 0, -budget, int(largest), -base)
 
 
+@dataclass(frozen=True)
+class DynamicBatchSettings:
+    """What :class:`~lightning_tune.DynamicBatchSize` is told, checked once: its arguments but ``probe`` (see there).
+
+    Raises:
+        TypeError: If an argument has the wrong type.
+        ValueError: If an argument is out of range, or arguments conflict as ``DynamicBatchSize`` lists.
+
+    Example:
+        >>> DynamicBatchSettings(0.8, keep="lr").keep
+        'lr'
+    """
+
+    target_vram: float = 0.9
+    _: KW_ONLY
+    min_batch_size: int = 1
+    max_batch_size: int | None = None
+    adjust_every: int = 100
+    keep: Keep = "effective"
+    lr_rule: ScaleRule = "sqrt"
+    multiple_of: int = 8
+    prior: MemoryEstimate | None = None
+    min_change: float = 0.1
+    sync_oom: bool = True
+    reserve_gib: float = 0.0
+    agree_timeout: float = 600.0
+    loss_weight: LossWeight = "auto"
+    label_shift: int | None = None
+    trim_keys: Sequence[str] = ()
+    pad_to_multiple_of: int = 8
+    per_batch: Sequence[str] = ()
+    split_batch: Callable[[Any, list[int]], Sequence[Any]] | None = None
+    pack: bool = False
+    pack_guard: bool = True
+    size_eval: bool = True
+
+    def __post_init__(self) -> None:
+        check_float("target_vram", self.target_vram, low=0.0, high=0.98, low_inclusive=False)
+        check_int("adjust_every", self.adjust_every, minimum=1)
+        for name in ("sync_oom", "pack", "pack_guard", "size_eval"):
+            check_bool(name, getattr(self, name))
+        check_float("agree_timeout", self.agree_timeout, low=0.0, low_inclusive=False)
+        check_choice("keep", self.keep, KEEPS)
+        check_choice("lr_rule", self.lr_rule, SCALE_RULES)
+        check_float("reserve_gib", self.reserve_gib, low=0.0)
+        check_choice("loss_weight", self.loss_weight, LOSS_WEIGHTS)
+        check_int("label_shift", self.label_shift, minimum=0, allow_none=True)
+        if self.label_shift is not None and self.loss_weight == "samples":
+            raise ValueError(
+                f"`label_shift` is read only when losses are weighted by tokens (`loss_weight` 'tokens' or 'auto'), "
+                f"got loss_weight={self.loss_weight!r}"
+            )
+        check_strings("trim_keys", self.trim_keys, what="key names (strings)")
+        check_callable("split_batch", self.split_batch, allow_none=True)
+        if self.pack and self.keep != "effective":
+            raise ValueError(
+                "`pack=True` packs the samples of an optimizer step held at its effective batch: `keep` must be "
+                f"'effective', got {self.keep!r}"
+            )
+        if self.pack and self.loss_weight == "samples":
+            raise ValueError(
+                "`pack=True` weighs each packed row by its label tokens (its loss is a mean over them): `loss_weight` "
+                f"must be 'tokens' or 'auto', got {self.loss_weight!r}"
+            )
+        if self.pack and self.split_batch is not None:
+            raise ValueError("`pack=True` packs the samples itself: `split_batch` must be None, got a callable")
+        what = "a MemoryEstimate (estimate_memory, measure_memory)"
+        check_instance("prior", self.prior, MemoryEstimate, what, allow_none=True)
+        for name in ("min_batch_size", "multiple_of", "pad_to_multiple_of"):
+            check_int(name, getattr(self, name), minimum=1)
+        check_int("max_batch_size", self.max_batch_size, minimum=1, allow_none=True)
+        if self.max_batch_size is not None and self.min_batch_size > self.max_batch_size:
+            raise ValueError(
+                f"`min_batch_size` ({self.min_batch_size}) must not exceed `max_batch_size` ({self.max_batch_size})"
+            )
+        check_float("min_change", self.min_change, low=0.0)
+        check_strings("per_batch", self.per_batch, what="mapping keys or places in the batch (strings)")
+        object.__setattr__(self, "trim_keys", tuple(self.trim_keys))
+        object.__setattr__(self, "per_batch", tuple(self.per_batch))
+
+    def new_controller(self, *, training: bool = True) -> BatchSizeController:
+        """A controller of these sizes: training's, from the prior if any; an evaluation loop's, bounded by memory."""
+        prior = self.prior if training else None
+        return BatchSizeController(
+            target=self.target_vram,
+            min_batch_size=self.min_batch_size,
+            max_batch_size=self.max_batch_size if training else None,
+            multiple_of=self.multiple_of,
+            min_change=self.min_change,
+            model=MemoryModel(
+                prior_fixed_bytes=None if prior is None else prior.fixed_bytes,
+                prior_bytes_per_sample=None if prior is None else prior.bytes_per_sample,
+            ),
+        )
+
+
 class DynamicStep:
     """The step policy of :class:`~lightning_tune.DynamicBatchSize`: sizes, cut, weights and decisions.
 
-    It takes the callback's arguments (documented there), and:
-
     Args:
+        settings: What it is told (the callback's arguments but ``probe``).
+        probe: Where memory is read (``None``: nothing is resized, as the callback without one).
         warn: Gives a warning's text to the user (``rank_zero_warn`` under a Trainer).
         info: Gives a note's text to the user.
+
+    Raises:
+        TypeError: If an argument has the wrong type.
     """
 
     def __init__(
         self,
-        target_vram: float = 0.9,
+        settings: DynamicBatchSettings,
         *,
-        min_batch_size: int = 1,
-        max_batch_size: int | None = None,
-        adjust_every: int = 100,
-        keep: Keep = "effective",
-        lr_rule: ScaleRule = "sqrt",
-        multiple_of: int = 8,
         probe: MemoryProbe | None = None,
-        prior: MemoryEstimate | None = None,
-        min_change: float = 0.1,
-        sync_oom: bool = True,
-        reserve_gib: float = 0.0,
-        agree_timeout: float = 600.0,
-        loss_weight: LossWeight = "auto",
-        label_shift: int | None = None,
-        trim_keys: Sequence[str] = (),
-        pad_to_multiple_of: int = 8,
-        per_batch: Sequence[str] = (),
-        split_batch: Callable[[Any, list[int]], Sequence[Any]] | None = None,
-        pack: bool = False,
-        pack_guard: bool = True,
-        size_eval: bool = True,
         warn: Callable[[str], Any] = warnings.warn,
         info: Callable[[str], Any] = _LOG.info,
     ) -> None:
-        # min/max_batch_size, multiple_of and min_change are checked by the controller, pad_to_multiple_of by the tokens
-        check_float("target_vram", target_vram, low=0.0, high=0.98, low_inclusive=False)
-        check_int("adjust_every", adjust_every, minimum=1)
-        check_bool("sync_oom", sync_oom)
-        check_float("agree_timeout", agree_timeout, low=0.0, low_inclusive=False)
-        check_choice("keep", keep, KEEPS)
-        check_choice("lr_rule", lr_rule, SCALE_RULES)
-        check_float("reserve_gib", reserve_gib, low=0.0)
-        check_choice("loss_weight", loss_weight, LOSS_WEIGHTS)
-        check_int("label_shift", label_shift, minimum=0, allow_none=True)
-        if label_shift is not None and loss_weight == "samples":
-            raise ValueError(
-                f"`label_shift` is read only when losses are weighted by tokens (`loss_weight` 'tokens' or 'auto'), "
-                f"got {loss_weight=!r}"
-            )
-        check_strings("trim_keys", trim_keys, what="key names (strings)")
-        check_callable("split_batch", split_batch, allow_none=True)
-        check_bool("pack", pack)
-        check_bool("pack_guard", pack_guard)
-        check_bool("size_eval", size_eval)
-        if pack:
-            check_packing(keep=keep, loss_weight=loss_weight, split_batch=split_batch)
+        check_instance("settings", settings, DynamicBatchSettings, "a DynamicBatchSettings")
         check_callable("warn", warn)
         check_callable("info", info)
         if probe is not None and not isinstance(probe, MemoryProbe):
@@ -162,32 +231,18 @@ class DynamicStep:
                 f"capacity_bytes, reset_peak, peak_bytes, pressure, before_micro_batch, free and empty_cache), got "
                 f"{type(probe).__name__}"
             )
-        if prior is not None and not isinstance(prior, MemoryEstimate):
-            raise TypeError(f"`prior` must be a MemoryEstimate (estimate_memory, measure_memory) or None, got {prior}")
-        fixed, per_sample = (None, None) if prior is None else (prior.fixed_bytes, prior.bytes_per_sample)
-        self.target_vram, self.min_batch_size, self.max_batch_size = target_vram, min_batch_size, max_batch_size
-        self.keep, self.lr_rule, self.multiple_of, self.reserve_gib = keep, lr_rule, multiple_of, reserve_gib
-        self.adjust_every, self.sync_oom, self.agree_timeout = adjust_every, sync_oom, agree_timeout
+        self.settings = settings
         self.probe: MemoryProbe | None = probe
-        self.loss_weight, self.label_shift, self.pad_to_multiple_of = loss_weight, label_shift, pad_to_multiple_of
-        self.trim_keys, self.warn, self.info = tuple(trim_keys), warn, info
-        self.pack, self.pack_guard, self.size_eval = pack, pack_guard, size_eval
-        #: The evaluation batches by loop: ``"fit"`` (validation in a fit), ``"validate"``, ``"test"``, ``"predict"``.
-        self.evaluation: dict[str, EvalSizer] = {}
+        self.warn = warn
+        self.info = info
+        self.evaluation: dict[str, EvalSizer] = {}  # by loop: "fit", "validate", "test", "predict"
         self.guard_due = False  # whether the fit's next packed micro-batch is checked against its padded samples
         self.guard_batch: Any = None  # those samples, padded, while the check is due
         self.hf_models: list[torch.nn.Module] = []  # the module's Hugging Face models (use_cache off when packed)
-        self.batch_layout, self.split_batch = BatchLayout(per_batch), split_batch  # how a step is counted and cut
+        self.batch_layout = BatchLayout(settings.per_batch)  # how a step is counted and cut
         self.drawn = 0  # samples the sampler drew for the last step (its collated batch may hold fewer)
-        self.controller = BatchSizeController(
-            target=target_vram,
-            min_batch_size=min_batch_size,
-            max_batch_size=max_batch_size,
-            multiple_of=multiple_of,
-            min_change=min_change,
-            model=MemoryModel(prior_fixed_bytes=fixed, prior_bytes_per_sample=per_sample),
-        )
-        self.tokens = TokenBudget(self.controller, pad_to_multiple_of=pad_to_multiple_of)
+        self.controller = settings.new_controller()
+        self.tokens = TokenBudget(self.controller, pad_to_multiple_of=settings.pad_to_multiple_of)
         #: Micro-batch size in use, in samples (``None`` before the first DataLoader is installed).
         self.batch_size: int | None = None
         self.user_batch_size, self.user_accumulation = 0, 1  # the DataLoader's batch, the Trainer's accumulation
@@ -201,8 +256,7 @@ class DynamicStep:
         self.base_due = False  # whether the interval's first micro-batch reads the base again (new_interval)
         self.shift, self.compiled = 0, False  # label_shift as resolved, and whether the module runs compiled code
         self.causal_lm = False  # whether the module holds a Hugging Face causal LM
-        #: What the step's losses are weighted by: ``loss_weight``, or what ``"auto"`` chose at the first step.
-        self.weighting: Weighting | None = None
+        self.weighting: Weighting | None = None  # the losses' weighting: `loss_weight`, or what "auto" chose
         self.weighting_reason = ""
         self._given_weighting()
         self.lr_factor = 1.0  # with keep="lr", what the LR is multiplied by now
@@ -224,12 +278,13 @@ class DynamicStep:
 
     def cap(self) -> int | None:
         """The largest micro-batch ``keep`` allows: the configured effective batch when it is held."""
-        return self.configured_effective if self.keep == "effective" else None
+        return self.configured_effective if self.settings.keep == "effective" else None
 
     def window_size(self) -> int:
         """Samples per optimizer step: held at the configured effective batch, or the micro-batch's accumulation."""
         assert self.batch_size is not None
-        return self.configured_effective if self.keep == "effective" else self.batch_size * self.user_accumulation
+        held = self.cap()
+        return self.batch_size * self.user_accumulation if held is None else held
 
     @property
     def effective_batch_size(self) -> int | None:
@@ -249,11 +304,11 @@ class DynamicStep:
     @property
     def accumulate_grad_batches(self) -> int | None:
         """Micro-batches per optimizer step."""
-        if self.batch_size is None or self.effective_batch_size is None:
+        if self.batch_size is None:
             return None
         if self.micro_batch_tokens is not None and self.micro_batches:
             return self.micro_batches  # micro-batches of the last step, as long as its samples were
-        return -(-self.effective_batch_size // self.batch_size)
+        return -(-self.window_size() // self.batch_size)
 
     @property
     def policy(self) -> SizePolicy:
@@ -262,21 +317,20 @@ class DynamicStep:
 
     def describe(self, size: int) -> str:
         """A micro-batch size with the policy's unit."""
-        return f"{size} {'tokens' if self.pack and self.policy is self.tokens else self.policy.unit}"
+        return f"{size} {'tokens' if self.settings.pack and self.policy is self.tokens else self.policy.unit}"
 
     def budget(self) -> tuple[int, float]:
         """What PyTorch can get now, and the peak allowed: ``target_vram`` of it, ``reserve_gib`` kept free."""
         assert self.probe is not None
         capacity = self.probe.capacity_bytes()
-        return capacity, max(1.0, min(self.target_vram * capacity, capacity - self.reserve_gib * _GIB))
+        allowed = min(self.settings.target_vram * capacity, capacity - self.settings.reserve_gib * _GIB)
+        return capacity, max(1.0, allowed)
 
     def lr_ratio(self, batch: Any) -> float:
-        """With ``keep="lr"``, what the LR is multiplied by before the step of ``batch`` (1.0: unchanged).
-
-        The LR follows the step's samples with ``lr_rule`` against the configured effective batch: :attr:`lr_factor`.
-        """
-        n = self.batch_layout.samples(batch, check=False) if self.keep == "lr" and batch is not None else None
-        factor = self.lr_factor if not n else scale_lr(1.0, self.configured_effective, n, rule=self.lr_rule)
+        """With ``keep="lr"``, what the LR is multiplied by before the step of ``batch`` (1.0: unchanged)."""
+        s = self.settings
+        n = self.batch_layout.samples(batch, check=False) if s.keep == "lr" and batch is not None else None
+        factor = self.lr_factor if not n else scale_lr(1.0, self.configured_effective, n, rule=s.lr_rule)
         ratio, self.lr_factor = factor / self.lr_factor, factor
         return ratio
 
@@ -287,14 +341,16 @@ class DynamicStep:
         Raises:
             ValueError: If ``reserve_gib`` is all the device has.
         """
+        s = self.settings
         self.user_accumulation = accumulation
         self.lr_factor = 1.0  # from the configured LR (a checkpoint may say otherwise)
         causal = causal_lm_shift(module)
-        self.shift, self.causal_lm = (self.label_shift if self.label_shift is not None else causal), bool(causal)
+        self.shift = s.label_shift if s.label_shift is not None else causal
+        self.causal_lm = bool(causal)
         # "auto" chooses again at this fit's first step (or takes a checkpoint's choice)
         self._given_weighting()
-        if self.pack:
-            self.hf_models, self.guard_due, self.module = hf_models(module), self.pack_guard, module
+        if s.pack:
+            self.hf_models, self.guard_due, self.module = hf_models(module), s.pack_guard, module
             named = self.hf_models[0] if self.hf_models else module
             implementation = getattr(getattr(named, "config", None), "_attn_implementation", None)
             self.model_name = f"{type(named).__name__} (config._attn_implementation={implementation!r})"
@@ -302,22 +358,22 @@ class DynamicStep:
             highest = torch.get_float32_matmul_precision() == "highest"  # TF32 matmuls differ by more
             self.precise = dtype in (torch.float32, torch.float64) and highest
         self.compiled = has_compiled(module)
-        self.batch_layout = BatchLayout(sorted(self.batch_layout.per_batch))  # read again from this fit's batches
+        self.batch_layout = BatchLayout(s.per_batch)  # read again from this fit's batches
         capacity = self.probe.capacity_bytes() if self.probe is not None else None
-        if capacity is not None and self.reserve_gib * _GIB >= capacity:
+        if capacity is not None and s.reserve_gib * _GIB >= capacity:
             raise ValueError(
                 f"`reserve_gib` must leave memory to train in: PyTorch can get {capacity / _GIB:.3g} GiB on this "
-                f"device, got reserve_gib={self.reserve_gib!r}"
+                f"device, got reserve_gib={s.reserve_gib!r}"
             )
 
     def install(self, loader_batch: int) -> None:
         """Take a DataLoader's batch size; the first time, choose the first micro-batch (from the prior if any)."""
         self.user_batch_size = loader_batch
         if self.batch_size is None:
-            start, cap = loader_batch, self.cap()
+            start, cap, largest = loader_batch, self.cap(), self.settings.max_batch_size
             if self.controller.model.prior is not None and self.probe is not None:  # start from its prediction
                 start = self.controller.round_down(self.controller.model.largest_batch(self.budget()[1]) or 1, cap)
-            self.batch_size = max(self.min_batch_size, min(start, cap or start, self.max_batch_size or start))
+            self.batch_size = max(self.settings.min_batch_size, min(start, cap or start, largest or start))
 
     # -- a step ------------------------------------------------------------------------------------------------------
     def run(
@@ -332,40 +388,41 @@ class DynamicStep:
     ) -> StepOutcome:
         """Lay out one optimizer step's ``batch`` and run it through ``runner`` (forward and backward the caller's).
 
-        ``epoch_samples``: the epoch's samples, when its short last batch may be in this step (after :attr:`consumed`);
-        ``agree``: the maximum over ranks (of the padded length a token budget starts from; the step that ends an
-        interval agrees :meth:`figures` in the runner's agreement); ``leave_last_backward``: as the runner's;
-        ``drawn``: the samples the sampler drew for the step (``None``: as many as the collated batch holds).
+        ``epoch_samples``: the epoch's samples, when its short last batch may be in this step; ``agree``: the maximum
+        over ranks (of the first token budget's padded length); ``drawn``: the samples the sampler drew for the step
+        (``None``: as many as the collated batch holds).
+
+        Raises:
+            TypeError: If a batch has nothing per-sample to count, or a value the rule cannot cut (no ``split_batch``).
+            ValueError: If its per-sample values disagree on the count (see ``docs/dynamic_batch.md``).
         """
-        n = self.count(batch)
+        s = self.settings
+        n = count_step(batch, self.batch_layout, s.split_batch)  # 0 for a collate that returned None
         self.drawn = n if drawn is None else drawn
         assert self.batch_size is not None
         self.step_tokens = self.step_shapes = None
-        reorders = n > 0 and self.split_batch is None  # an empty step runs whole; a user's cut is never reordered
+        reorders = n > 0 and s.split_batch is None  # an empty step runs whole; a user's cut is never reordered
         layout, size = self.layout(batch) if reorders else None, self.batch_size
-        if self.pack and n:  # each sample's first label is -100 packed: so it is in the padded step
+        if s.pack and n:  # each sample's first label is -100 packed: so it is in the padded step
             batch = ignore_first_labels(batch, layout)
         tokens = sample_tokens(batch, self.shift) if self.weigh_by(batch) == "tokens" and n else None
-        if layout is not None and self.keep == "effective":  # micro-batches become budgets of padded tokens
+        if layout is not None and s.keep == "effective":  # micro-batches become budgets of padded tokens
             first, size = self.tokens.budget is None, self.tokens.start(layout.padded, size, agree=agree)
-            if first and self.pack:
+            if first:
+                each = f"one row of at most {size} tokens" if s.pack else f"a budget of {size} padded tokens"
+                held = "holding as many samples of its own length as fit"
+                held = "its samples' real tokens only, with their boundaries" if s.pack else held
                 self.info(
-                    f"DynamicBatchSize: packed rows: each micro-batch is one row of at most {size} tokens (the "
-                    f"micro-batch of {self.batch_size} samples at the first step's padded length "
-                    f"{size // self.batch_size}), its samples' real tokens only, with their boundaries"
+                    f"DynamicBatchSize: {'packed rows' if s.pack else 'padded batches'}: each micro-batch is {each} "
+                    f"(the micro-batch of {self.batch_size} samples at the first step's padded length "
+                    f"{size // self.batch_size}), {held}"
                 )
-            elif first:
-                self.info(
-                    f"DynamicBatchSize: padded batches: each micro-batch is a budget of {size} padded tokens (the "
-                    f"micro-batch of {self.batch_size} samples at the first step's padded length "
-                    f"{size // self.batch_size}), holding as many samples of its own length as fit"
-                )
-            runner.min_size, runner.min_samples = self.tokens.controller.min_batch_size, self.min_batch_size
+            runner.min_size, runner.min_samples = self.tokens.controller.min_batch_size, s.min_batch_size
         tail = 0
-        if epoch_samples is not None and self.keep == "effective" and self.drawn == n:
+        if epoch_samples is not None and s.keep == "effective" and self.drawn == n:
             tail = short_batch_in(n, epoch_samples, self.consumed, self.user_batch_size)
         cut = functools.partial(self.cut, n=n, layout=layout, tokens=tokens, tail=tail)
-        deciding = runner.agree is not None and self.steps + 1 >= self.adjust_every
+        deciding = runner.agree is not None and self.steps + 1 >= s.adjust_every
         payload_fn = (lambda: self.figures().to_list()) if deciding else None
         outcome = runner.run(
             batch, [0.0] * 4, cut, size, leave_last_backward=leave_last_backward, payload_fn=payload_fn
@@ -374,53 +431,37 @@ class DynamicStep:
             self.agreed = IntervalFigures.from_list(outcome.payload)
         return outcome
 
-    def count(self, batch: Any) -> int:
-        """The samples of a step's collated batch (0 for a collate that returned ``None``), by :attr:`batch_layout`.
-
-        With ``split_batch``, nothing is refused, and a batch the rule finds nothing in is counted by ``len()``.
-
-        Raises:
-            TypeError: If the batch holds nothing per-sample to count, or a value the layout's rule cannot cut.
-            ValueError: If its per-sample values disagree on the count (see ``docs/dynamic_batch.md``).
-        """
-        return count_step(batch, self.batch_layout, self.split_batch)
-
     def cut(
         self, batch: Any, size: int, *, n: int, layout: PaddingLayout | None, tokens: Sequence[int] | None, tail: int
     ) -> list[MicroBatch]:
-        """The step's micro-batches with their weights (see ``docs/dynamic_batch.md``, "Short last batch").
+        """The step's micro-batches of ``size`` (the policy's unit) and their weights (docs: "Short last batch").
 
-        ``size`` is in the policy's unit. With a ``layout`` the samples are grouped by length and each micro-batch is
-        trimmed; with ``tokens`` (per sample) it weighs its share of them; the last ``tail`` samples are the
-        DataLoader's short last batch, weighted as Lightning weighs it. A collate that kept other samples than the
-        sampler drew (:attr:`drawn`) shares each DataLoader batch's weight among the samples the step holds; an
-        empty step runs whole, once, as Lightning runs it.
+        The last ``tail`` samples are the DataLoader's short last batch; a collate that kept other samples than were
+        :attr:`drawn` shares each DataLoader batch's weight among the step's; an empty step runs whole, once.
         """
         if not n:
             return [MicroBatch(batch, 0, 1.0)]
-        if self.pack:
+        if self.settings.pack:
             assert layout is not None and tokens is not None  # (ignore_first_labels refused a batch without them)
             return self._cut_packed(batch, size, layout, tokens)
         sample_weight, tail_weight = 1.0 / n, 0.0
-        if self.keep == "effective":
+        if self.settings.keep == "effective":
             sample_weight, tail_weight = 1.0 / self.configured_effective, 1.0 / max(tail * self.user_accumulation, 1)
             if self.drawn != n:  # each of the step's DataLoader batches weighs 1/k, as Lightning's averages
                 sample_weight = -(-self.drawn // self.user_batch_size) / (self.user_accumulation * n)
         weights: dict[str, Any] = {"sample_weight": sample_weight, "tail": tail, "tail_weight": tail_weight}
-        policy = self.policy
-
-        def fits(length: int | None) -> int:
-            return policy.samples_at(size, length, n) if length else size
-
         if layout is None:
-            rule, split = self.batch_layout, self.split_batch
-            pieces = cut_step(batch, size, **weights, tokens=tokens, layout=rule, split=split)
+            split = self.settings.split_batch
+            pieces = cut_step(batch, size, **weights, tokens=tokens, layout=self.batch_layout, split=split)
         else:
-            multiple, rule = self.pad_to_multiple_of, self.batch_layout
+            policy, multiple = self.policy, self.settings.pad_to_multiple_of
+
+            def fits(length: int | None) -> int:
+                return policy.samples_at(size, length, n) if length else size
+
             pieces = cut_sequences(
-                batch, n, layout, fits, **weights, tokens=tokens, multiple=multiple, batch_layout=rule
+                batch, n, layout, fits, **weights, tokens=tokens, multiple=multiple, batch_layout=self.batch_layout
             )
-        if layout is not None:
             self._shapes(pieces, layout)
         self.micro_batches = len(pieces)
         return pieces
@@ -437,22 +478,20 @@ class DynamicStep:
         self.shapes.update(rows)
         self.batch_size, self.micro_batches = max(b for b, _ in rows), len(pieces)
         if self.compiled:  # one graph for every row length and sample count
-            for piece in pieces:
-                for value in piece.batch.values():
-                    if isinstance(value, torch.Tensor):
-                        torch._dynamo.maybe_mark_dynamic(value, value.dim() - 1)
+            for value in itertools.chain.from_iterable(piece.batch.values() for piece in pieces):
+                if isinstance(value, torch.Tensor):
+                    torch._dynamo.maybe_mark_dynamic(value, value.dim() - 1)
         return pieces
 
     def forward(self, piece: MicroBatch, run: Callable[[Any], Any], *, quiet: Callable[[], Any]) -> Any:
-        """``run(piece.batch)``, the module's ``training_step`` on a micro-batch.
+        """``run(piece.batch)``; packed, with ``use_cache`` off, the fit's first one checked against its samples padded.
 
-        Packed, with ``use_cache`` off on the module's Hugging Face models, and the fit's first packed micro-batch
-        checked first against its samples padded (two forwards without gradients, under ``quiet()``: not logged).
+        The check's two forwards run without gradients under ``quiet()`` (not logged).
 
         Raises:
             PackingError: If the packed loss is not the padded one (``pack_guard=False`` turns the check off).
         """
-        if not self.pack:
+        if not self.settings.pack:
             return run(piece.batch)
         with no_cache(self.hf_models):
             if self.guard_due and self.guard_batch is not None:
@@ -464,18 +503,15 @@ class DynamicStep:
 
     def _given_weighting(self) -> None:
         """The weighting before a step: ``loss_weight``'s, tokens when packing, or none yet (``"auto"`` chooses)."""
-        if self.loss_weight != "auto":
-            self.weighting, self.weighting_reason = self.loss_weight, "as given"
-        elif self.pack:
+        if self.settings.loss_weight != "auto":
+            self.weighting, self.weighting_reason = self.settings.loss_weight, "as given"
+        elif self.settings.pack:
             self.weighting, self.weighting_reason = "tokens", "pack=True: a packed row's loss is a mean over tokens"
         else:
             self.weighting, self.weighting_reason = None, ""
 
     def weigh_by(self, batch: Any) -> Weighting:
-        """What the step of ``batch`` weighs its micro-batch losses by; ``"auto"`` chooses at the first step, once.
-
-        Say why in one note; a checkpoint's choice (restored before) stands.
-        """
+        """What the step of ``batch`` weighs its micro-batch losses by: ``"auto"`` chooses (and says why) once."""
         if self.weighting is None:
             self.weighting, self.weighting_reason = auto_weighting(batch, causal_lm=self.causal_lm)
             self.info(
@@ -488,7 +524,7 @@ class DynamicStep:
         """The step's padding layout; an unknown sequence key is warned about once."""
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")
-            layout = padding_layout(batch, self.trim_keys)
+            layout = padding_layout(batch, self.settings.trim_keys)
         if caught and not self._layout_warned:
             self._layout_warned = True
             self.warn(f"DynamicBatchSize: {caught[0].message}")
@@ -520,20 +556,19 @@ class DynamicStep:
 
     def before_micro_batch(self, piece: MicroBatch) -> None:
         """Note a micro-batch about to run (its tokens; the probe's simulated allocation)."""
-        rows = 1 if self.pack else piece.samples  # a packed micro-batch is one row of seq_len tokens
+        rows = 1 if self.settings.pack else piece.samples  # a packed micro-batch is one row of seq_len tokens
         self.tokens.largest = max(self.tokens.largest, rows * (piece.seq_len or 1))
         if self.probe is not None:
             if self.base_due:  # the step's zero_grad ran: the last step's gradients, alive at its end, are freed
-                self.base, self.base_due = min(self.base, self.live_bytes()), False
+                self.base, self.base_due = min(self.base, live_bytes(self.probe)), False
             self.probe.before_micro_batch(rows, piece.seq_len)
 
     def step_run(self) -> StepRun:
-        """The micro-batches the last step ran, as the monitor reads them.
+        """The micro-batches the last step ran, as the monitor reads them (packed: each sequence's ``(1, length)``).
 
-        Packed, the shapes are each sequence's, ``(1, length)``: a packed row attends within each of its sequences, so
-        its FLOPs are those of its sequences run apart (the attention's a sum over them, not the row's length squared).
+        A packed row attends within its sequences, so its FLOPs are theirs run apart.
         """
-        shapes = None if self.step_shapes is None else tuple(self.sequences if self.pack else self.step_shapes)
+        shapes = None if self.step_shapes is None else tuple(self.sequences if self.settings.pack else self.step_shapes)
         return StepRun(self.micro_batches, shapes, self.step_tokens)
 
     # -- evaluation ------------------------------------------------------------------------------------------------
@@ -541,27 +576,16 @@ class DynamicStep:
         """The evaluation batch of ``loop`` (made the first time): the control law of training, its own memory model."""
         assert self.probe is not None
         if loop not in self.evaluation:
-            controller = BatchSizeController(
-                target=self.target_vram,
-                min_batch_size=self.min_batch_size,
-                max_batch_size=None,
-                multiple_of=self.multiple_of,
-                min_change=self.controller.min_change,
-            )
-            layout, split = self.batch_layout, self.split_batch
+            controller, split = self.settings.new_controller(training=False), self.settings.split_batch
             self.evaluation[loop] = EvalSizer(
-                controller, self.probe, self.budget, layout=layout, split=split, warn=self.warn
+                controller, self.probe, self.budget, layout=self.batch_layout, split=split, warn=self.warn
             )
         sizer = self.evaluation[loop]
         sizer.probe = self.probe
         return sizer
 
     def eval_start(self) -> int | None:
-        """The first evaluation batch from training's memory line, an upper bound of evaluation's (``None``: none).
-
-        A sample costs less without gradients, so training's line predicts more than evaluation needs: what fits by it
-        fits.
-        """
+        """The first evaluation batch: what training's memory line allows (a sample costs less without gradients)."""
         model = self.controller.model
         if self.probe is None or self.batch_size is None or not model.sizes_seen:
             return None
@@ -577,15 +601,14 @@ class DynamicStep:
         agree: Callable[[list[float]], Sequence[float]],
         drawn: int | None = None,
     ) -> bool:
-        """The step of ``batch`` ended; every ``adjust_every`` :meth:`decide`. Whether the micro-batch changed.
+        """The step of ``batch`` (``drawn`` samples) ended; every ``adjust_every`` :meth:`decide`. Whether it resized.
 
         The figures are the worst rank's: agreed in the step's own collective, or by ``agree`` when none ran.
-        ``drawn``: the samples the sampler drew for the step (``None``: as many as the batch holds).
         """
         drawn = drawn if drawn is not None else self.batch_layout.samples(batch, check=False) or 0
         self.consumed, self.batches_done = self.consumed + drawn, self.batches_done + 1
         self.steps += 1
-        if self.steps < self.adjust_every or self.probe is None:
+        if self.steps < self.settings.adjust_every or self.probe is None:
             return False
         figures = self.agreed or IntervalFigures.from_list(agree(self.figures().to_list()))
         resized = self.decide(figures, runner.largest_run)
@@ -600,11 +623,7 @@ class DynamicStep:
         return IntervalFigures(float(peak), bool(pressure), self.budget()[1], self.tokens.largest, self.base)
 
     def decide(self, figures: IntervalFigures, ran: int) -> bool:
-        """Decide on the interval's ``figures`` (``ran``: its largest micro-batch in samples) and start the next.
-
-        Returns:
-            Whether the micro-batch in samples changed (with ``keep`` other than ``"effective"``, the step's too).
-        """
+        """Decide on ``figures`` and ``ran`` (the largest micro-batch in samples), start the next; whether resized."""
         assert self.probe is not None and self.batch_size is not None
         self.agreed, self.validation, self.steps = None, (0, False), 0
         self.tokens.largest = figures.largest_tokens  # the ranks' largest micro-batch in tokens: one decision on all
@@ -624,28 +643,14 @@ class DynamicStep:
         return policy is self.controller and decision.batch_size != size
 
     def new_interval(self) -> None:
-        """Empty the cache and start an interval; what stays reserved is its base (weights, optimizer state).
-
-        Emptied, the cache no longer holds an earlier, larger need: the next peak of reserved memory is the interval's.
-        """
+        """Empty the cache (it held an earlier, larger need) and start an interval; its peak is then its own."""
         assert self.probe is not None
         self.probe.empty_cache()
         self.probe.reset_peak()
         # the base is read again at the interval's first micro-batch, after the step's zero_grad: read here, between
         # steps, it holds the gradients, which a peak need not hold (one micro-batch a step, the first of several), and
         # the line from it through that peak would under-state the slope and over-state the size that fits
-        self.base, self.base_due = self.live_bytes(), True
-
-    def live_bytes(self) -> float:
-        """What live tensors hold now (allocated, not reserved, where the probe tells them apart).
-
-        Not what stays reserved: a segment a live tensor holds keeps its free room reserved, the next step's
-        activations fill that room first, and a reserved base would under-state the slope (to nothing when they fit
-        in it) and so over-state the size that fits.
-        """
-        assert self.probe is not None
-        allocated = getattr(self.probe, "allocated_bytes", None)
-        return float(allocated() if callable(allocated) else self.probe.peak_bytes())
+        self.base, self.base_due = live_bytes(self.probe), True
 
     def shrink(self, failed: int) -> int:
         """A smaller micro-batch after ``failed`` ran out of memory; the interval starts again.
@@ -691,11 +696,7 @@ class DynamicStep:
         self.validation = (max(peak, self.probe.peak_bytes()), pressure or self.probe.pressure())
 
     def validation_ends(self) -> None:
-        """Validation's memory is not training's: empty the cache and start the peak again.
-
-        Its cache, not a garbage collection (``free``), which can take a large fraction of a second in a big process,
-        and would land in the time between training batches (counted as waiting for data).
-        """
+        """Validation's memory is not training's: empty the cache (no slow garbage collection) and restart the peak."""
         assert self.probe is not None
         self.probe.empty_cache()
         self.probe.reset_peak()
@@ -723,7 +724,7 @@ class DynamicStep:
         else:  # a budget of padded tokens: the samples of a micro-batch follow its length
             low, high = min((b for b, _ in self.shapes), default=0), max((b for b, _ in self.shapes), default=0)
             held = f"{low} to {high}" if low != high else f"{high}"
-            unit = "tokens packed in one row" if self.pack else "padded tokens"
+            unit = "tokens packed in one row" if self.settings.pack else "padded tokens"
             size = (
                 f"micro-batches of at most {self.micro_batch_tokens} {unit} ({held} samples each; "
                 f"{self.micro_batches} in the last {step})"
@@ -739,15 +740,7 @@ class DynamicStep:
     def state_dict(self) -> dict[str, Any]:
         """The sizes, counters and controllers (``DynamicBatchSize``'s checkpoint keys of them)."""
         return {
-            "batch_size": self.batch_size,
-            "user_batch_size": self.user_batch_size,
-            "user_accumulation": self.user_accumulation,
-            "lr_factor": self.lr_factor,
-            "oom_recoveries": self.oom_recoveries,
-            "decisions": self.decisions,
-            "steps": self.steps,
-            "consumed": self.consumed,
-            "batches_done": self.batches_done,
+            **{name: getattr(self, name) for name in _SAVED.split()},
             "controller": self.controller.state_dict(),
             **self.tokens.state_dict(),  # micro_batch_tokens, longest, token_controller
             "arguments": self.arguments(),
@@ -757,16 +750,13 @@ class DynamicStep:
 
     def arguments(self) -> dict[str, Any]:
         """The arguments a checkpoint records, so that a run resumed with other values can say which it uses."""
-        names = (
-            "target_vram min_batch_size max_batch_size adjust_every keep lr_rule multiple_of reserve_gib loss_weight"
-        )
-        others = ("label_shift", "pad_to_multiple_of", "pack", "size_eval")
-        values = {name: getattr(self, name) for name in (*names.split(), *others)}
-        rule = {"per_batch": sorted(self.batch_layout.per_batch)}
-        return values | {"min_change": self.controller.min_change, "trim_keys": list(self.trim_keys)} | rule
+        s = self.settings
+        values = {name: getattr(s, name) for name in _RECORDED.split()}
+        return values | {"trim_keys": list(s.trim_keys), "per_batch": sorted(set(s.per_batch))}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Restore :meth:`state_dict`'s keys; this run's configuration, limits and arguments win, with a warning."""
+        s = self.settings
         saved = state["user_batch_size"], state["user_accumulation"]
         now = self.user_batch_size, self.user_accumulation
         if saved != now:
@@ -775,18 +765,18 @@ class DynamicStep:
                 f"accumulate_grad_batches {saved[1]}; this run configures {now[0]} x {now[1]}, which is used from "
                 "here on"
             )
-        limits = [x for x in (state["batch_size"], self.cap(), self.max_batch_size) if x is not None]
-        self.batch_size = max(self.min_batch_size, min(limits))
+        limits = [x for x in (state["batch_size"], self.cap(), s.max_batch_size) if x is not None]
+        self.batch_size = max(s.min_batch_size, min(limits))
         before = state.get("arguments", {})
         changed = changed_arguments(before, self.arguments(), ignore=("loss_weight",))
         # the weighting the checkpoint's steps ran with (a checkpoint from before "auto" records only its argument)
         ran: Weighting | None = state.get("weighting") or (
             None if before.get("loss_weight") == "auto" else before.get("loss_weight")
         )
-        if ran is not None and self.loss_weight == "auto" and not self.pack:  # the resumed run goes on as it started
+        if ran is not None and s.loss_weight == "auto" and not s.pack:  # the resumed run goes on as it started
             self.weighting, self.weighting_reason = ran, "as the checkpoint's run chose"
-        elif ran is not None and ran != (self.weighting or self.loss_weight):  # packed "auto" is "tokens"
-            changed.append(f"loss_weight {ran!r} -> {self.loss_weight!r}")
+        elif ran is not None and ran != (self.weighting or s.loss_weight):  # packed "auto" is "tokens"
+            changed.append(f"loss_weight {ran!r} -> {s.loss_weight!r}")
         if changed:
             moved = f"; micro-batch {state['batch_size']} -> {self.batch_size}"
             self.warn(
@@ -794,7 +784,7 @@ class DynamicStep:
                 + ", ".join(changed)
                 + (moved if self.batch_size != state["batch_size"] else "")
             )
-        self.lr_factor = state["lr_factor"] if self.keep == "lr" else 1.0  # (the caller undoes another keep's scaling)
+        self.lr_factor = state["lr_factor"] if s.keep == "lr" else 1.0  # (the caller undoes another keep's scaling)
         self.steps, self.oom_recoveries = state["steps"], state["oom_recoveries"]
         self.decisions = state.get("decisions", 0)
         self.controller.load_state_dict(state["controller"])
@@ -803,18 +793,9 @@ class DynamicStep:
             for loop, saved in state.get("evaluation", {}).items():
                 self.eval_sizer(loop).load_state_dict(saved)
 
-    def eval_metrics(self, loop: str) -> dict[str, float]:
-        """The evaluation batch ``loop`` settled at (empty before it ran)."""
-        sizer = self.evaluation.get(loop)
-        return {} if sizer is None or sizer.size is None else {keys.EVAL_BATCH_SIZE: float(sizer.size)}
-
 
 def auto_weighting(batch: Any, *, causal_lm: bool) -> tuple[Weighting, str]:
-    """What ``loss_weight="auto"`` weighs a step like ``batch`` by, and why.
-
-    Tokens where the step's loss is a mean over its label tokens: a mapping batch with per-token ``labels`` (two or
-    more dimensions, -100 where ignored: the convention of Hugging Face's losses, which average over the rest), or a
-    Hugging Face causal LM (``causal_lm``) on a mapping batch with a 2-D ``attention_mask``. Samples otherwise.
+    """What ``loss_weight="auto"`` weighs a step like ``batch`` by, and why (see "Which run the defaults equal").
 
     Example:
         >>> ids = torch.ones(2, 4, dtype=torch.long)
@@ -848,23 +829,3 @@ def has_compiled(module: torch.nn.Module) -> bool:
     from lightning_tune.swaps.compile import is_compiled
 
     return any(isinstance(m, torch._dynamo.eval_frame.OptimizedModule) or is_compiled(m) for m in module.modules())
-
-
-def check_packing(*, keep: str, loss_weight: str, split_batch: Any) -> None:
-    """Refuse arguments ``pack=True`` cannot train with.
-
-    Raises:
-        ValueError: Naming the argument, its value and what packing allows.
-    """
-    if keep != "effective":
-        raise ValueError(
-            "`pack=True` packs the samples of an optimizer step held at its effective batch: `keep` must be "
-            f"'effective', got {keep!r}"
-        )
-    if loss_weight == "samples":
-        raise ValueError(
-            "`pack=True` weighs each packed row by its label tokens (its loss is a mean over them): `loss_weight` must "
-            f"be 'tokens' or 'auto', got {loss_weight!r}"
-        )
-    if split_batch is not None:
-        raise ValueError("`pack=True` packs the samples itself: `split_batch` must be None, got a callable")

@@ -5,26 +5,15 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from lightning_tune._validation import check_instance, check_int
 from lightning_tune.batch.control import BatchSizeController, Decision
-
-__all__ = ["TokenBudget"]
 
 
 class TokenBudget:
     """Padded tokens per micro-batch, beside the controller in samples: a trimmed micro-batch's memory follows them.
 
-    A micro-batch of padded length ``L`` holds ``budget // L`` samples; a controller on the token grid moves the budget.
-
-    Args:
-        samples: The controller in samples, whose target, ``min_change`` and grid (× ``pad_to_multiple_of``) carry over.
-        pad_to_multiple_of: Trimmed lengths are multiples of this.
-
-    Attributes:
-        budget: Padded tokens per micro-batch (``None`` until the first step with a padding layout).
-        controller: The budget's controller, on the token grid (its decisions capped at :meth:`cap`).
-        longest: The longest padded length of a step seen.
-        largest: The largest micro-batch run (tokens) since the allocator's cache was emptied (after every decision).
+    A micro-batch of padded length ``L`` holds ``budget // L`` samples. ``controller`` moves the budget on the grid of
+    ``samples`` × ``pad_to_multiple_of`` tokens, capped at :meth:`cap`; ``largest`` is the largest micro-batch (tokens)
+    run since the allocator's cache was emptied, ``longest`` the longest padded length of a step seen.
 
     Example:
         >>> samples = BatchSizeController(target=0.9, min_batch_size=1, max_batch_size=None, multiple_of=8)
@@ -36,9 +25,7 @@ class TokenBudget:
     """
 
     def __init__(self, samples: BatchSizeController, *, pad_to_multiple_of: int) -> None:
-        check_instance("samples", samples, BatchSizeController, "a BatchSizeController")
-        check_int("pad_to_multiple_of", pad_to_multiple_of, minimum=1)
-        self.budget: int | None = None
+        self.budget: int | None = None  # until the first step with a padding layout
         self.samples, self.longest, self.largest = samples, 0, 0
         self.controller = BatchSizeController(
             target=samples.target,

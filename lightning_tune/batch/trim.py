@@ -1,11 +1,7 @@
 """Variable-length batches: order a step's samples by length, trim each micro-batch to its own longest sequence.
 
-A collator pads every sequence of a batch to the batch's longest. When one optimizer step's samples are collated
-together and then cut into micro-batches, every micro-batch carries the padding of the longest sample in the whole
-step. The functions here undo that: :func:`padding_layout` reads the lengths and the padding side from the
-``attention_mask``, :func:`length_order` groups the step's samples by length (the step's gradient is a sum over its
-samples, so their order within the step does not change it), and :func:`trim` cuts a micro-batch's sequence tensors
-down to its own longest sequence. :func:`label_tokens` counts what a token-mean loss averages over.
+A step's collated samples are all padded to its longest; :func:`cut_sequences` undoes that, reading lengths and
+padding side from the ``attention_mask`` (:func:`padding_layout`).
 """
 
 from __future__ import annotations
@@ -22,20 +18,6 @@ from lightning_tune.batch.runner import MicroBatch
 from lightning_tune.batch.split import select
 from lightning_tune.perf.batch import BatchLayout
 
-__all__ = [
-    "TRIM_KEYS",
-    "PaddingLayout",
-    "causal_lm_shift",
-    "cut_sequences",
-    "label_tokens",
-    "length_order",
-    "padding_layout",
-    "round_length",
-    "sample_tokens",
-    "take",
-    "trim",
-]
-
 #: Keys of a Hugging Face batch whose second dimension is the padded sequence, trimmed together.
 TRIM_KEYS: tuple[str, ...] = ("input_ids", "attention_mask", "labels", "token_type_ids", "position_ids")
 _MASK = "attention_mask"
@@ -43,39 +25,27 @@ _MASK = "attention_mask"
 
 @dataclass(frozen=True)
 class PaddingLayout:
-    """How a collated batch of sequences is padded.
+    """How a collated batch of sequences is padded."""
 
-    Attributes:
-        lengths: Real tokens of each sample (from the attention mask), in batch order.
-        side: ``"right"`` or ``"left"``: where the padding sits.
-        padded: The padded length (the batch's second dimension).
-        keys: The mapping keys whose tensors are cut along the sequence dimension.
-    """
-
-    lengths: tuple[int, ...]
+    lengths: tuple[int, ...]  # real tokens of each sample, in batch order
     side: Literal["right", "left"]
-    padded: int
-    keys: tuple[str, ...]
+    padded: int  # the batch's second dimension
+    keys: tuple[str, ...]  # the mapping keys whose tensors are cut along the sequence dimension
 
     def longest(self, indices: Sequence[int]) -> int:
         """The longest real length among the samples at ``indices``."""
         return max((self.lengths[i] for i in indices), default=0)
 
+    def span(self, length: int) -> slice:
+        """The ``length`` positions of a row next to its padding: where a sample of that length sits."""
+        return slice(0, length) if self.side == "right" else slice(self.padded - length, self.padded)
+
 
 def padding_layout(batch: Any, trim_keys: Sequence[str] = ()) -> PaddingLayout | None:
     """Read a batch's padding from its ``attention_mask``, or ``None`` when it cannot be trimmed safely.
 
-    A batch is left alone (``None``) when it is not a mapping with a 2-D ``attention_mask``, when the mask is padded
-    on both sides or is not contiguous, or when another tensor has the padded length as its second dimension and is
-    neither a known Hugging Face key (:data:`TRIM_KEYS`) nor named in ``trim_keys``; that last case warns once per
-    call, naming the key, so that trimming never makes two tensors disagree in shape.
-
-    Args:
-        batch: A collated batch.
-        trim_keys: Further keys whose tensors have the sequence as their second dimension.
-
-    Returns:
-        The layout, read on the host (one small device-to-host copy when the mask lives on a device).
+    Another tensor with the padded length as its second dimension, neither in :data:`TRIM_KEYS` nor in ``trim_keys``,
+    leaves the batch untrimmed and warns, naming the key, so that trimming never makes two tensors disagree in shape.
 
     Example:
         >>> mask = torch.tensor([[1, 1, 0, 0], [1, 1, 1, 0]])
@@ -122,42 +92,8 @@ def length_order(lengths: Sequence[int]) -> list[int]:
     return sorted(range(len(lengths)), key=lambda i: -lengths[i])
 
 
-def take(batch: Any, indices: Sequence[int], n: int, *, layout: BatchLayout | None = None) -> Any:
-    """The samples at ``indices`` of a collated batch of ``n`` samples, in that order.
-
-    The batch is cut by :class:`~lightning_tune.perf.batch.BatchLayout`'s rule: tensors on their first dimension,
-    sequences of per-sample objects item by item, scalars and ``per_batch`` values whole.
-
-    Args:
-        batch: A collated batch.
-        indices: The samples to take.
-        n: The batch's samples.
-        layout: The layout read from the run's batches (a fresh one by default).
-
-    Raises:
-        ValueError: If the batch does not hold ``n`` samples, or the rule cannot cut it.
-
-    Example:
-        >>> take({"x": torch.arange(4), "id": ["a", "b", "c", "d"], "t": 0.5}, [2, 0], 4)
-        {'x': tensor([2, 0]), 'id': ['c', 'a'], 't': 0.5}
-    """
-    layout = layout if layout is not None else BatchLayout()
-    found = layout.samples(batch)
-    if found != n:
-        raise ValueError(f"`n` must be the batch's {found} samples, got {n}")
-    return select(batch, indices, layout)
-
-
 def trim(batch: Mapping[str, Any], layout: PaddingLayout, length: int) -> Any:
-    """Cut the layout's sequence tensors of ``batch`` to ``length`` positions, on the side the padding sits.
-
-    Args:
-        batch: A micro-batch whose samples are no longer than ``length`` (a mapping, as :func:`padding_layout` saw).
-        layout: The step's padding layout.
-        length: The micro-batch's own longest sequence.
-
-    Returns:
-        A batch of the same type with the sequence tensors cut; the batch itself when nothing is cut.
+    """Cut the layout's sequence tensors of a micro-batch to ``length`` positions, on the side the padding sits.
 
     Example:
         >>> mask = torch.tensor([[0, 0, 1, 1], [0, 1, 1, 1]])
@@ -167,9 +103,8 @@ def trim(batch: Mapping[str, Any], layout: PaddingLayout, length: int) -> Any:
     """
     if length >= layout.padded:
         return batch
-    cut = slice(0, length) if layout.side == "right" else slice(layout.padded - length, layout.padded)
     # contiguous: a view of the wider batch has other strides, which a compiled graph guards on (a recompile)
-    out = {k: (v[:, cut].contiguous() if k in layout.keys else v) for k, v in batch.items()}
+    out = {k: (v[:, layout.span(length)].contiguous() if k in layout.keys else v) for k, v in batch.items()}
     return out if type(batch) is dict else type(batch)(out)  # type: ignore[call-arg]
 
 
@@ -197,8 +132,8 @@ def sample_tokens(batch: Any, shift: int = 0) -> list[int]:
 def cut_sequences(
     batch: Any,
     n: int,
-    layout: PaddingLayout | None,
-    fits: Callable[[int | None], int],
+    layout: PaddingLayout,
+    fits: Callable[[int], int],
     *,
     sample_weight: float,
     tail: int = 0,
@@ -209,19 +144,9 @@ def cut_sequences(
 ) -> list[MicroBatch]:
     """Cut one optimizer step of ``n`` samples into micro-batches grouped by length, each trimmed to its longest.
 
-    The step's samples are ordered longest first (the step's gradient is a sum over them, so order does not change
-    it) and taken greedily: a micro-batch whose longest sample, rounded up to ``multiple``, is ``L`` holds
-    ``fits(L)`` samples (at least one), so long samples go in small micro-batches and short ones in large; it ends
-    early before a sample shorter than ``L / 2``, so that padding never fills more than half of a micro-batch (and
-    a step's micro-batches stay about as many as the doublings of length it spans). Without a layout nothing is
-    reordered or trimmed and ``fits(None)`` is the size.
-
-    Weights make the weighted micro-batch losses add up to the step's loss. With ``tokens`` (each sample's count of
-    label tokens) a micro-batch weighs its share of the step's tokens, so mean-over-tokens losses add up to one
-    token mean over the whole step. Otherwise each sample weighs ``sample_weight``, and the step's last ``tail``
-    samples (a DataLoader's short last batch) weigh ``tail_weight`` each and are kept in micro-batches of their own.
-    ``batch_layout`` is the run's :class:`~lightning_tune.perf.batch.BatchLayout` (its ``per_batch`` values stay
-    whole).
+    Samples are taken longest first (the step's gradient is a sum over them): a micro-batch whose longest sample,
+    rounded up to ``multiple``, is ``L`` holds ``fits(L)`` samples (at least one) and ends before a sample shorter than
+    half its longest. The weights and ``batch_layout`` are as :func:`~lightning_tune.batch.runner.cut_step`'s.
 
     Example:
         >>> mask = torch.tensor([[1, 1, 0, 0], [1, 1, 1, 1], [1, 0, 0, 0]])
@@ -235,22 +160,19 @@ def cut_sequences(
     total = float(sum(tokens)) if tokens is not None else 0.0
     pieces: list[MicroBatch] = []
     for group in groups:
-        order = group if layout is None else sorted(group, key=lambda i: -layout.lengths[i])
+        order = sorted(group, key=lambda i: -layout.lengths[i])
         start = 0
         while start < len(order):
-            length = None
-            if layout is not None:  # left padding keeps a padded position before the longest sample, if the step had
-                # one: a causal LM's shifted labels make a row's first token a target only after padding
-                length = round_length(layout.lengths[order[start]] + (layout.side == "left"), multiple, layout.padded)
+            longest = layout.lengths[order[start]]
+            # left padding keeps a padded position before the longest sample, if the step had one: a causal LM's
+            # shifted labels make a row's first token a target only after padding
+            length = round_length(longest + (layout.side == "left"), multiple, layout.padded)
             chosen = order[start : start + max(1, fits(length))]
-            if layout is not None:  # no sample less than half the micro-batch's longest (before rounding, so that
-                # short samples rounded up to `multiple` are not each given a micro-batch of their own)
-                longest = layout.lengths[order[start]]
-                chosen = [i for k, i in enumerate(chosen) if k == 0 or 2 * layout.lengths[i] >= longest]
+            # no sample less than half the micro-batch's longest (before rounding, so that short samples rounded up to
+            # `multiple` are not each given a micro-batch of their own)
+            chosen = [i for k, i in enumerate(chosen) if k == 0 or 2 * layout.lengths[i] >= longest]
             start += len(chosen)
-            part = batch if len(chosen) == n and layout is None else take(batch, chosen, n, layout=batch_layout)
-            if layout is not None and length is not None:
-                part = trim(part, layout, length)
+            part = trim(select(batch, chosen, layout=batch_layout), layout, length)
             if tokens is not None:
                 weight = sum(tokens[i] for i in chosen) / total if total else len(chosen) / n
             else:
@@ -259,31 +181,31 @@ def cut_sequences(
     return pieces
 
 
-def causal_lm_shift(module: torch.nn.Module) -> int:
-    """1 when ``module`` holds a Hugging Face causal LM (its loss shifts labels, as the HF Trainer decides), else 0."""
+def hf_models(module: torch.nn.Module) -> list[torch.nn.Module]:
+    """The Hugging Face models (``PreTrainedModel``) in ``module``, outermost first (none without ``transformers``)."""
     try:
         from transformers import PreTrainedModel
-        from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
     except ImportError:
+        return []
+    return [m for m in module.modules() if isinstance(m, PreTrainedModel)]
+
+
+def causal_lm_shift(module: torch.nn.Module) -> int:
+    """1 when ``module`` holds a Hugging Face causal LM (its loss shifts labels, as the HF Trainer decides), else 0."""
+    models = hf_models(module)  # the outermost decides: a causal LM's inner decoder is no LM of its own
+    if not models:
         return 0
-    causal = set(MODEL_FOR_CAUSAL_LM_MAPPING_NAMES.values())
-    for sub in module.modules():
-        if isinstance(sub, PreTrainedModel):  # the outermost: a causal LM's inner decoder is no LM of its own
-            return int(type(sub).__name__ in causal)
-    return 0
+    from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
+
+    return int(type(models[0]).__name__ in MODEL_FOR_CAUSAL_LM_MAPPING_NAMES.values())
 
 
 def label_tokens(batch: Any, shift: int = 0, *, per_sample: bool = False) -> int | Tensor:
     """Tokens a token-mean loss averages over: labels other than -100, or real tokens when there are no labels.
 
-    Args:
-        batch: A collated batch (a mapping with ``labels`` and/or ``attention_mask``).
-        shift: Leading positions of every row that are never a target (1 for causal LMs, whose loss compares
-            position ``i`` with label ``i + 1``, as Hugging Face's Trainer counts for ``num_items_in_batch``).
-        per_sample: Count each sample apart (a 1-D tensor).
-
-    Returns:
-        The count, as a 0-dim tensor on the batch's device (no host sync), or an ``int`` from shapes.
+    ``shift`` is the leading positions of every row that are never a target (1 for causal LMs, whose loss compares
+    position ``i`` with label ``i + 1``, as Hugging Face's Trainer counts for ``num_items_in_batch``). The count is a
+    tensor on the batch's device (no host sync), 1-D with ``per_sample``.
 
     Raises:
         TypeError: If the batch has neither ``labels`` nor an ``attention_mask``.

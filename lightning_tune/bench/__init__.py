@@ -1,9 +1,4 @@
-"""Benchmark engine behind ``lightning-tune bench``: batch-size sweeps of throughput and latency.
-
-:class:`BenchSettings` says what to run, :class:`BenchRunner` runs each batch size in a fresh Trainer and returns
-:class:`BenchResult` rows, :func:`format_table` prints them and :class:`LatencyBudget` picks the batch size a p95/p99
-budget allows. Nothing here parses command lines.
-"""
+"""Benchmark engine behind ``lightning-tune bench``: batch-size sweeps of throughput and latency, no command line."""
 
 from typing import TYPE_CHECKING
 

@@ -1,27 +1,17 @@
 """Latency budgets: the batch size a sweep recommends under a p95/p99 budget, the throughput knee, and how firm it is.
 
-The procedure the tuning guides give for inference and interactive work: set a p95/p99 latency budget, raise the
-batch size until throughput stops improving or the budget breaks. :class:`LatencyBudget` takes a sweep's
-:class:`~lightning_tune.bench.BenchResult` rows and makes that decision; nothing here runs a model or parses a
-command line.
-
-A percentile rests on the timed batches of its batch size. The q-th percentile of n batches has n(100 - q)/100 of
-them beyond it; below one such batch it is an interpolation towards the slowest batch seen, not a measured tail.
-So a p95 needs at least 20 timed batches and a p99 at least 100 (:func:`timed_batches_needed`); with fewer the
-recommendation is marked uncertain.
+Decisions on a sweep's :class:`~lightning_tune.bench.BenchResult` rows only: nothing here runs a model.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any, Final, Literal
 
 from lightning_tune._validation import check_float
 from lightning_tune.bench.result import BenchResult
-
-__all__ = ["KNEE_FRACTION", "Binds", "LatencyBudget", "Recommendation", "format_recommendation", "timed_batches_needed"]
 
 #: Share of the best samples/s that marks the throughput knee.
 KNEE_FRACTION: Final = 0.9
@@ -57,8 +47,7 @@ class Recommendation:
             nothing was measured).
         best_batch_size: The batch size with the most samples/s.
         knee_fraction: Share of the best samples/s that marks the knee.
-        binds: What stops the batch size from growing (see :data:`Binds`); ``None`` when no batch size is within
-            the budget.
+        binds: What stops the batch size from growing (:data:`Binds`); ``None`` when no batch size is within it.
         needed: Timed batches per batch size the budget's percentiles need to be firm.
 
     Example:
@@ -93,10 +82,7 @@ class Recommendation:
 
     @property
     def faster_smaller(self) -> BenchResult | None:
-        """A smaller batch size within the budget with more samples/s than the choice (the fastest such), if any.
-
-        Where one exists, the choice buys latency with nothing: the smaller one is faster and answers sooner.
-        """
+        """The fastest smaller batch size within the budget, if it has more samples/s than the choice."""
         chosen = self.row(self.batch_size)
         if chosen is None:
             return None
@@ -113,41 +99,30 @@ class Recommendation:
         }
 
     def as_dict(self) -> dict[str, Any]:
-        """The decision as JSON-ready builtins (the ``recommendation`` entry of ``bench.json``).
-
-        Returns:
-            ``budgets_ms`` and ``latency_ms`` keyed ``"p95"``/``"p99"``, ``batch_size`` and ``samples_per_sec`` of
-            the choice (``None`` when no batch size is within the budget), ``knee`` and ``best`` (batch size and
-            samples/s), ``knee_fraction``, ``binds``, ``firm``, ``timed_batches`` (per batch size),
-            ``steps_for_firm`` and ``faster_smaller`` (see :attr:`faster_smaller`; batch size and samples/s).
-        """
-        chosen, knee, best = self.row(self.batch_size), self.row(self.knee_batch_size), self.row(self.best_batch_size)
+        """The decision as JSON-ready builtins: the ``recommendation`` entry of ``bench.json`` (``docs/bench.md``)."""
+        chosen = self.row(self.batch_size)
         return {
             "budgets_ms": {f"p{q}": ms for q, ms in self.budgets_ms.items()},
             "batch_size": self.batch_size,
             "samples_per_sec": chosen.samples_per_sec if chosen else None,
             "latency_ms": {f"p{q}": _latency(chosen, q) for q in self.budgets_ms} if chosen else None,
-            "knee": {"batch_size": knee.batch_size, "samples_per_sec": knee.samples_per_sec} if knee else None,
-            "best": {"batch_size": best.batch_size, "samples_per_sec": best.samples_per_sec} if best else None,
+            "knee": _point(self.row(self.knee_batch_size)),
+            "best": _point(self.row(self.best_batch_size)),
             "knee_fraction": self.knee_fraction,
             "binds": self.binds,
             "firm": self.firm,
             "timed_batches": {str(size): n for size, n in self.timed_batches.items()},
             "steps_for_firm": self.needed,
-            "faster_smaller": (
-                {"batch_size": faster.batch_size, "samples_per_sec": faster.samples_per_sec}
-                if (faster := self.faster_smaller) is not None
-                else None
-            ),
+            "faster_smaller": _point(self.faster_smaller),
         }
 
 
-class LatencyBudget:
-    """A p95 and/or p99 latency budget, and the batch size a sweep's results recommend under it.
+def _point(result: BenchResult | None) -> dict[str, Any] | None:
+    return {"batch_size": result.batch_size, "samples_per_sec": result.samples_per_sec} if result else None
 
-    :meth:`recommend` picks the largest batch size whose measured percentiles are all within their budgets, names
-    the throughput knee beside it (the smallest batch size reaching ``knee_fraction`` of the best samples/s) and
-    says which of the two binds. Latency equal to the budget is within it.
+
+class LatencyBudget:
+    """A p95 and/or p99 latency budget (a latency equal to it is within it), and the batch size a sweep recommends.
 
     Args:
         p95_budget_ms: Budget of the p95 latency in milliseconds, > 0, or ``None``.
@@ -225,20 +200,18 @@ class LatencyBudget:
         )
 
 
-def _latencies(result: BenchResult, percentiles: Sequence[int], kind: str) -> str:
+def _latencies(result: BenchResult, percentiles: Iterable[int], kind: str) -> str:
     return ", ".join(f"{kind} p{q} {_latency(result, q):,.2f} ms" for q in percentiles)
 
 
 def format_recommendation(recommendation: Recommendation, *, mode: str = "train") -> list[str]:
     """The lines printed after the table: the choice, the knee, what binds and whether it is firm.
 
+    When no batch size is within the budget, the first line says so and names the smallest batch size's latency.
+
     Args:
         recommendation: From :meth:`LatencyBudget.recommend`.
         mode: ``"train"`` (step latency) or ``"predict"`` (request latency).
-
-    Returns:
-        The lines; when no batch size is within the budget, the first says so and names the smallest batch size's
-        latency.
 
     Example:
         >>> rows = [BenchResult(1, "ok", 20, p95_ms=4.0, samples_per_sec=250.0),
@@ -251,27 +224,20 @@ def format_recommendation(recommendation: Recommendation, *, mode: str = "train"
     kind, unit = ("step", "steps") if mode == "train" else ("request", "requests")
     qs = list(rec.budgets_ms)
     budget = ", ".join(f"{kind} p{q} <= {ms:g} ms" for q, ms in rec.budgets_ms.items())
-    lines: list[str] = []
     chosen, knee, best = rec.row(rec.batch_size), rec.row(rec.knee_batch_size), rec.row(rec.best_batch_size)
     if chosen is None:
-        smallest = rec.rows[0] if rec.rows else None
-        lines.append(
-            f"no batch size meets the latency budget ({budget}): "
-            + (
-                f"the smallest, batch size {smallest.batch_size}, has {_latencies(smallest, qs, kind)}"
-                if smallest is not None
-                else "no batch size was measured (every one ran out of memory)"
-            )
-        )
+        why = "no batch size was measured (every one ran out of memory)"
+        if rec.rows:
+            why = f"the smallest, batch size {rec.rows[0].batch_size}, has {_latencies(rec.rows[0], qs, kind)}"
+        lines = [f"no batch size meets the latency budget ({budget}): {why}"]
     else:
-        mark = "" if rec.firm else " (uncertain)"
         counts = sorted(set(rec.timed_batches.values()))
         rests = f"{counts[0]} timed {unit}" if len(counts) == 1 else f"{counts[0]} to {counts[-1]} timed {unit}"
-        lines.append(f"latency budget: {budget}; each percentile from {rests} per batch size")
-        lines.append(
-            f"  recommended  batch size {chosen.batch_size}{mark}: {chosen.samples_per_sec:,.1f} samples/s, "
-            f"{_latencies(chosen, qs, kind)}"
-        )
+        lines = [
+            f"latency budget: {budget}; each percentile from {rests} per batch size",
+            f"  recommended  batch size {chosen.batch_size}{'' if rec.firm else ' (uncertain)'}: "
+            f"{chosen.samples_per_sec:,.1f} samples/s, {_latencies(chosen, qs, kind)}",
+        ]
     if knee is not None and best is not None and chosen is not None:
         share = (knee.samples_per_sec or 0.0) / (best.samples_per_sec or 1.0)
         lines.append(
@@ -280,9 +246,8 @@ def format_recommendation(recommendation: Recommendation, *, mode: str = "train"
             f"reaching {100 * rec.knee_fraction:.0f} % of the best"
         )
         bigger = next((r for r in rec.rows if r.batch_size > chosen.batch_size), None)
-        breaks = (
-            f"batch size {bigger.batch_size} has "
-            + ", ".join(f"{kind} p{q} {ms:,.2f} ms" for q, ms in rec.over_budget(bigger).items())
+        breaks = (  # the latencies over the budget of the next batch size
+            f"batch size {bigger.batch_size} has {_latencies(bigger, rec.over_budget(bigger), kind)}"
             if bigger is not None
             else "no larger batch size was measured"
         )

@@ -1,8 +1,4 @@
-"""The results on disk: ``bench.json`` (figures plus what they were measured on) and ``bench.csv`` (figures only).
-
-Both are rewritten after every setting, each to a temporary file renamed into place, so a sweep that fails or is
-interrupted later keeps the figures of the settings that finished, and no reader ever sees half a file.
-"""
+"""The results on disk, ``bench.json`` and ``bench.csv``, each rewritten atomically after every setting."""
 
 from __future__ import annotations
 
@@ -21,25 +17,9 @@ from typing import Any
 from lightning_tune.bench.result import COLUMNS, BenchResult
 from lightning_tune.bench.settings import BenchSettings
 
-__all__ = ["CSV_NAME", "JSON_NAME", "new_version_dir", "sweep_record", "write_atomically", "write_results"]
-
 #: File names written into the output directory.
 JSON_NAME = "bench.json"
 CSV_NAME = "bench.csv"
-
-
-def _versions() -> dict[str, str]:
-    import lightning
-    import torch
-
-    import lightning_tune
-
-    return {
-        "python": platform.python_version(),
-        "torch": str(torch.__version__),
-        "lightning": str(lightning.__version__),
-        "lightning_tune": str(lightning_tune.__version__),
-    }
 
 
 def sweep_record(
@@ -51,15 +31,21 @@ def sweep_record(
     complete: bool,
     recommendation: Mapping[str, Any] | None = None,
 ) -> dict[str, Any]:
-    """The JSON document of a sweep: when, where and how it ran, and its results.
+    """The JSON document of a sweep (``bench.json``): when (UTC), where and how it ran, and its results."""
+    import lightning
+    import torch
 
-    Its keys: ``command``, ``date`` (UTC), ``versions``, ``run`` (``BenchRunner.describe``), ``settings``,
-    ``complete``, ``results`` (keyed like the CSV's columns) and, with a budget, ``recommendation``.
-    """
+    import lightning_tune
+
     record = {
         "command": command,
         "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
-        "versions": _versions(),
+        "versions": {
+            "python": platform.python_version(),
+            "torch": str(torch.__version__),
+            "lightning": str(lightning.__version__),
+            "lightning_tune": str(lightning_tune.__version__),
+        },
         "run": dict(run),
         "settings": settings.as_dict(),
         "complete": complete,
@@ -110,15 +96,6 @@ def write_atomically(path: Path, data: bytes) -> None:
         raise
 
 
-def _csv_bytes(results: Sequence[BenchResult]) -> bytes:
-    buffer = io.StringIO()
-    writer = csv.DictWriter(buffer, fieldnames=COLUMNS, lineterminator="\n")
-    writer.writeheader()
-    for result in results:
-        writer.writerow({k: "" if v is None else v for k, v in result.as_dict().items()})
-    return buffer.getvalue().encode()
-
-
 def write_results(
     output_dir: str | os.PathLike[str], record: Mapping[str, Any], results: Sequence[BenchResult]
 ) -> tuple[Path, Path]:
@@ -126,5 +103,9 @@ def write_results(
     directory = Path(output_dir)
     json_path, csv_path = directory / JSON_NAME, directory / CSV_NAME
     write_atomically(json_path, (json.dumps(record, indent=2) + "\n").encode())
-    write_atomically(csv_path, _csv_bytes(results))
+    buffer = io.StringIO()
+    writer = csv.DictWriter(buffer, fieldnames=COLUMNS, lineterminator="\n")
+    writer.writeheader()
+    writer.writerows({k: "" if v is None else v for k, v in result.as_dict().items()} for result in results)
+    write_atomically(csv_path, buffer.getvalue().encode())
     return json_path, csv_path

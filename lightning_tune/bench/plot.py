@@ -1,7 +1,6 @@
 """The throughput/latency trade-off of a sweep as a picture: samples/s against p95 latency, one point per batch size.
 
-Larger batches usually buy throughput with latency; the curve shows where the extra throughput stops paying for
-the extra wait. matplotlib is imported only when a plot is drawn.
+Larger batches buy throughput with latency: the curve shows where that stops paying. matplotlib is imported lazily.
 """
 
 from __future__ import annotations
@@ -15,8 +14,6 @@ from typing import Any
 from lightning_tune.bench.budget import Recommendation
 from lightning_tune.bench.files import write_atomically
 from lightning_tune.bench.result import BenchResult
-
-__all__ = ["check_png_path", "plot_tradeoff"]
 
 
 def check_png_path(path: Any) -> Path:
@@ -50,14 +47,11 @@ def plot_tradeoff(
     dpi: int = 100,
     recommendation: Recommendation | None = None,
 ) -> list[tuple[int, float, float]]:
-    """Draw samples/s against p95 latency across batch sizes into a PNG.
+    """Draw samples/s against p95 latency across batch sizes into a PNG, the picture ``docs/bench.md`` describes.
 
-    Points are joined in batch-size order and labelled with their batch size; settings that ran out of memory are
-    listed under the plot. With a ``recommendation`` the budget is drawn as a vertical dashed line and the
-    recommended point is ringed; the x axis is p99 when the budget is on p99 alone.
-
-    ``mode`` (``"train"`` or ``"predict"``) names the latency on the axis; the figure is 8 x 5.5 inches at ``dpi``.
-    Returns the points drawn, ``(batch_size, latency_ms, samples_per_sec)``, in batch-size order.
+    With a ``recommendation`` the budget and the chosen point are drawn, and the x axis is p99 when the budget is on
+    p99 alone. ``mode`` (``"train"`` or ``"predict"``) names the latency on the axis; the figure is 8 x 5.5 inches at
+    ``dpi``. Returns the points drawn, ``(batch_size, latency_ms, samples_per_sec)``, in batch-size order.
 
     Raises:
         ValueError: If no result has both figures (every setting ran out of memory).
@@ -104,8 +98,28 @@ def _figure(
     ax.plot(xs, ys, marker="o", linewidth=1.8, markersize=7, color="tab:blue")
     for batch_size, x, y in points:
         ax.annotate(f"bs {batch_size}", (x, y), textcoords="offset points", xytext=(6, 6), fontsize=10)
-    if recommendation is not None:
-        _draw_budget(ax, recommendation, points, q, kind)
+    if recommendation is not None:  # the budget as a dashed line, the chosen point ringed, another budget in the key
+        budget = recommendation.budgets_ms[q]
+        if budget <= 2 * max(xs):
+            ax.axvline(budget, color="tab:red", linestyle="--", linewidth=1.5, label=f"p{q} budget {budget:g} ms")
+        else:  # a line that far right would squeeze every point against the left edge
+            ax.plot([], [], " ", label=f"p{q} budget {budget:g} ms (right of the plot)")
+        for other, ms in recommendation.budgets_ms.items():
+            if other != q:
+                ax.plot([], [], " ", label=f"and p{other} {kind} latency <= {ms:g} ms")
+        chosen = next(((x, y) for size, x, y in points if size == recommendation.batch_size), None)
+        if chosen is not None:
+            mark = "" if recommendation.firm else " (uncertain)"
+            ax.scatter(
+                *chosen,
+                s=320,
+                facecolors="none",
+                edgecolors="tab:green",
+                linewidths=2.5,
+                zorder=3,
+                label=f"recommended: bs {recommendation.batch_size}{mark}",
+            )
+        ax.legend(loc="best", fontsize=9)
     ax.set_xlabel(f"p{q} {kind} latency (ms)")
     ax.set_ylabel("throughput (samples/s)")
     fig.suptitle(title if title is not None else f"Throughput against p{q} {kind} latency", fontweight="bold")
@@ -115,27 +129,13 @@ def _figure(
     ax.margins(x=0.12, y=0.12)
     if failed:
         ax.text(
-            0.99, 0.02, f"out of memory: batch size {', '.join(failed)}", transform=ax.transAxes,
-            ha="right", va="bottom", fontsize=10, color="tab:red",
-        )  # fmt: skip
+            0.99,
+            0.02,
+            f"out of memory: batch size {', '.join(failed)}",
+            transform=ax.transAxes,
+            ha="right",
+            va="bottom",
+            fontsize=10,
+            color="tab:red",
+        )
     return fig, points
-
-
-def _draw_budget(
-    ax: Any, recommendation: Recommendation, points: list[tuple[int, float, float]], q: int, kind: str
-) -> None:
-    """The budget on the x axis's percentile as a dashed line, the chosen point ringed, the other budget in the key."""
-    budget = recommendation.budgets_ms[q]
-    if budget <= 2 * max(x for _, x, _ in points):
-        ax.axvline(budget, color="tab:red", linestyle="--", linewidth=1.5, label=f"p{q} budget {budget:g} ms")
-    else:  # a line that far right would squeeze every point against the left edge
-        ax.plot([], [], " ", label=f"p{q} budget {budget:g} ms (right of the plot)")
-    for other, ms in recommendation.budgets_ms.items():
-        if other != q:
-            ax.plot([], [], " ", label=f"and p{other} {kind} latency <= {ms:g} ms")
-    chosen = next(((x, y) for size, x, y in points if size == recommendation.batch_size), None)
-    if chosen is not None:
-        mark = "" if recommendation.firm else " (uncertain)"
-        ax.scatter(*chosen, s=320, facecolors="none", edgecolors="tab:green", linewidths=2.5, zorder=3,
-                   label=f"recommended: bs {recommendation.batch_size}{mark}")  # fmt: skip
-    ax.legend(loc="best", fontsize=9)

@@ -3,13 +3,10 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, fields
-from typing import Any, Final, Literal, get_args
-
-__all__ = ["BenchResult", "COLUMNS", "PERCENTILES", "STATUSES", "Status"]
+from typing import Any, Final, Literal
 
 #: ``"ok"``: measured; ``"oom"``: the setting ran out of device memory and has no figures.
 Status = Literal["ok", "oom"]
-STATUSES: Final[tuple[str, ...]] = get_args(Status)
 
 #: Latency percentiles every result reports.
 PERCENTILES: Final[tuple[float, ...]] = (50.0, 95.0, 99.0)
@@ -56,11 +53,7 @@ class BenchResult:
     message: str | None = None
 
     def as_dict(self) -> dict[str, Any]:
-        """The result as a flat mapping in :data:`COLUMNS` order (the CSV's row, a JSON ``results`` entry).
-
-        Returns:
-            Column name to value (``None`` where a figure does not apply).
-        """
+        """The result as a flat mapping in :data:`COLUMNS` order (the CSV's row, a JSON ``results`` entry)."""
         return {name: getattr(self, name) for name in COLUMNS}
 
 

@@ -1,14 +1,4 @@
-"""Run a sweep: each batch size in a fresh Trainer with :class:`~lightning_tune.ThroughputLatencyMonitor`.
-
-Every figure is the monitor's own (its :attr:`~lightning_tune.ThroughputLatencyMonitor.summary`). Train mode fits
-``warmup + steps`` optimizer steps with ``warmup_steps=warmup``, so the monitor's totals and its window of exactly
-``steps`` steps start after the warm-up. Predict mode runs ``Trainer.predict`` twice in the same Trainer, ``warmup``
-batches, then ``steps`` batches; the monitor measures each predict run on its own and the second one's figures are
-kept.
-
-A setting that raises ``torch.OutOfMemoryError`` becomes an ``"oom"`` result, its memory is freed and the sweep goes
-on; any other error stops the sweep as :class:`SettingFailed`.
-"""
+"""Run a sweep, each batch size in a fresh Trainer, measured by :class:`~lightning_tune.ThroughputLatencyMonitor`."""
 
 from __future__ import annotations
 
@@ -23,7 +13,6 @@ import lightning.pytorch as pl
 import torch
 from lightning.fabric.utilities.exceptions import MisconfigurationException
 from lightning.pytorch.callbacks import Callback
-from typing_extensions import override
 
 from lightning_tune._validation import check_bool, check_instance, check_int
 from lightning_tune.bench.progress import SweepProgress
@@ -31,12 +20,9 @@ from lightning_tune.bench.result import PERCENTILES, BenchResult
 from lightning_tune.bench.settings import BenchSettings
 from lightning_tune.bench.target import BenchTarget, load_target
 from lightning_tune.callbacks.throughput import ThroughputLatencyMonitor
-from lightning_tune.perf.batch import count_samples
 from lightning_tune.perf.devices import cuda_memory_metrics, describe_device, reset_run_peak
 from lightning_tune.perf.window import percentile_suffix
 from lightning_tune.plugins.tune import TunePlugin
-
-__all__ = ["BenchRunner", "SettingFailed"]
 
 # Lightning announces the accelerators at every Trainer and the monitor prints a summary at every fit end: a
 # sweep builds one Trainer per batch size and prints its own table instead.
@@ -58,25 +44,6 @@ class SettingFailed(RuntimeError):
         self.error = error
 
 
-class _FirstBatch(Callback):
-    """Remembers the samples of the first batch, to catch a module whose dataloader ignores ``batch_size``."""
-
-    def __init__(self) -> None:
-        self.samples: int | None = None
-
-    @override
-    def on_train_batch_start(
-        self, trainer: pl.Trainer, pl_module: pl.LightningModule, batch: Any, batch_idx: int
-    ) -> None:
-        self.samples = count_samples(batch) if self.samples is None else self.samples
-
-    @override
-    def on_predict_batch_start(
-        self, trainer: pl.Trainer, pl_module: pl.LightningModule, batch: Any, batch_idx: int, dataloader_idx: int = 0
-    ) -> None:
-        self.samples = count_samples(batch) if self.samples is None else self.samples
-
-
 def _figures(summary: dict[str, float], count: str, latency: str) -> dict[str, Any]:
     """A result's figures from the monitor's summary of a fit (``steps``, ``step_ms``) or predict run (``batches``)."""
     return {
@@ -89,12 +56,6 @@ def _figures(summary: dict[str, float], count: str, latency: str) -> dict[str, A
     }
 
 
-def _free_memory(device: torch.device) -> None:
-    gc.collect()
-    if device.type == "cuda":
-        torch.cuda.empty_cache()
-
-
 def _first_line(error: BaseException) -> str:
     lines = str(error).strip().splitlines()
     return lines[0] if lines else type(error).__name__
@@ -103,10 +64,8 @@ def _first_line(error: BaseException) -> str:
 class BenchRunner:
     """Runs the settings of a sweep, one fresh Trainer and model per batch size.
 
-    Building the runner checks everything that can be checked before training: the model and datamodule import
-    and build, the batch size can be set, the precision, optimizer and attention backend can run on the device
-    (an explicit ``attention="flash"`` where flash-attn cannot run is an error; ``"auto"`` falls back to SDPA and
-    says so in :attr:`notes`).
+    Building it checks all that can be checked before training (``docs/bench.md``); an ``attention="auto"`` that
+    falls back to SDPA says so in :attr:`notes`.
 
     Args:
         settings: The sweep.
@@ -167,12 +126,7 @@ class BenchRunner:
                 raise ValueError(f"`attention` {settings.attention!r} on {self.device}: {err}") from err
 
     def describe(self) -> dict[str, Any]:
-        """What the sweep runs on, for the results file.
-
-        Returns:
-            ``model`` (a description), ``device``, ``precision`` and ``attention`` (as resolved), ``optimizer`` and
-            ``notes``.
-        """
+        """What the sweep runs on (the ``run`` entry of ``bench.json``), ``precision`` and ``attention`` as resolved."""
         return {
             "model": self.target.describe(),
             "device": describe_device(self.device),
@@ -182,16 +136,11 @@ class BenchRunner:
             "notes": list(self.notes),
         }
 
-    # ------------------------------------------------------------------ the sweep
-
-    def sweep(self, *, after_each: Callable[[list[BenchResult]], None] | None = None) -> list[BenchResult]:
-        """Run every batch size of the settings, in order.
+    def sweep(self, *, after_each: Callable[[list[BenchResult]], object] | None = None) -> list[BenchResult]:
+        """Run every batch size of the settings, in order: one result each.
 
         Args:
             after_each: Called with the results so far after each setting (e.g. to write them to disk).
-
-        Returns:
-            One result per batch size.
 
         Raises:
             SettingFailed: If a setting fails with an error other than running out of memory; the results before
@@ -207,14 +156,11 @@ class BenchRunner:
         return results
 
     def run(self, batch_size: int, *, label: str | None = None) -> BenchResult:
-        """Run one batch size in a fresh Trainer with a fresh model.
+        """Run one batch size in a fresh Trainer with a fresh model; an ``"oom"`` result if it runs out of memory.
 
         Args:
             batch_size: The batch size, >= 1.
             label: Text of the progress bar; default ``"batch size <n>"``.
-
-        Returns:
-            The figures, or an ``"oom"`` result if the setting ran out of memory.
 
         Raises:
             SettingFailed: If the setting fails with an error other than running out of memory.
@@ -233,11 +179,11 @@ class BenchRunner:
             bar.close("failed")
             raise SettingFailed(batch_size, err) from err
         finally:
-            _free_memory(self.device)
+            gc.collect()
+            if self.device.type == "cuda":
+                torch.cuda.empty_cache()
         bar.close("out of memory" if result.status == "oom" else f"{result.samples_per_sec:,.1f} samples/s")
         return result
-
-    # ------------------------------------------------------------------ one setting
 
     @contextlib.contextmanager
     def _quiet(self) -> Iterator[None]:
@@ -285,52 +231,40 @@ class BenchRunner:
         )
 
     def _measure(self, batch_size: int, bar: SweepProgress) -> BenchResult:
+        warmup, steps = self.settings.warmup, self.settings.steps
         pl.seed_everything(self.settings.seed, verbose=False)
         model, datamodule = self.target.build(batch_size)
         if self.device.type == "cuda":
             reset_run_peak(self.device)  # each batch size's own peak, DynamicBatchSize's interval resets included
         if self.settings.mode == "train":
-            figures, first = self._train(model, datamodule, bar)
+            # one log, at the last step: no resolution of the step records in between but the warm-up's end
+            monitor = ThroughputLatencyMonitor(
+                window=steps, warmup_steps=warmup, log_every_n_steps=warmup + steps, gpu_stats=False
+            )
+            trainer = self._trainer([monitor, bar], max_steps=warmup + steps)
+            trainer.fit(model, datamodule=datamodule)
+            if trainer.global_step <= warmup or not monitor.summary.get("samples_per_sec"):
+                raise RuntimeError(
+                    f"training stopped after {trainer.global_step} steps, with no step measured after the {warmup} "
+                    "warm-up steps"
+                )
+            figures = _figures(monitor.summary, "steps", "step_ms")
         else:
-            figures, first = self._predict(model, datamodule, bar)
-        if first is not None and first != batch_size:
+            monitor = ThroughputLatencyMonitor(window=steps, gpu_stats=False)
+            trainer = self._trainer([monitor, bar])
+            for batches in (warmup, steps):  # the monitor measures each run on its own
+                if batches:
+                    trainer.limit_predict_batches = batches
+                    trainer.predict(model, datamodule=datamodule, return_predictions=False)
+            if not monitor.summary.get("samples_per_sec"):
+                raise RuntimeError("the predict dataloader yielded no batch with samples")
+            figures = _figures(monitor.summary, "batches", "batch_ms")
+        if bar.first_samples is not None and bar.first_samples != batch_size:
             warnings.warn(
-                f"batch size {batch_size} was asked for but the first batch held {first} samples: does the "
+                f"batch size {batch_size} was asked for but the first batch held {bar.first_samples} samples: does the "
                 "dataloader read `batch_size` from the module (or datamodule) each time it is built?",
                 UserWarning,
                 stacklevel=2,
             )
         vram = cuda_memory_metrics(self.device).get("vram_peak_gib")
         return BenchResult(batch_size=batch_size, status="ok", peak_vram_gib=vram, **figures)
-
-    def _train(
-        self, model: pl.LightningModule, datamodule: pl.LightningDataModule | None, bar: SweepProgress
-    ) -> tuple[dict[str, Any], int | None]:
-        warmup, steps = self.settings.warmup, self.settings.steps
-        # one log, at the last step: no resolution of the step records in between but the warm-up's end
-        monitor = ThroughputLatencyMonitor(
-            window=steps, warmup_steps=warmup, log_every_n_steps=warmup + steps, gpu_stats=False
-        )
-        first = _FirstBatch()
-        trainer = self._trainer([monitor, first, bar], max_steps=warmup + steps)
-        trainer.fit(model, datamodule=datamodule)
-        if trainer.global_step <= warmup or not monitor.summary.get("samples_per_sec"):
-            raise RuntimeError(
-                f"training stopped after {trainer.global_step} steps, with no step measured after the {warmup} "
-                "warm-up steps"
-            )
-        return _figures(monitor.summary, "steps", "step_ms"), first.samples
-
-    def _predict(
-        self, model: pl.LightningModule, datamodule: pl.LightningDataModule | None, bar: SweepProgress
-    ) -> tuple[dict[str, Any], int | None]:
-        monitor = ThroughputLatencyMonitor(window=self.settings.steps, gpu_stats=False)
-        first = _FirstBatch()
-        trainer = self._trainer([monitor, first, bar])
-        for batches in (self.settings.warmup, self.settings.steps):  # the monitor measures each run on its own
-            if batches:
-                trainer.limit_predict_batches = batches
-                trainer.predict(model, datamodule=datamodule, return_predictions=False)
-        if not monitor.summary.get("samples_per_sec"):
-            raise RuntimeError("the predict dataloader yielded no batch with samples")
-        return _figures(monitor.summary, "batches", "batch_ms"), first.samples

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from typing import Any, Final, Literal, get_args
 
 from lightning_tune._validation import MAX_SEED, check_choice, check_instance, check_int
@@ -18,18 +18,6 @@ from lightning_tune.vocab import (
     canonical_optimizer,
     canonical_precision,
 )
-
-__all__ = [
-    "BenchSettings",
-    "DEFAULT_SEQ_LEN",
-    "DEMO",
-    "DEMO_MAX_BATCH_TOKENS",
-    "DEMO_MAX_SEQ_LEN",
-    "MAX_STEPS",
-    "MODES",
-    "Mode",
-    "parse_batch_sizes",
-]
 
 #: What a sweep times: optimizer steps of ``Trainer.fit`` or ``predict_step`` calls of ``Trainer.predict``.
 Mode = Literal["train", "predict"]
@@ -45,7 +33,7 @@ DEMO_MAX_SEQ_LEN: Final = 2**16
 #: least one batch of it, and 2**24 tokens already need 4 GiB of logits.
 DEMO_MAX_BATCH_TOKENS: Final = 2**24
 #: The most measured (or warm-up) steps per batch size: as many step times as the monitor's window keeps
-#: (``lightning_tune.perf.MAX_WINDOW``).
+#: (``lightning_tune.perf.window.MAX_WINDOW``).
 MAX_STEPS: Final = 1_000_000
 
 # "package.module:Class", the class possibly nested ("module:Outer.Inner")
@@ -89,35 +77,23 @@ def _check_kwargs(name: str, value: Any) -> dict[str, Any]:
 class BenchSettings:
     """One sweep: the model, the batch sizes to try, and how each setting is run.
 
-    Every batch size runs in a fresh Trainer with a fresh model: ``warmup`` steps (or predict batches) first, which
-    the figures leave out, then ``steps`` measured ones.
-
     Args:
         batch_sizes: Batch sizes to try, in order; distinct integers >= 1.
-        mode: ``"train"`` times optimizer steps of ``Trainer.fit``; ``"predict"`` times ``predict_step`` calls
-            (request latency) of ``Trainer.predict``.
-        model: ``"demo"`` for the demo GPT on synthetic tokens, or ``"package.module:ClassName"`` naming a
-            LightningModule subclass.
-        model_args: Keyword arguments of the model: the module's constructor, or for the demo fields of
-            :class:`~lightning_tune.demos.GPTConfig` other than ``seq_len`` (``d_model``, ``n_layers``, ...).
-        datamodule: ``"package.module:ClassName"`` naming a LightningDataModule that provides the data, or
-            ``None`` for the module's own dataloaders. Not with the demo.
+        mode: ``"train"`` times optimizer steps; ``"predict"`` times ``predict_step`` calls (request latency).
+        model: ``"demo"`` (the demo GPT) or ``"package.module:ClassName"`` naming a LightningModule subclass.
+        model_args: Keyword arguments of the module, or for the demo :class:`~lightning_tune.demos.GPTConfig` fields.
+        datamodule: ``"package.module:ClassName"`` of a LightningDataModule, ``None`` for the module's own data.
+            Not with the demo.
         datamodule_args: Keyword arguments of the datamodule's constructor.
-        sequence_length: Tokens per sequence of the demo, at most :data:`DEMO_MAX_SEQ_LEN`; ``None`` means 512.
-            Only for the demo: a module's own data fixes its sequence length. A demo batch holds at most
-            :data:`DEMO_MAX_BATCH_TOKENS` tokens (batch size x sequence length).
-        steps: Measured optimizer steps (train) or predict batches (predict) per batch size, from 2 to
-            :data:`MAX_STEPS`.
+        sequence_length: Tokens per sequence, demo only (``None``: 512), at most :data:`DEMO_MAX_SEQ_LEN`, and
+            at most :data:`DEMO_MAX_BATCH_TOKENS` per batch (batch size x sequence length).
+        steps: Measured steps (or predict batches) per batch size, from 2 to :data:`MAX_STEPS`.
         warmup: Steps (or predict batches) run first and left out of the figures, from 0 to :data:`MAX_STEPS`.
-        precision: Precision of :class:`~lightning_tune.TunePlugin` (``"auto"``, ``"32-true"``, ``"bf16-mixed"``,
-            ...); ``"auto"`` is bf16-mixed or 16-mixed on a CUDA GPU and 32-true elsewhere. Aliases of
-            :mod:`lightning_tune.vocab` (``"bf16"``, ``"fp16"``) are stored as their canonical name.
-        optimizer: Optimizer swap of :class:`~lightning_tune.TunePlugin` (e.g. ``"adamw8bit"`` or its alias
-            ``"adamw_8bit"``), or ``None``.
-        attention: Attention backend of :class:`~lightning_tune.TunePlugin` (``"auto"``, ``"flash"``, ``"sdpa"``,
-            ``"eager"``, or an alias such as ``"flash_attention_2"``), or ``None`` to leave attention alone.
-        accelerator: Lightning accelerator: ``"auto"``, ``"cpu"``, ``"gpu"``, ``"cuda"`` or ``"mps"``. A sweep
-            runs on one device.
+        precision: Precision of :class:`~lightning_tune.TunePlugin` (``"auto"``: decided for the device). This,
+            ``optimizer`` and ``attention`` take the aliases of :mod:`lightning_tune.vocab`, stored canonical.
+        optimizer: Optimizer swap of :class:`~lightning_tune.TunePlugin` (e.g. ``"adamw8bit"``), or ``None``.
+        attention: Attention backend of :class:`~lightning_tune.TunePlugin`, or ``None`` to leave attention alone.
+        accelerator: Lightning accelerator (``"auto"``, ``"cpu"``, ``"gpu"``, ``"cuda"`` or ``"mps"``), one device.
         seed: Seed set before each setting, from 0 to 2**32 - 1, so every batch size starts from the same weights.
 
     Raises:
@@ -129,12 +105,12 @@ class BenchSettings:
         512
     """
 
-    batch_sizes: tuple[int, ...]
     mode: Mode = "train"
     model: str = DEMO
     model_args: Mapping[str, Any] = field(default_factory=dict)
     datamodule: str | None = None
     datamodule_args: Mapping[str, Any] = field(default_factory=dict)
+    batch_sizes: tuple[int, ...]  # after the fields above in as_dict() and bench.json
     sequence_length: int | None = None
     steps: int = 100
     warmup: int = 10
@@ -203,24 +179,5 @@ class BenchSettings:
         return (self.sequence_length or DEFAULT_SEQ_LEN) if self.model == DEMO else None
 
     def as_dict(self) -> dict[str, Any]:
-        """The settings as JSON-ready builtins.
-
-        Returns:
-            Field name to value, with tuples as lists.
-        """
-        return {
-            "mode": self.mode,
-            "model": self.model,
-            "model_args": dict(self.model_args),
-            "datamodule": self.datamodule,
-            "datamodule_args": dict(self.datamodule_args),
-            "batch_sizes": list(self.batch_sizes),
-            "sequence_length": self.demo_sequence_length,
-            "steps": self.steps,
-            "warmup": self.warmup,
-            "precision": self.precision,
-            "optimizer": self.optimizer,
-            "attention": self.attention,
-            "accelerator": self.accelerator,
-            "seed": self.seed,
-        }
+        """The settings as JSON-ready builtins (``bench.json``'s ``settings``), ``sequence_length`` resolved."""
+        return {**asdict(self), "batch_sizes": list(self.batch_sizes), "sequence_length": self.demo_sequence_length}

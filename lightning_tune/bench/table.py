@@ -9,8 +9,6 @@ from lightning_tune._validation import check_choice
 from lightning_tune.bench.result import BenchResult
 from lightning_tune.bench.settings import MODES
 
-__all__ = ["align", "format_table"]
-
 _Format = Callable[[float], str]
 
 # (header, result field, format); "{kind}" is "step" (train) or "request" (predict)
@@ -27,17 +25,11 @@ _MISSING = "-"
 
 
 def format_table(results: Sequence[BenchResult], *, mode: str = "train") -> str:
-    """One row per batch size: throughput, latency percentiles, peak VRAM and MFU.
-
-    Latency is per optimizer step in ``"train"`` mode and per predict request (batch) in ``"predict"`` mode. A figure
-    that does not apply shows as ``-``; a setting that ran out of memory shows ``OOM``.
+    """One row per batch size: throughput, latency percentiles, peak VRAM and MFU; ``-`` where a figure does not apply.
 
     Args:
         results: The sweep's results.
-        mode: ``"train"`` or ``"predict"``.
-
-    Returns:
-        The table, right-aligned columns separated by two spaces.
+        mode: ``"train"`` (latency per optimizer step) or ``"predict"`` (per predict request).
 
     Raises:
         ValueError: If ``mode`` is not allowed.
@@ -68,8 +60,6 @@ def format_table(results: Sequence[BenchResult], *, mode: str = "train") -> str:
 
 def align(rows: Sequence[Sequence[str]], *, left: int = 0, widths: Sequence[int] | None = None) -> list[str]:
     """Rows as columns two spaces apart, the first ``left`` left-aligned, the others right-aligned, each line stripped.
-
-    ``widths`` defaults to the widest cell of each column.
 
     Example:
         >>> align([["run", "samples/s"], ["a", "12"]], left=1)

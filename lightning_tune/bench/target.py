@@ -1,16 +1,8 @@
-"""What a sweep runs: the demo GPT on synthetic tokens, or a user's LightningModule, built afresh per batch size.
-
-A user module is named ``"package.module:ClassName"`` and built with ``ClassName(**model_args)``; its data comes
-from its own ``train_dataloader``/``predict_dataloader`` or from a LightningDataModule named the same way. The batch
-size is applied as Lightning's batch-size tuner applies it (``lightning_setattr``): to every ``batch_size`` found
-on the module, in its ``hparams``, on the datamodule and in the datamodule's ``hparams``. The dataloader hook must
-read it from there.
-"""
+"""What a sweep runs: the demo GPT or a user's LightningModule, built afresh per batch size (rules in docs/bench.md)."""
 
 from __future__ import annotations
 
 import importlib
-from collections.abc import Mapping
 from dataclasses import dataclass, fields
 from typing import Any
 
@@ -18,8 +10,6 @@ import lightning.pytorch as pl
 from lightning.pytorch.utilities.model_helpers import is_overridden
 
 from lightning_tune.bench.settings import DEMO, BenchSettings
-
-__all__ = ["BenchTarget", "load_class", "load_target", "set_batch_size"]
 
 # The attribute (or hyperparameter) a module or datamodule must have for its batch size to be set.
 _BATCH_SIZE = "batch_size"
@@ -111,28 +101,15 @@ class BenchTarget:
         return f"{self.settings.model}{data}"
 
     def build(self, batch_size: int) -> tuple[pl.LightningModule, pl.LightningDataModule | None]:
-        """A fresh ``(model, datamodule)`` whose dataloaders yield ``batch_size`` samples per batch.
-
-        Raises:
-            ValueError: If a constructor fails or the batch size cannot be set.
-        """
-        if self.is_demo:
-            return self._build_demo(batch_size)
+        """A fresh ``(model, datamodule)`` yielding ``batch_size`` samples per batch; ``ValueError`` if it cannot be."""
         settings = self.settings
-        model = _construct(self.model_class, settings.model_args, name="model", spec=settings.model)
-        datamodule = None
-        if self.datamodule_class is not None:
-            assert settings.datamodule is not None
-            datamodule = _construct(
-                self.datamodule_class, settings.datamodule_args, name="datamodule", spec=settings.datamodule
-            )
-        set_batch_size(model, datamodule, batch_size)
-        return model, datamodule
-
-    def _build_demo(self, batch_size: int) -> tuple[pl.LightningModule, pl.LightningDataModule]:
+        if not self.is_demo:
+            model = _construct(self.model_class, settings, "model")
+            datamodule = _construct(self.datamodule_class, settings, "datamodule") if self.datamodule_class else None
+            set_batch_size(model, datamodule, batch_size)
+            return model, datamodule
         from lightning_tune.demos import DemoGPT, GPTConfig, SyntheticTokenDataModule
 
-        settings = self.settings
         seq_len = settings.demo_sequence_length
         assert seq_len is not None
         try:
@@ -156,7 +133,10 @@ class BenchTarget:
         return DemoGPT(config), datamodule
 
 
-def _construct(cls: type, kwargs: Mapping[str, Any], *, name: str, spec: str) -> Any:
+def _construct(cls: type, settings: BenchSettings, name: str) -> Any:
+    """``cls(**settings.<name>_args)``; a failure names ``settings.<name>``, the class spec."""
+    spec = getattr(settings, name)
+    kwargs = getattr(settings, f"{name}_args")
     try:
         return cls(**kwargs)
     except Exception as err:  # noqa: BLE001 - the user's constructor may raise anything
@@ -167,29 +147,23 @@ def _construct(cls: type, kwargs: Mapping[str, Any], *, name: str, spec: str) ->
 
 
 def load_target(settings: BenchSettings) -> BenchTarget:
-    """Import and check what ``settings`` names, by building it once for the first batch size.
-
-    Raises:
-        ValueError: If a class cannot be imported or built, the batch size cannot be set, or no dataloader hook for
-            the mode exists (``train_dataloader`` for ``"train"``, ``predict_dataloader`` for ``"predict"``).
-        TypeError: If a name is not a LightningModule (or LightningDataModule) subclass.
-    """
+    """Import and check what ``settings`` names by building it once; ``BenchRunner`` documents the errors."""
     if settings.model == DEMO:
         from lightning_tune.demos import DemoGPT
 
         target = BenchTarget(settings, DemoGPT, None)
-        target.build(settings.batch_sizes[0])  # checks the model arguments
-        return target
-    model_class = load_class(settings.model, pl.LightningModule, name="model")
-    datamodule_class = None
-    if settings.datamodule is not None:
-        datamodule_class = load_class(settings.datamodule, pl.LightningDataModule, name="datamodule")
-    target = BenchTarget(settings, model_class, datamodule_class)
+    else:
+        model_class = load_class(settings.model, pl.LightningModule, name="model")
+        datamodule_class = None
+        if settings.datamodule is not None:
+            datamodule_class = load_class(settings.datamodule, pl.LightningDataModule, name="datamodule")
+        target = BenchTarget(settings, model_class, datamodule_class)
     model, datamodule = target.build(settings.batch_sizes[0])
     hook = _DATA_HOOKS[settings.mode]
     if is_overridden(hook, model) or (datamodule is not None and is_overridden(hook, datamodule)):
         return target
     needs = f"`model` {settings.model!r}: mode {settings.mode!r} needs `{hook}()`"
+    name = target.model_class.__name__
     if datamodule is None:
-        raise ValueError(f"{needs}, which {model_class.__name__} does not define; define it or give a `datamodule`")
-    raise ValueError(f"{needs}, which neither {model_class.__name__} nor {type(datamodule).__name__} defines")
+        raise ValueError(f"{needs}, which {name} does not define; define it or give a `datamodule`")
+    raise ValueError(f"{needs}, which neither {name} nor {type(datamodule).__name__} defines")

@@ -46,10 +46,11 @@ def check_strategy(trainer: pl.Trainer, pl_module: pl.LightningModule, sync_oom:
 
     Raises:
         MisconfigurationException: Under manual optimization, a strategy that accumulates gradients itself, with
-            ``GradientAccumulationScheduler``, under a sharded strategy it cannot drive, or FSDP2 without ``sync_oom``.
+            ``GradientAccumulationScheduler``, under ``FSDPStrategy`` or tensor parallelism (collectives inside every
+            forward), or FSDP2 without ``sync_oom``.
     """
     from lightning.pytorch.callbacks import GradientAccumulationScheduler
-    from lightning.pytorch.strategies import DDPStrategy
+    from lightning.pytorch.strategies import DDPStrategy, FSDPStrategy, ModelParallelStrategy
 
     from lightning_tune._compat import check_lightning_version
 
@@ -69,12 +70,27 @@ def check_strategy(trainer: pl.Trainer, pl_module: pl.LightningModule, sync_oom:
             "DynamicBatchSize sets gradient accumulation itself: remove GradientAccumulationScheduler and give "
             "the effective batch through the DataLoader's batch size and Trainer(accumulate_grad_batches=...)"
         )
+    strategy = trainer.strategy
     distributed = trainer.world_size > 1
-    ddp = isinstance(trainer.strategy, DDPStrategy)
-    fsdp2 = distributed and check_sharded_strategy(trainer.strategy)
+    if distributed and isinstance(strategy, FSDPStrategy):
+        raise MisconfigurationException(
+            "DynamicBatchSize cannot drive FSDPStrategy: its forward all-gathers each wrapped module's parameters, so "
+            "an out-of-memory error on one rank would leave the others waiting in the next all-gather. Use "
+            "ModelParallelStrategy with a `configure_model` that calls `fully_shard` (FSDP2), where DynamicBatchSize "
+            "gathers the parameters once per step and the ranks agree before any collective, or DDP"
+        )
+    ddp = isinstance(strategy, DDPStrategy)
+    fsdp2 = distributed and isinstance(strategy, ModelParallelStrategy)  # data-parallel only, as checked next
+    tensor_parallel = getattr(strategy, "_tensor_parallel_size", 1)
+    if fsdp2 and tensor_parallel not in (1, "auto"):
+        raise MisconfigurationException(
+            f"DynamicBatchSize cannot drive ModelParallelStrategy with tensor_parallel_size={tensor_parallel}: tensor "
+            "parallelism runs collectives inside every forward, so an out-of-memory error on one rank would leave the "
+            "others waiting in one. Use tensor_parallel_size=1 (FSDP2 only) or DDP"
+        )
     if distributed and not (ddp or fsdp2):
         warnings.warn(
-            f"DynamicBatchSize: under {type(trainer.strategy).__name__} every rank takes the same batch-size "
+            f"DynamicBatchSize: under {type(strategy).__name__} every rank takes the same batch-size "
             "decisions, but an out-of-memory error can only be recovered when every rank hits it: the agreement "
             "that lets one rank's OOM make all of them retry (`sync_oom`) is made for DDP and FSDP2",
             stacklevel=3,
@@ -86,34 +102,6 @@ def check_strategy(trainer: pl.Trainer, pl_module: pl.LightningModule, sync_oom:
             "would leave the others waiting in that reduction"
         )
     return distributed and (ddp or fsdp2), fsdp2
-
-
-def check_sharded_strategy(strategy: Any) -> bool:
-    """Whether ``strategy`` is FSDP2 (data-parallel ``ModelParallelStrategy``); refuse the sharded ones it cannot drive.
-
-    Raises:
-        MisconfigurationException: Under ``FSDPStrategy``, or ``ModelParallelStrategy`` with tensor parallelism,
-            whose forward passes run collectives that cannot be taken out of the micro-batches.
-    """
-    from lightning.pytorch.strategies import FSDPStrategy, ModelParallelStrategy
-
-    if isinstance(strategy, FSDPStrategy):
-        raise MisconfigurationException(
-            "DynamicBatchSize cannot drive FSDPStrategy: its forward all-gathers each wrapped module's parameters, so "
-            "an out-of-memory error on one rank would leave the others waiting in the next all-gather. Use "
-            "ModelParallelStrategy with a `configure_model` that calls `fully_shard` (FSDP2), where DynamicBatchSize "
-            "gathers the parameters once per step and the ranks agree before any collective, or DDP"
-        )
-    if not isinstance(strategy, ModelParallelStrategy):
-        return False
-    tensor_parallel = getattr(strategy, "_tensor_parallel_size", 1)
-    if tensor_parallel not in (1, "auto"):
-        raise MisconfigurationException(
-            f"DynamicBatchSize cannot drive ModelParallelStrategy with tensor_parallel_size={tensor_parallel}: tensor "
-            "parallelism runs collectives inside every forward, so an out-of-memory error on one rank would leave the "
-            "others waiting in one. Use tensor_parallel_size=1 (FSDP2 only) or DDP"
-        )
-    return True
 
 
 def max_over_ranks(trainer: pl.Trainer, values: Sequence[float], *, timeout: float) -> list[float]:
@@ -152,17 +140,23 @@ _T = TypeVar("_T")
 
 
 class Engine(Generic[_T]):
-    """A typed attribute of the callback that is its engine's attribute of the same name (documented there)."""
+    """A typed attribute of the callback: its engine's attribute of the same name, or its settings' (``setting``)."""
+
+    def __init__(self, *, setting: bool = False) -> None:
+        self.setting = setting
 
     def __set_name__(self, owner: type, name: str) -> None:
         self.name = name
+
+    def _source(self, obj: Any) -> Any:
+        return obj.step.settings if self.setting else obj.step
 
     @overload
     def __get__(self, obj: None, owner: type) -> Engine[_T]: ...
     @overload
     def __get__(self, obj: object, owner: type) -> _T: ...
     def __get__(self, obj: object, owner: type) -> Engine[_T] | _T:
-        return self if obj is None else cast(_T, getattr(obj.step, self.name))  # type: ignore[attr-defined]
+        return self if obj is None else cast(_T, getattr(self._source(obj), self.name))
 
     def __set__(self, obj: Any, value: _T) -> None:
-        setattr(obj.step, self.name, value)
+        setattr(self._source(obj), self.name, value)  # a setting is frozen: FrozenInstanceError

@@ -1,8 +1,7 @@
-"""How the callbacks log: straight to the Trainer's loggers, on Lightning's own step numbering.
+"""How the callbacks log: straight to the Trainer's loggers, at the steps Lightning logs ``self.log`` values on.
 
 Not through ``self.log``, which would copy each value to the device (a host-device synchronisation per key and step on
-a GPU). The keys are those of :mod:`lightning_tune.keys`. Every key of the pack is written at the step, and on the
-steps, that Lightning writes ``self.log`` values and ``LearningRateMonitor`` its LRs, so that the curves overlay.
+a GPU); on Lightning's step numbering, so that the curves overlay ``self.log``'s and ``LearningRateMonitor``'s.
 """
 
 from __future__ import annotations
@@ -32,15 +31,12 @@ def lightning_step(trainer: pl.Trainer) -> int:
 
 
 def should_log(trainer: pl.Trainer, every: int | None = None) -> bool:
-    """Whether this optimizer step is one Lightning logs on (in a training hook, before or after the step).
-
-    ``every=None`` asks Lightning itself (``_logger_connector.should_update_logs``: the step after
-    :func:`lightning_step` is a multiple of the Trainer's ``log_every_n_steps``, or the run is stopping); an ``every``
-    of one's own applies the same rule with that interval.
-    """
+    """Whether this optimizer step is one Lightning logs on (``every=None``), or would with ``every`` as interval."""
     if every is not None:
         return (lightning_step(trainer) + 1) % every == 0
-    connector = getattr(trainer, "_logger_connector", None)  # private, as lightning_step; read only here
+    # private, as lightning_step, and read only here: Lightning's own rule (the step after lightning_step is a
+    # multiple of the Trainer's `log_every_n_steps`, or the run is stopping)
+    connector = getattr(trainer, "_logger_connector", None)
     return bool(getattr(connector, "should_update_logs", False))
 
 

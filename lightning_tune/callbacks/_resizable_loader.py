@@ -1,11 +1,7 @@
-"""Lightning-side helpers of :class:`~lightning_tune.DynamicBatchSize`.
-
-The train DataLoader of a running fit made resizable, its epoch length kept right, and the learning rates and
-schedules that follow a changing batch; an evaluation loop's DataLoader made resizable, the loop's batch count kept
-right, and what ``self.log`` infers a piece's batch size from.
+"""Lightning-side helpers of :class:`~lightning_tune.DynamicBatchSize`: its DataLoaders made resizable, its loops told.
 
 The private Lightning and torch attributes DynamicBatchSize needs are all here, each in one small function saying
-why and on which versions it was checked; ``tests/test_dynamic_batch.py`` and ``tests/test_resume_exact.py`` fail if
+why and on which versions it was checked; ``tests/batch/test_dynamic_batch.py`` and ``test_resume_exact.py`` fail if
 one of them stops working.
 """
 
@@ -59,31 +55,12 @@ def loader_parts(trainer: pl.Trainer) -> tuple[DataLoader, Any, int, bool, Batch
     return loader, loader.sampler, int(original.batch_size), bool(original.drop_last), original
 
 
-def sample_limit(trainer: pl.Trainer, loader_batch_size: int) -> int | None:
-    """Lightning limits the epoch in batches of the DataLoader's own size; the sampler limits it in samples."""
-    limited = trainer.fit_loop.max_batches
-    if trainer.limit_train_batches == 1.0 or limited == float("inf"):
-        return None
-    return int(limited) * loader_batch_size
-
-
-def attach(trainer: pl.Trainer, loader: DataLoader, sampler: ResizableBatchSampler, set_length: Any) -> None:
-    """Give the running fit's loader the resizable sampler, and make the training loop draw from it."""
-    sampler.set_epoch(trainer.current_epoch)  # workers draw the order at once; Lightning sets the epoch only later
-    set_batch_sampler(loader, sampler)
-    trainer.accumulate_grad_batches = 1
-    set_length()  # the new iterator's limits
-    restart_train_iterator(trainer)
-    set_length()  # the length the fetcher took from the old loader
-
-
 def start_epoch_from_its_first_batch(trainer: pl.Trainer) -> None:
     """Make the training loop run the whole epoch a run resumed from a checkpoint at an epoch's last batch starts.
 
-    From such a checkpoint Lightning (checked on 2.4 to 2.6, ``_TrainingEpochLoop.reset``) goes on with the next epoch
-    only when the saved epoch's batch count reaches the next epoch's length; otherwise it counts the next epoch as that
-    far done. Under a batch that changed during the saved epoch, the next one can have more batches: its count is
-    raised to the next epoch's length, so that Lightning starts that epoch from its first batch.
+    From such a checkpoint Lightning (2.4 to 2.6, ``_TrainingEpochLoop.reset``) counts the next epoch as far done as
+    the saved one unless that count reaches the next epoch's length, which a batch changed in the saved epoch can
+    raise: the count is raised to that length.
     """
     progress = trainer.fit_loop.epoch_loop.batch_progress.current
     batches = int(trainer.num_training_batches)
@@ -100,11 +77,9 @@ def start_epoch_from_its_first_batch(trainer: pl.Trainer) -> None:
 def repair_epoch_counter(checkpoint: dict[str, Any], state: dict[str, Any] | None, path: Any) -> None:
     """Count the running epoch of a checkpoint that Lightning 2.6.6 wrote one epoch behind, or warn that it is.
 
-    A run resumed, without this pack, from a step checkpoint at an epoch's last batch writes checkpoints whose epoch
-    counter says the running epoch is done (``ready == processed``) while its batches are half run; Lightning then
-    skips or repeats the rest of that epoch when it resumes from them. ``state`` (``DynamicBatchSize``'s, in the same
-    checkpoint) knows the epoch its position counts in: when it is the checkpoint's, the counter is set right before
-    Lightning reads it. Checked on Lightning 2.6.6 (the ``loops`` keys of its checkpoints).
+    See "Resuming twice through an epoch's last batch" in the docs: ``state`` (``DynamicBatchSize``'s, in the same
+    checkpoint) knows the epoch its position counts in. Checked on Lightning 2.6.6 (the ``loops`` keys of its
+    checkpoints).
     """
     if state is not None and state.get("epoch_counted"):
         return  # written by a run that counts the running epoch itself (`start_epoch_from_its_first_batch`)
@@ -134,8 +109,7 @@ def repair_epoch_counter(checkpoint: dict[str, Any], state: dict[str, Any] | Non
 def set_epoch_length(trainer: pl.Trainer, batches: int, val_every: int | None) -> None:
     """Tell the training loop how many batches the running epoch has, and when to validate.
 
-    ``FitLoop.max_batches`` is a public attribute; the data fetcher (private, Lightning 2.4 to 2.6) caches the length
-    it saw when the epoch's iterator was created and ends the epoch by it.
+    The data fetcher (private, Lightning 2.4 to 2.6) ends the epoch by the length it cached with its iterator.
     """
     trainer.fit_loop.max_batches = batches
     combined = trainer.fit_loop._combined_loader
@@ -166,13 +140,11 @@ def train_loader(trainer: pl.Trainer) -> DataLoader:
 
 
 def set_batch_sampler(loader: DataLoader, batch_sampler: Any) -> None:
-    """Give an existing DataLoader a new batch sampler.
+    """Give an existing DataLoader a new batch sampler (checked on torch 2.3 to 2.13).
 
-    ``DataLoader.__setattr__`` refuses ``batch_sampler`` once constructed; building a new DataLoader instead would lose
-    a subclass's behaviour and whatever Lightning did to the instance (its distributed sampler, worker init function).
-    Workers receive indices from the main process, so the instance keeps working with the new sampler. A persistent
-    worker iterator would keep drawing from the old one, so it is shut down, as Lightning does when it resets a
-    loader. Checked on torch 2.3 to 2.13.
+    ``DataLoader.__setattr__`` refuses ``batch_sampler``, and a new DataLoader would lose a subclass's behaviour and
+    what Lightning did to the instance; workers get indices from the main process, and a persistent worker iterator,
+    which would keep drawing from the old sampler, is shut down as Lightning does when it resets a loader.
     """
     from lightning.pytorch.utilities.combined_loader import _shutdown_workers_and_reset_iterator
 
@@ -183,9 +155,8 @@ def set_batch_sampler(loader: DataLoader, batch_sampler: Any) -> None:
 def restart_train_iterator(trainer: pl.Trainer) -> None:
     """Make the training loop draw its batches from the new batch sampler.
 
-    Lightning (checked on 2.4 to 2.6) creates the first epoch's DataLoader iterator in ``FitLoop.setup_data``, before
-    any callback hook, and keeps it in the loop's private data fetcher; calling ``iter`` on that fetcher again (as
-    Lightning itself does at each epoch start) re-creates the iterator from the current batch sampler.
+    Lightning (2.4 to 2.6) makes the first epoch's iterator in ``FitLoop.setup_data``, before any hook, and keeps it in
+    the loop's private data fetcher; ``iter`` on that fetcher, as Lightning does at each epoch start, makes it anew.
     """
     fetcher = trainer.fit_loop._data_fetcher
     if fetcher is not None:
@@ -231,11 +202,7 @@ _NOT_RESUMABLE = "You're resuming from a checkpoint that ended before the epoch 
 
 
 def silence_not_resumable() -> Any:
-    """Silence Lightning's warning that a DataLoader resumed mid-epoch is not resumable (the sampler resumes it).
-
-    Returns:
-        The filter, for :func:`unsilence` once the first batch has run.
-    """
+    """Silence Lightning's warning that a DataLoader resumed mid-epoch is not resumable; the filter, for unsilence."""
     warnings.filterwarnings("ignore", message=_NOT_RESUMABLE)
     return warnings.filters[0]
 
@@ -262,9 +229,8 @@ def eval_loop(trainer: pl.Trainer) -> tuple[str, Any]:
 def eval_loader(trainer: pl.Trainer, loop: Any) -> tuple[DataLoader, BatchSampler | None, Any] | None:
     """The loop's single DataLoader, the BatchSampler it was given and the one it has, when it can be resized.
 
-    ``None`` (the loader's batch is kept) for several loaders, a limit on the loop's batches (``limit_*_batches`` other
-    than 1.0, ``overfit_batches``), an iterable dataset, a custom batch sampler or no batch size. Lightning keeps the
-    loop's processed loaders (predict's batch sampler wrapped in ``_IndexBatchSamplerWrapper``, a distributed sampler
+    ``None`` (the batch is kept) for several loaders, limited batches, an iterable dataset, a custom batch sampler or
+    no batch size. Lightning keeps the loop's processed loaders (predict's batch sampler wrapped, a distributed sampler
     injected) in the loop's private ``_combined_loader``; checked on Lightning 2.4 to 2.6.
     """
     combined = loop._combined_loader
@@ -275,9 +241,8 @@ def eval_loader(trainer: pl.Trainer, loop: Any) -> tuple[DataLoader, BatchSample
     if combined is None or limited or len(combined.flattened) != 1 or not isinstance(combined.flattened[0], DataLoader):
         return None
     loader = combined.flattened[0]
-    given = inner = loader.batch_sampler
-    if isinstance(given, _IndexBatchSamplerWrapper):
-        inner = given._batch_sampler
+    given = loader.batch_sampler
+    inner = unwrapped(given)
     if isinstance(inner, ResizableBatchSampler):  # made resizable by an earlier loop of this fit
         return loader, None, given
     if isinstance(loader.dataset, IterableDataset) or type(inner) is not BatchSampler or inner.batch_size is None:
@@ -292,32 +257,28 @@ def eval_batch(loop: Any) -> int:
     return int(getattr(given, "batch_size", None) or 1)
 
 
-def resizable(batch_sampler: Any) -> ResizableBatchSampler:
-    """The :class:`ResizableBatchSampler` in an evaluation loader's batch sampler."""
-    inner = batch_sampler._batch_sampler if isinstance(batch_sampler, _IndexBatchSamplerWrapper) else batch_sampler
-    assert isinstance(inner, ResizableBatchSampler)
-    return inner
+def unwrapped(batch_sampler: Any) -> Any:
+    """An evaluation loader's batch sampler, out of predict's ``_IndexBatchSamplerWrapper`` (see below)."""
+    return batch_sampler._batch_sampler if isinstance(batch_sampler, _IndexBatchSamplerWrapper) else batch_sampler
 
 
-def set_eval_sampler(loader: DataLoader, given: Any, sampler: Any, batch_size: int) -> ResizableBatchSampler:
-    """Give an evaluation loader a resizable batch sampler of ``sampler``'s indices in place of ``given``'s.
+def set_eval_sampler(loader: DataLoader, given: Any, original: Any) -> None:
+    """Give an evaluation loader a resizable batch sampler in place of ``given`` (``original`` is the one inside).
 
     Predict's stays inside a new ``_IndexBatchSamplerWrapper`` (private, Lightning 2.4 to 2.6): the loop reads the
     batches' indices there for a ``BasePredictionWriter``.
     """
-    inner: Any = given._batch_sampler if isinstance(given, _IndexBatchSamplerWrapper) else given
-    new = ResizableBatchSampler(sampler, batch_size, drop_last=bool(inner.drop_last), granule=int(inner.batch_size))
+    size = int(original.batch_size or 1)
+    new = ResizableBatchSampler(original.sampler, size, drop_last=bool(original.drop_last), granule=size)
     set_batch_sampler(loader, _IndexBatchSamplerWrapper(new) if isinstance(given, _IndexBatchSamplerWrapper) else new)
-    return new
 
 
 def set_eval_length(loop: Any, loader: DataLoader, *, restart: bool) -> None:
     """Make the loop expect the loader's batches at its batch sampler's size; ``restart``: draw them from it anew.
 
-    Lightning counts an evaluation loop's batches once, from the loader as it was set up, in a list that the loop,
-    its ``CombinedLoader.limits`` and the running iterator share, and its private data fetcher ends the loop by the
-    length it took when its iterator was made (Lightning 2.4 to 2.6). The loop's iterator is made before any hook:
-    ``restart`` makes it again from the new batch sampler, as the loop's own reset does.
+    Lightning (2.4 to 2.6) counts an evaluation loop's batches once, in a list the loop, its ``CombinedLoader.limits``
+    and the running iterator share; its private data fetcher ends the loop by the length it took when its iterator
+    was made, before any hook.
     """
     limits = loop._combined_loader.limits
     limits[0] = len(loader)  # in place: the running iterator holds the same list
@@ -331,10 +292,9 @@ def set_eval_length(loop: Any, loader: DataLoader, *, restart: bool) -> None:
 
 
 def log_as(trainer: pl.Trainer, batch: Any) -> None:
-    """Make ``self.log`` infer its batch size from ``batch``, a piece of the loop's batch.
+    """Make ``self.log`` infer its batch size (an epoch mean's weight) from ``batch``, a piece of the loop's batch.
 
-    Lightning weighs an epoch mean by that size. The loop's private ``_ResultCollection`` holds the batch it infers it
-    from (Lightning 2.4 to 2.6).
+    The loop's private ``_ResultCollection`` holds the batch it infers it from (Lightning 2.4 to 2.6).
     """
     results = trainer._results
     if results is not None:

@@ -1,7 +1,7 @@
 """DynamicBatchSize: the Lightning wiring of :class:`~lightning_tune.batch.step.DynamicStep` (see its docs page).
 
-The DataLoader's ``BatchSampler`` becomes a :class:`~lightning_tune.batch.ResizableBatchSampler` handing out whole
-optimizer steps, and the module's ``training_step`` hands each step to the engine.
+The DataLoader's ``BatchSampler`` becomes a :class:`~lightning_tune.batch.sampler.ResizableBatchSampler` handing out
+whole optimizer steps, and the module's ``training_step`` hands each step to the engine.
 """
 
 from __future__ import annotations
@@ -17,17 +17,17 @@ from lightning.pytorch.utilities.rank_zero import rank_zero_info, rank_zero_warn
 from torch.utils.data import BatchSampler, DataLoader
 from typing_extensions import override
 
-from lightning_tune.batch import runner as micro
+from lightning_tune import keys
+from lightning_tune.batch import runner as micro, step as engine
 from lightning_tune.batch.control import BatchSizeController, Decision
 from lightning_tune.batch.evaluate import EvalSizer
 from lightning_tune.batch.logs import StepLogs
 from lightning_tune.batch.probes import MemoryProbe
 from lightning_tune.batch.sampler import ResizableBatchSampler
 from lightning_tune.batch.sharded import GatheredStep
-from lightning_tune.batch.step import KEEPS, LOSS_WEIGHTS, DynamicStep, Keep, LossWeight, Weighting
+from lightning_tune.batch.step import KEEPS, LOSS_WEIGHTS, Keep, LossWeight, Weighting
 from lightning_tune.batch.tokens import TokenBudget
-from lightning_tune.callbacks import _dynamic_batch_plumbing as plumbing
-from lightning_tune.callbacks import _resizable_loader as loaders
+from lightning_tune.callbacks import _dynamic_batch_plumbing as plumbing, _resizable_loader as loaders
 from lightning_tune.callbacks._dynamic_batch_plumbing import Engine
 from lightning_tune.callbacks._logging import log, log_every_n_steps
 from lightning_tune.lr.scaling import ScaleRule
@@ -47,70 +47,37 @@ _EVAL_STEPS = {"validate": "validation_step", "test": "test_step", "predict": "p
 class DynamicBatchSize(Callback):
     r"""Adjust the micro-batch size while training runs to keep peak device memory at ``target_vram``.
 
-    Variable-length batches (a mapping with a 2-D ``attention_mask``): each step's samples are ordered longest first,
-    cut into micro-batches and each micro-batch is trimmed to its own longest sequence. With ``keep="effective"`` the
-    micro-batch is then a budget of padded tokens (``tune/micro_batch_tokens``): many short samples or few long ones.
-
     Args:
-        target_vram: Fraction of the memory PyTorch can get (free memory plus what its allocator holds, re-read at
-            every decision) to fill, in (0, 0.98].
+        target_vram: Fraction of the memory PyTorch can get (re-read at every decision) to fill, in (0, 0.98].
         min_batch_size: Smallest micro-batch it may use.
         max_batch_size: Largest micro-batch it may use (``None``: as large as memory and ``keep`` allow).
         adjust_every: Optimizer steps between decisions.
-        keep: ``"effective"`` holds the effective batch (DataLoader batch size × ``accumulate_grad_batches``, as
-            configured): only the split into micro-batches changes, so training is mathematically unchanged.
-            ``"lr"`` lets the effective batch follow the micro-batch (× the configured accumulation) and rescales
-            the learning rate with ``lr_rule``. ``"none"`` changes only the batch.
+        keep: What stays constant: ``"effective"``, ``"lr"`` or ``"none"``. See "What keep means" in the docs.
         lr_rule: ``"sqrt"`` or ``"linear"``, as :func:`~lightning_tune.scale_lr` (used with ``keep="lr"``).
         multiple_of: Micro-batch sizes at or above this are multiples of it.
-        probe: Where memory is read: ``None`` for :class:`~lightning_tune.batch.CudaMemory` on a CUDA device, or a
-            :class:`~lightning_tune.SimulatedMemory` (a priced device) or :class:`~lightning_tune.TrackedMemory` (the
-            run's real tensors, counted on the CPU) to try the callback without one. Elsewhere without a probe
-            there is no memory to target: the micro-batch stays the DataLoader's, and padding is still trimmed.
-        prior: A :class:`~lightning_tune.MemoryEstimate` (from :func:`~lightning_tune.estimate_memory` or
-            :func:`~lightning_tune.measure_memory`) that starts the memory model, so the first decision need not probe.
+        probe: Where memory is read (``None``: ``CudaMemory`` on a CUDA device). See "Which probe to use" in the docs.
+        prior: A ``MemoryEstimate`` to start the memory model from (the first decision need not probe).
         min_change: Smallest relative growth worth a change.
-        sync_oom: Under DDP and FSDP2, agree on allocation failures across ranks: one small all-reduce per optimizer
-            step (DDP: before the last micro-batch's backward; FSDP2: after every backward, before the gradients are
-            reduced). Without it an OOM under DDP cannot be recovered; FSDP2 requires it.
+        sync_oom: Under DDP and FSDP2, agree on allocation failures across ranks (one small all-reduce per optimizer
+            step). Without it an OOM under DDP cannot be recovered; FSDP2 requires it.
         reserve_gib: Memory (GiB) kept free whatever ``target_vram`` says, for other processes on a shared GPU.
         agree_timeout: Seconds a rank waits for the others' agreement before failing with a clear error.
-        loss_weight: How the micro-batch losses of a step are weighted: ``"samples"`` by their share of the step's
-            samples (per-sample mean losses), ``"tokens"`` by their share of the step's label tokens (labels other
-            than -100, or mask tokens without labels), so that token-mean losses add up to one token mean over the
-            whole step. ``"auto"`` chooses at the first step: tokens for a batch with per-token ``labels``, or a
-            Hugging Face causal LM on batches with an ``attention_mask``; samples otherwise (:attr:`weighting`).
-        label_shift: Leading positions of each row that are never a loss target, when weighting by tokens: ``None``
-            is 1 for a Hugging Face causal LM in the module (its loss compares position ``i`` with label ``i + 1``),
-            else 0.
+        loss_weight: ``"samples"``, ``"tokens"`` or ``"auto"`` (:attr:`weighting`). See "Which run the defaults equal".
+        label_shift: Leading positions never a target, when weighting by tokens (``None``: 1 for a causal LM, else 0).
         trim_keys: Batch keys besides Hugging Face's (``input_ids``, ``attention_mask``, ``labels``,
             ``token_type_ids``, ``position_ids``) whose second dimension is the padded sequence, trimmed with them.
-        pad_to_multiple_of: Trimmed sequence lengths are rounded up to a multiple of this (few distinct shapes for
-            ``torch.compile``, tensor-core friendly), as the collator's argument of that name.
-        per_batch: Values of the batch that are per batch, not per sample (class weights, a scale), passed whole to
-            every micro-batch: mapping keys, or places as refusals print them (``"batch[2]"``). See "Batches the
-            pack cuts" in the docs for the rule that cuts the rest.
-        split_batch: ``split_batch(batch, sizes) -> pieces`` cuts a step's batch into consecutive pieces of
-            ``sizes`` samples, for batches the rule refuses (``None``: the rule). Its samples are still counted by
-            the rule; its pieces are not reordered or trimmed.
-        pack: Padding-free micro-batches: each is one row of its samples' real tokens, with ``position_ids``
-            restarting at every sample, its first label -100 and the boundaries Hugging Face's varlen attention reads
-            (``cu_seq_lens_q/k``, ``max_length_q/k``), as ``DataCollatorWithFlattening`` makes them; the token budget
-            is the row's length. Needs ``keep="effective"``, weighs by tokens, and runs the module's Hugging Face
-            models with ``use_cache=False``. See "Packing" in the docs.
-        pack_guard: With ``pack``, check the fit's first packed micro-batch: its loss must be its samples' padded
-            loss (two forwards without gradients), else the run stops naming the model and its attention.
-        size_eval: Size the batches of validation (in a fit and ``trainer.validate``), ``trainer.test`` and
-            ``trainer.predict`` to memory too, each loop with its own memory model, and run an evaluation batch that
-            runs out of memory in pieces, each sample once (``tune/eval_batch_size``). Needs a memory probe. See
-            "Evaluation" in the docs.
+        pad_to_multiple_of: Trimmed lengths are rounded up to a multiple of this (few ``torch.compile`` shapes).
+        per_batch: Mapping keys or places (``"batch[2]"``) given whole to each micro-batch. See "Batches the pack cuts".
+        split_batch: ``split_batch(batch, sizes) -> pieces`` cuts batches the rule refuses. See "Batches the pack cuts".
+        pack: Padding-free micro-batches, each one row of its samples' real tokens. See "Packing" in the docs.
+        pack_guard: With ``pack``, check the fit's first packed micro-batch's loss against its samples padded.
+        size_eval: Size evaluation batches to memory too (with a memory probe). See "Evaluation" in the docs.
 
     Raises:
         TypeError: If an argument has the wrong type.
-        ValueError: If an argument is out of range, ``min_batch_size > max_batch_size``, ``label_shift`` is given
-            with ``loss_weight="samples"``, or ``pack`` with ``keep`` other than ``"effective"``,
-            ``loss_weight="samples"`` or a ``split_batch``. At the start of training: if ``reserve_gib`` is all the
-            device has.
+        ValueError: If an argument is out of range, or arguments conflict (``min_batch_size > max_batch_size``,
+            ``label_shift`` with ``loss_weight="samples"``, ``pack`` with another ``keep``, ``loss_weight="samples"`` or
+            a ``split_batch``); at the start of training, if ``reserve_gib`` is all the device has.
         ~lightning_tune.batch.pack.PackingError: With ``pack``, at the first packed micro-batch, if its loss is not
             its samples' padded loss.
 
@@ -120,26 +87,26 @@ class DynamicBatchSize(Callback):
         DynamicBatchSize(target_vram=0.9, min_batch_size=8, max_batch_size=64, adjust_every=100, keep='effective')
     """
 
-    # the arguments, state and figures kept by the engine (:class:`~lightning_tune.batch.step.DynamicStep`)
-    target_vram: Engine[float] = Engine()
-    min_batch_size: Engine[int] = Engine()
-    max_batch_size: Engine[int | None] = Engine()
-    adjust_every: Engine[int] = Engine()
-    keep: Engine[Keep] = Engine()
-    lr_rule: Engine[ScaleRule] = Engine()
-    multiple_of: Engine[int] = Engine()
-    reserve_gib: Engine[float] = Engine()
-    loss_weight: Engine[LossWeight] = Engine()
+    # the arguments (settings), state and figures kept by the engine (:class:`~lightning_tune.batch.step.DynamicStep`)
+    target_vram: Engine[float] = Engine(setting=True)
+    min_batch_size: Engine[int] = Engine(setting=True)
+    max_batch_size: Engine[int | None] = Engine(setting=True)
+    adjust_every: Engine[int] = Engine(setting=True)
+    keep: Engine[Keep] = Engine(setting=True)
+    lr_rule: Engine[ScaleRule] = Engine(setting=True)
+    multiple_of: Engine[int] = Engine(setting=True)
+    reserve_gib: Engine[float] = Engine(setting=True)
+    loss_weight: Engine[LossWeight] = Engine(setting=True)
     weighting: Engine[Weighting | None] = Engine()
-    label_shift: Engine[int | None] = Engine()
-    pad_to_multiple_of: Engine[int] = Engine()
-    sync_oom: Engine[bool] = Engine()
-    agree_timeout: Engine[float] = Engine()
+    label_shift: Engine[int | None] = Engine(setting=True)
+    pad_to_multiple_of: Engine[int] = Engine(setting=True)
+    sync_oom: Engine[bool] = Engine(setting=True)
+    agree_timeout: Engine[float] = Engine(setting=True)
     probe: Engine[MemoryProbe | None] = Engine()
-    trim_keys: Engine[tuple[str, ...]] = Engine()
-    pack: Engine[bool] = Engine()
-    pack_guard: Engine[bool] = Engine()
-    size_eval: Engine[bool] = Engine()
+    trim_keys: Engine[tuple[str, ...]] = Engine(setting=True)
+    pack: Engine[bool] = Engine(setting=True)
+    pack_guard: Engine[bool] = Engine(setting=True)
+    size_eval: Engine[bool] = Engine(setting=True)
     controller: Engine[BatchSizeController] = Engine()
     tokens: Engine[TokenBudget] = Engine()
     batch_size: Engine[int | None] = Engine()
@@ -181,8 +148,9 @@ class DynamicBatchSize(Callback):
         pack_guard: bool = True,
         size_eval: bool = True,
     ) -> None:
-        engine = {k: v for k, v in locals().items() if k not in ("self", "__class__")}
-        self.step = DynamicStep(**engine, warn=rank_zero_warn, info=rank_zero_info)
+        knobs = {k: v for k, v in locals().items() if k not in ("self", "__class__", "probe")}
+        settings = engine.DynamicBatchSettings(**knobs)  # checked here, at construction
+        self.step = engine.DynamicStep(settings, probe=probe, warn=rank_zero_warn, info=rank_zero_info)
         self.runner: micro.MicroBatchRunner | None = None
         self._trainer: pl.Trainer | None = None
         self._sampler: ResizableBatchSampler | None = None
@@ -199,7 +167,6 @@ class DynamicBatchSize(Callback):
         self._logs = StepLogs()  # what the step's micro-batches log with self.log
         self._eval_originals: dict[str, Callable[..., Any]] = {}  # the module's evaluation steps, and their loaders'
         self._eval_loaders: list[tuple[DataLoader, Any]] = []  # batch samplers as given
-        self._takes_idx: dict[str, bool] = {}
         self._eval: tuple[str, EvalSizer, Any, DataLoader | None] | None = None  # the running loop, its sizer, loader
         self._eval_metrics: dict[str, float] = {}
 
@@ -251,18 +218,15 @@ class DynamicBatchSize(Callback):
     @override
     def teardown(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
         LAST_BATCH.clear()  # the last batch counted holds device memory: let it go with the run
-        for name in self._eval_originals:
+        for name in [*self._eval_originals, *(self._originals if stage == "fit" else ())]:
             with contextlib.suppress(AttributeError):
-                delattr(pl_module, name)
+                delattr(pl_module, name)  # back to the class's method
         for loader, given in self._eval_loaders:  # a DataLoader the module keeps comes back as it was given
             loaders.set_batch_sampler(loader, given)
         self._eval_originals.clear()
         self._eval_loaders.clear()
         if stage != "fit":
             return
-        for name in self._originals:
-            with contextlib.suppress(AttributeError):
-                delattr(pl_module, name)  # back to the class's method
         self._originals.clear()
         micro.undo_retry_steps(trainer.optimizers)
         if self.runner is not None:
@@ -271,7 +235,8 @@ class DynamicBatchSize(Callback):
             # a DataLoader the module or DataModule keeps must come back as it was given
             loaders.set_batch_sampler(self._loader, self._original_batch_sampler)
         self._loader = self._sampler = self._original_batch_sampler = self.runner = self._gathered = self._seed = None
-        self._unquiet()
+        loaders.unsilence(self._quiet)
+        self._quiet = None
 
     @override
     def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
@@ -327,21 +292,15 @@ class DynamicBatchSize(Callback):
         self._eval_end(trainer)
 
     @override
-    def on_validation_batch_end(
-        self, trainer: pl.Trainer, pl_module: pl.LightningModule, outputs: Any, batch: Any, batch_idx: int, *_: int
-    ) -> None:
+    def on_validation_batch_end(self, trainer: pl.Trainer, pl_module: Any, outputs: Any, *_: Any) -> None:
         self._eval_batch_end()
 
     @override
-    def on_test_batch_end(
-        self, trainer: pl.Trainer, pl_module: pl.LightningModule, outputs: Any, batch: Any, batch_idx: int, *_: int
-    ) -> None:
+    def on_test_batch_end(self, trainer: pl.Trainer, pl_module: Any, outputs: Any, *_: Any) -> None:
         self._eval_batch_end()
 
     @override
-    def on_predict_batch_end(
-        self, trainer: pl.Trainer, pl_module: pl.LightningModule, outputs: Any, batch: Any, batch_idx: int, *_: int
-    ) -> None:
+    def on_predict_batch_end(self, trainer: pl.Trainer, pl_module: Any, outputs: Any, *_: Any) -> None:
         self._eval_batch_end()
 
     # -- evaluation: the loop's loader made resizable, its batches run by the engine -----------------------------------
@@ -352,8 +311,8 @@ class DynamicBatchSize(Callback):
         if name in self._eval_originals or (name != "predict_step" and not is_overridden(name, pl_module)):
             return
         original = self._eval_originals[name] = getattr(pl_module, name)
-        self._takes_idx[name] = is_param_in_hook_signature(original, "batch_idx", min_args=2)
-        setattr(pl_module, name, getattr(self, f"_{name}"))
+        takes_idx = is_param_in_hook_signature(original, "batch_idx", min_args=2)
+        setattr(pl_module, name, functools.partial(self._evaluate, name, takes_idx))
 
     def _eval_start(self, trainer: pl.Trainer) -> None:
         self._eval = None
@@ -369,8 +328,8 @@ class DynamicBatchSize(Callback):
         loader, original, given = parts
         if original is not None:  # the loader as set up: its batch sampler becomes resizable
             self._eval_loaders.append((loader, given))
-            loaders.set_eval_sampler(loader, given, original.sampler, original.batch_size or 1)
-        sampler = loaders.resizable(loader.batch_sampler)
+            loaders.set_eval_sampler(loader, given, original)
+        sampler = loaders.unwrapped(loader.batch_sampler)
         start, samples = self.step.eval_start(), sampler.epoch_samples()
         sizer.begin(loader_batch=sampler.granule, samples=samples, start=start, agree=self._agree)
         restart = original is not None or sampler.batch_size != sizer.size
@@ -384,7 +343,7 @@ class DynamicBatchSize(Callback):
             return
         _, sizer, loop, loader = self._eval
         if sizer.batch_end(self._agree) and loader is not None and sizer.size is not None:
-            loaders.resizable(loader.batch_sampler).batch_size = sizer.size
+            loaders.unwrapped(loader.batch_sampler).batch_size = sizer.size
             loaders.set_eval_length(loop, loader, restart=False)
 
     def _eval_end(self, trainer: pl.Trainer) -> None:
@@ -393,7 +352,7 @@ class DynamicBatchSize(Callback):
         name, sizer, _, _ = self._eval
         self._eval = None
         sizer.end(self._agree)
-        self._eval_metrics = self.step.eval_metrics(name)
+        self._eval_metrics = {} if sizer.size is None else {keys.EVAL_BATCH_SIZE: float(sizer.size)}
         log(trainer, self._eval_metrics)  # at the step Lightning logs the loop's own values
         if name != "fit":
             rank_zero_info(
@@ -402,19 +361,10 @@ class DynamicBatchSize(Callback):
                 f"error{'s' * (sizer.oom_recoveries != 1)} recovered"
             )
 
-    def _validation_step(self, batch: Any, *args: Any, **kwargs: Any) -> Any:
-        return self._evaluate("validation_step", batch, args, kwargs)
-
-    def _test_step(self, batch: Any, *args: Any, **kwargs: Any) -> Any:
-        return self._evaluate("test_step", batch, args, kwargs)
-
-    def _predict_step(self, batch: Any, *args: Any, **kwargs: Any) -> Any:
-        return self._evaluate("predict_step", batch, args, kwargs)
-
-    def _evaluate(self, name: str, batch: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
-        """The module's evaluation step on ``batch``, in pieces after an out-of-memory error (each sample once)."""
+    def _evaluate(self, name: str, takes_idx: bool, batch: Any, *args: Any, **kwargs: Any) -> Any:
+        """The module's evaluation step ``name`` on ``batch``, in pieces after an out-of-memory error."""
         step, trainer = self._eval_originals[name], self._trainer
-        args = args if self._takes_idx[name] else args[1:]  # Lightning passes batch_idx to the wrapper
+        args = args if takes_idx else args[1:]  # Lightning passes batch_idx to the wrapper
         if self._eval is None or trainer is None:
             return step(batch, *args, **kwargs)
 
@@ -431,7 +381,9 @@ class DynamicBatchSize(Callback):
         loader, inner, loader_batch, drop_last, original = loaders.loader_parts(trainer)
         self._original_batch_sampler = original if original is not None else self._original_batch_sampler
         self.step.install(loader_batch)
-        limit = loaders.sample_limit(trainer, loader_batch)
+        # Lightning limits the epoch in batches of the DataLoader's own size; the sampler limits it in samples
+        batches = trainer.fit_loop.max_batches
+        limit = None if trainer.limit_train_batches == 1.0 or batches == float("inf") else int(batches) * loader_batch
         if self._seed is None and hasattr(inner, "generator"):  # drawn as the sampler draws its own seed each epoch
             self._seed = int(torch.empty((), dtype=torch.int64).random_(generator=inner.generator).item())
         sampler = ResizableBatchSampler(
@@ -439,7 +391,12 @@ class DynamicBatchSize(Callback):
         )
         next_epoch = self._restore is not None and self._apply_restore(trainer, sampler)
         self._loader, self._sampler, self._installed_epoch = loader, sampler, trainer.current_epoch
-        loaders.attach(trainer, loader, sampler, lambda: self._update_epoch_length(trainer))
+        sampler.set_epoch(trainer.current_epoch)  # workers draw the order at once; Lightning sets the epoch only later
+        loaders.set_batch_sampler(loader, sampler)
+        trainer.accumulate_grad_batches = 1
+        self._update_epoch_length(trainer)  # the new iterator's limits
+        loaders.restart_train_iterator(trainer)
+        self._update_epoch_length(trainer)  # the length the fetcher took from the old loader
         if next_epoch:
             loaders.start_epoch_from_its_first_batch(trainer)
         if self.probe is not None:
@@ -463,7 +420,8 @@ class DynamicBatchSize(Callback):
     def on_train_batch_start(
         self, trainer: pl.Trainer, pl_module: pl.LightningModule, batch: Any, batch_idx: int
     ) -> None:
-        self._unquiet()  # Lightning's resume warning is behind us
+        loaders.unsilence(self._quiet)  # Lightning's resume warning is behind us
+        self._quiet = None
         if self.runner is not None and (ratio := self.step.lr_ratio(batch)) != 1.0:
             loaders.scale_learning_rates(trainer, ratio)
 
@@ -506,7 +464,8 @@ class DynamicBatchSize(Callback):
         self._logs.weight = piece.weight  # what it logs weighs as its loss
         batch_idx, args, kwargs = self._step_args
         training_step = self._originals["training_step"]
-        quiet = functools.partial(_unlogged, self._trainer.lightning_module if self._trainer else None)
+        assert self._trainer is not None
+        quiet = functools.partial(_unlogged, self._trainer.lightning_module)
         return self.step.forward(piece, lambda batch: training_step(batch, batch_idx, *args, **kwargs), quiet=quiet)
 
     def _backward(self, loss: torch.Tensor, *args: Any, **kwargs: Any) -> None:
@@ -588,17 +547,10 @@ class DynamicBatchSize(Callback):
             self._quiet = loaders.silence_not_resumable()
         return next_epoch
 
-    def _unquiet(self) -> None:
-        loaders.unsilence(self._quiet)
-        self._quiet = None
-
 
 @contextlib.contextmanager
-def _unlogged(module: pl.LightningModule | None) -> Iterator[None]:
+def _unlogged(module: pl.LightningModule) -> Iterator[None]:
     """What ``module`` logs inside is dropped (the packing guard's forwards are no training)."""
-    if module is None:
-        yield
-        return
     own = vars(module).get("log")  # the instance's (StepLogs collects through it), else the class's
     module.log = lambda *args, **kwargs: None  # type: ignore[method-assign]
     try:

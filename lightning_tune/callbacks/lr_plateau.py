@@ -1,8 +1,4 @@
-"""Reduce the learning rate when a monitored metric stops improving, for any LightningModule.
-
-Logs ``tune/plateau/...`` at every evaluation of the metric, and ``tune/lr...`` per optimizer step when no
-lightning_tune schedule logs them (``docs/logged_keys.md``).
-"""
+"""``AdaptiveLROnPlateau``: reduce the learning rate when a monitored metric stops improving, on top of any schedule."""
 
 from __future__ import annotations
 
@@ -12,7 +8,6 @@ from typing import TYPE_CHECKING, Any
 from lightning.pytorch.utilities import rank_zero_warn
 from lightning.pytorch.utilities.exceptions import MisconfigurationException
 from torch import Tensor
-from torch.optim import Optimizer
 from typing_extensions import override
 
 from lightning_tune import keys
@@ -20,6 +15,7 @@ from lightning_tune._validation import changed_arguments, check_bool, check_floa
 from lightning_tune.callbacks._logging import LRLogger, log
 from lightning_tune.callbacks.lr_schedule import base_lrs, number_or_numbers, per_group, schedule_lrs
 from lightning_tune.lr.plateau import PlateauDetector, PlateauMode, ThresholdMode
+from lightning_tune.lr.scheduler import set_lr
 
 if TYPE_CHECKING:
     import lightning.pytorch as pl
@@ -28,17 +24,8 @@ if TYPE_CHECKING:
 class AdaptiveLROnPlateau(LRLogger):
     """Multiply the learning rate by ``factor`` when ``monitor`` has not improved for ``patience`` evaluations.
 
-    Takes the same decisions as ``torch.optim.lr_scheduler.ReduceLROnPlateau`` fed the same metric values: the new
-    LR of each group is ``max(lr * factor, min_lr)``, skipped when the change is at most ``eps``. Used with a
-    lightning_tune schedule (:class:`~lightning_tune.WarmupCosine`, :class:`~lightning_tune.LinearWarmup`,
-    :class:`~lightning_tune.OneCycle`) the reduction multiplies the scheduled LR from then on, instead of being
-    overwritten at the next step.
-
-    The metric is read after each validation run, or at the end of each training epoch when validation runs once per
-    epoch (like ``EarlyStopping``; override with ``check_on_train_epoch_end``). Under DDP every rank uses rank 0's
-    value, so all ranks take the same decision. A metric that never appears gets one warning naming the metrics that
-    do exist. A run resumed with other arguments (another ``patience``, ``factor``, ...) than its checkpoint's uses
-    them from the restored counters on, with one warning naming each change.
+    A run resumed with other arguments than its checkpoint's uses them from the restored counters on, with one
+    warning naming each change (``docs/lr_plateau.md``).
 
     Args:
         monitor: Name of the logged metric to watch.
@@ -50,8 +37,7 @@ class AdaptiveLROnPlateau(LRLogger):
         cooldown: Evaluations to wait after a reduction before counting again, >= 0.
         min_lr: Floor for the reduced LR: one number, or one per parameter group of the first optimizer.
         eps: Smallest LR change that is applied, >= 0.
-        check_on_train_epoch_end: Read the metric at the end of training epochs instead of after validation;
-            ``None`` decides as described above.
+        check_on_train_epoch_end: Read the metric at epoch ends, not after validation (``None``: as ``EarlyStopping``).
 
     Raises:
         TypeError: If an argument has the wrong type.
@@ -94,20 +80,6 @@ class AdaptiveLROnPlateau(LRLogger):
     def state_key(self) -> str:
         return self._generate_state_key(monitor=self.monitor, mode=self.detector.mode)
 
-    def min_lrs(self, optimizer: Optimizer) -> list[float]:
-        """Floor of each parameter group's LR.
-
-        Args:
-            optimizer: The optimizer.
-
-        Returns:
-            One floor per group.
-
-        Raises:
-            MisconfigurationException: If ``min_lr`` is a sequence of the wrong length.
-        """
-        return per_group("AdaptiveLROnPlateau", "min_lr", self.min_lr, optimizer)
-
     @override
     def setup(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
         if self.check_on_train_epoch_end is None:
@@ -116,7 +88,7 @@ class AdaptiveLROnPlateau(LRLogger):
     @override
     def on_fit_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         for optimizer in trainer.optimizers:
-            floors = self.min_lrs(optimizer)
+            floors = per_group("AdaptiveLROnPlateau", "min_lr", self.min_lr, optimizer)
             for index, (floor, lr) in enumerate(zip(floors, base_lrs(optimizer), strict=True)):
                 if floor > lr:
                     raise MisconfigurationException(
@@ -162,7 +134,8 @@ class AdaptiveLROnPlateau(LRLogger):
         reduced = False
         for optimizer in trainer.optimizers:
             scheduler = schedulers.get(id(optimizer))
-            for index, (group, floor) in enumerate(zip(optimizer.param_groups, self.min_lrs(optimizer), strict=True)):
+            floors = per_group("AdaptiveLROnPlateau", "min_lr", self.min_lr, optimizer)
+            for index, (group, floor) in enumerate(zip(optimizer.param_groups, floors, strict=True)):
                 old_lr = float(group["lr"])
                 new_lr = max(old_lr * self.factor, floor)
                 if old_lr - new_lr <= self.eps:
@@ -170,18 +143,14 @@ class AdaptiveLROnPlateau(LRLogger):
                 reduced = True
                 if scheduler is not None:
                     scheduler.scale_group(index, new_lr / old_lr)
-                elif isinstance(group["lr"], Tensor):
-                    group["lr"].fill_(new_lr)
                 else:
-                    group["lr"] = new_lr
+                    set_lr(group, new_lr)
         if reduced:
             self.reductions += 1
 
     def arguments(self) -> dict[str, Any]:
         """The arguments a checkpoint records, so that a run resumed with other values can say which it uses."""
-        detector = self.detector
-        names = ("patience", "threshold", "threshold_mode", "cooldown")
-        given = {name: getattr(detector, name) for name in names}
+        given = {name: getattr(self.detector, name) for name in ("patience", "threshold", "threshold_mode", "cooldown")}
         return {"factor": self.factor, **given, "min_lr": self.min_lr, "eps": self.eps}
 
     @override

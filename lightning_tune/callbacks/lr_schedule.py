@@ -1,20 +1,10 @@
-"""Callbacks that install a learning-rate schedule onto the optimizer a LightningModule already configured.
-
-The module is not edited: at fit start the callback builds a :class:`~lightning_tune.lr.scheduler.ScheduleLR` for
-each optimizer and registers it with the Trainer as a step-interval scheduler, so it is stepped once per optimizer
-step (gradient accumulation does not speed it up), saved in checkpoints and restored on resume, and shown by
-``LearningRateMonitor``.
-
-With ``log_lr=True`` each group's LR is logged (``tune/lr...``, ``docs/logged_keys.md``) on the steps and at the step
-numbers Lightning logs ``self.log`` values on (every ``log_every_n_steps`` optimizer steps): the value is the LR the
-step uses. At the end of training the LR the run ended with is logged once more, at the step count.
-"""
+"""Callbacks that install a learning-rate schedule onto the optimizer a LightningModule already configured."""
 
 from __future__ import annotations
 
 import math
 from abc import ABC, abstractmethod
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from functools import partial
 from typing import TYPE_CHECKING, Any, Final
 
@@ -27,12 +17,13 @@ from typing_extensions import override
 
 from lightning_tune._validation import check_bool, check_choice, check_float, check_int
 from lightning_tune.callbacks._logging import LRLogger
-from lightning_tune.lr.scheduler import Factor, Schedule, ScheduleLR, configured_lr, from_data, same, stretched
+from lightning_tune.lr.scheduler import FACTOR_KEYS, Factor, Schedule, ScheduleLR, configured_lr, from_data, stretched
 from lightning_tune.lr.schedules import (
     ANNEAL_STRATEGIES,
     RAMP_SHAPES,
     AnnealStrategy,
     RampShape,
+    floor_ratio,
     linear_warmup,
     one_cycle,
     warmup_cosine,
@@ -46,17 +37,7 @@ if TYPE_CHECKING:
 
 
 def base_lrs(optimizer: Optimizer) -> list[float]:
-    """The learning rate each parameter group was configured with.
-
-    A scheduler that ran before (one being replaced) leaves the configured value in ``initial_lr``, as torch's
-    schedulers do; otherwise it is the current ``lr``.
-
-    Args:
-        optimizer: The optimizer.
-
-    Returns:
-        One value per parameter group.
-    """
+    """The learning rate each parameter group was configured with (:func:`configured_lr`)."""
     return [float(configured_lr(group)) for group in optimizer.param_groups]
 
 
@@ -74,11 +55,7 @@ def number_or_numbers(name: str, value: Any, *, positive: bool) -> float | tuple
 
 
 def per_group(owner: str, name: str, value: float | tuple[float, ...], optimizer: Optimizer) -> list[float]:
-    """One value of ``owner``'s argument ``name`` per parameter group of ``optimizer``.
-
-    Raises:
-        MisconfigurationException: If a sequence does not have one value per group.
-    """
+    """One value of ``owner``'s argument ``name`` per parameter group of ``optimizer``; a misfit is an error."""
     groups = len(optimizer.param_groups)
     if not isinstance(value, tuple):
         return [value] * groups
@@ -96,22 +73,12 @@ def schedule_lrs(trainer: pl.Trainer) -> list[ScheduleLR]:
 
 
 class ScheduleCallback(LRLogger, ABC):
-    """Base of the schedule callbacks: installs one :class:`ScheduleLR` per optimizer at fit start.
-
-    A run resumed from a checkpoint follows the arguments it is resumed with: the same arguments continue the saved
-    schedule exactly; other arguments (another schedule class, another warm-up, peak or length) replace it from the
-    restored step on, with one warning naming both schedules and the LR before and after; and with
-    ``total_steps=None`` a Trainer that will now run longer or shorter (a new ``max_steps``) stretches the saved
-    schedule to the new length, the warm-up unchanged, with one info line naming both lengths. An explicit
-    ``total_steps`` below what the Trainer will run gets one warning at fit start: the LR would sit at the schedule's
-    final value for the rest of the run.
+    """Base of the schedule callbacks: installs a step-interval :class:`ScheduleLR` per optimizer at fit start.
 
     Args:
-        total_steps: Optimizer steps the schedule spans; ``None`` means what the Trainer will actually run
-            (``trainer.estimated_stepping_batches``: max_steps / max_epochs, dataset length, accumulation, devices).
-        replace: Replace schedulers the module itself returned from ``configure_optimizers``; without it such a
-            scheduler is an error.
-        log_lr: Log every parameter group's LR at each optimizer step (keys in the module docstring).
+        total_steps: Optimizer steps the schedule spans; ``None`` means what the Trainer will run.
+        replace: Replace schedulers the module returns from ``configure_optimizers`` instead of raising.
+        log_lr: Log the ``tune/lr`` keys.
     """
 
     def __init__(self, *, total_steps: int | None = None, replace: bool = False, log_lr: bool = True) -> None:
@@ -126,40 +93,22 @@ class ScheduleCallback(LRLogger, ABC):
 
     @abstractmethod
     def factor(self, optimizer: Optimizer, total_steps: int) -> Factor:
-        """The schedule's factor function of the step for one optimizer, its arguments resolved.
+        """Return ``optimizer``'s factor over ``total_steps`` optimizer steps: a ``partial`` of a schedules function."""
 
-        Args:
-            optimizer: The optimizer, with the learning rates the module configured.
-            total_steps: Resolved schedule length in optimizer steps.
+    def momentum(self, optimizer: Optimizer, total_steps: int) -> Factor | None:
+        """Return the momentum as a factor like :meth:`factor`'s, or ``None`` (this default) to leave it."""
+        return None
 
-        Returns:
-            A ``functools.partial`` of a factor function of :mod:`lightning_tune.lr.schedules`.
-        """
-
-    def build_schedule(self, optimizer: Optimizer, total_steps: int, momentum: Factor | None = None) -> ScheduleLR:
-        """The scheduler this callback installs on ``optimizer`` for a run of ``total_steps`` optimizer steps.
-
-        Args:
-            optimizer: The optimizer, with the learning rates the module configured.
-            total_steps: Resolved schedule length in optimizer steps.
-            momentum: The momentum as a function of the step (:class:`OneCycle`'s), or ``None`` to leave it.
-
-        Returns:
-            The scheduler, at step 0.
-        """
+    def build_schedule(self, optimizer: Optimizer, total_steps: int) -> ScheduleLR:
+        """Return the scheduler, at step 0, this callback installs on ``optimizer`` (with its configured LRs)."""
+        momentum = self.momentum(optimizer, total_steps)
         flags = {"follows_run": self.total_steps is None, "log_lr": self.log_lr}
         return ScheduleLR(
             optimizer, self.factor(optimizer, total_steps), momentum=momentum, on_restore=self._on_restore, **flags
         )
 
     def resolve_total_steps(self, trainer: pl.Trainer) -> int:
-        """Schedule length: ``total_steps`` if given, else what the Trainer will run.
-
-        Args:
-            trainer: The Trainer.
-
-        Returns:
-            The number of optimizer steps.
+        """Return the schedule length in optimizer steps: ``total_steps`` if given, else what the Trainer will run.
 
         Raises:
             MisconfigurationException: If the Trainer's run length is unbounded and ``total_steps`` was not given.
@@ -192,8 +141,7 @@ class ScheduleCallback(LRLogger, ABC):
         for config in trainer.lr_scheduler_configs:
             if not any(config.scheduler.optimizer is optimizer for optimizer in optimizers):
                 kept.append(config)
-                continue
-            if not self.replace:
+            elif not self.replace:
                 raise MisconfigurationException(
                     f"{type(pl_module).__name__}.configure_optimizers already returns a learning-rate scheduler "
                     f"({type(config.scheduler).__name__}); {name} would fight it. Remove that scheduler, or pass "
@@ -203,7 +151,6 @@ class ScheduleCallback(LRLogger, ABC):
         self._planned = total_steps if self.total_steps is None else None
         self._warned_restore = False
         self.schedulers = [self.build_schedule(optimizer, total_steps) for optimizer in optimizers]
-        # one warning when an explicit `total_steps` ends before the Trainer's run does
         if self.total_steps is not None and self.total_steps < (run := trainer.estimated_stepping_batches) < math.inf:
             final = self.schedulers[0].peaks[0] * self.schedulers[0].factor(self.total_steps)
             rank_zero_warn(
@@ -219,16 +166,13 @@ class ScheduleCallback(LRLogger, ABC):
 
     def _on_restore(self, saved: Schedule, configured: Schedule, step: int) -> Schedule:
         """Choose the schedule a resumed run follows (the ``on_restore`` hook of the installed schedulers)."""
-        if same(saved, configured):
+        if _same(saved, configured):
             return saved
         name = type(self).__name__
         if self._planned is not None and saved["factor"] is not None:
-            ignored = {"total_steps"} | {  # lengths given as a ratio of the run follow the run
-                length
-                for length, ratio in (("warmup_steps", "warmup_ratio"), ("decay_steps", "decay_ratio"))
-                if getattr(self, ratio, None) is not None
-            }
-            if same(_without(saved, ignored), _without(configured, ignored)):  # only the length differs
+            ratios = {"warmup_steps": "warmup_ratio", "decay_steps": "decay_ratio"}  # those lengths follow the run
+            ignored = frozenset({"total_steps", *(k for k, r in ratios.items() if getattr(self, r, None) is not None)})
+            if _same(saved, configured, ignored):  # only the length differs
                 if self._saved_planned == self._planned:
                     return saved  # the Trainer's length is unchanged; the saved one may have been retargeted since
                 rank_zero_info(
@@ -236,8 +180,7 @@ class ScheduleCallback(LRLogger, ABC):
                     f"ended at step {saved['factor']['total_steps']}; it follows the new length from step {step} on "
                     "(warm-up unchanged)."
                 )
-                lengths = {key: saved[key] and stretched(saved[key], self._planned, step) for key in _FACTORS}
-                return saved | lengths
+                return saved | {key: saved[key] and stretched(saved[key], self._planned, step) for key in FACTOR_KEYS}
         if not self._warned_restore:
             self._warned_restore = True
             before, after = (s["peaks"][0] * from_data(s["factor"])(step) for s in (saved, configured))
@@ -260,15 +203,7 @@ class ScheduleCallback(LRLogger, ABC):
         self._saved_planned = planned if isinstance(planned, int) else None
 
     def retarget(self, total_steps: int) -> None:
-        """Make the installed schedules end at ``total_steps`` (the run's length changed under them).
-
-        Only a schedule whose length was left to the Trainer (``total_steps=None``) is changed; the warm-up keeps the
-        length it was given (:meth:`ScheduleLR.retarget`, which :class:`~lightning_tune.DynamicBatchSize` calls when
-        the number of optimizer steps per epoch changes, under ``keep="lr"`` or ``"none"``).
-
-        Args:
-            total_steps: The run's new length in optimizer steps.
-        """
+        """Make the installed schedules end at ``total_steps`` if their length was left to the Trainer."""
         if self.total_steps is None:
             for scheduler in self.schedulers:
                 scheduler.retarget(total_steps)
@@ -298,45 +233,40 @@ def _unknown_length(trainer: pl.Trainer) -> str:
     )
 
 
-_FACTORS = ("factor", "momentum")
-
-
-def _without(schedule: Schedule, ignored: set[str]) -> Schedule:
-    """``schedule`` without the factors' keywords named in ``ignored``."""
-    return {
-        key: {k: v for k, v in part.items() if k not in ignored} if key in _FACTORS and part else part
-        for key, part in schedule.items()
-    }
+def _same(saved: Any, configured: Any, ignored: frozenset[str] = frozenset()) -> bool:
+    """Whether two schedules agree but for the keys ``ignored``, numbers to a relative 1e-12 (ratios computed twice)."""
+    if isinstance(saved, Mapping) and isinstance(configured, Mapping):
+        keys = saved.keys() - ignored
+        return keys == configured.keys() - ignored and all(_same(saved[k], configured[k], ignored) for k in keys)
+    if isinstance(saved, list) and isinstance(configured, list):
+        return len(saved) == len(configured) and all(map(_same, saved, configured))  # peaks: numbers
+    if isinstance(saved, float) or isinstance(configured, float):
+        numbers = all(isinstance(v, int | float) and not isinstance(v, bool) for v in (saved, configured))
+        return numbers and math.isclose(saved, configured, rel_tol=1e-12)
+    return bool(saved == configured)
 
 
 def _describe(schedule: Schedule) -> str:
     """``factor warmup_cosine(warmup_steps=5, ...); peak LRs [0.05]``: a schedule for a message."""
     parts = []
-    for key in _FACTORS:
+    for key in FACTOR_KEYS:
         if (data := schedule[key]) is not None:
             arguments = ", ".join(f"{name}={value!r}" for name, value in data.items() if name != "name")
             parts.append(f"{key} {data['name']}({arguments})")
     return "; ".join([*parts, f"peak LRs {schedule['peaks']}"])
 
 
-#: The warm-up of a schedule given neither ``warmup_steps`` nor ``warmup_ratio``: 2 % of the run, torchtitan's default
-#: proportion (200 warm-up steps of its default 10,000). Hugging Face's Trainer warms up for 0 steps by default; pass
-#: ``warmup_steps=0`` for that.
+#: The warm-up of a schedule given neither ``warmup_steps`` nor ``warmup_ratio`` (``docs/lr_schedules.md``).
 DEFAULT_WARMUP_RATIO: Final[float] = 0.02
 
 
 class WarmupDecay(ScheduleCallback):
     """Base of the schedules that warm up linearly to each group's configured LR, then decay to a floor.
 
-    One place for what they share: ``warmup_steps`` or ``warmup_ratio``, the floor ``min_lr`` and how it is spread
-    over parameter groups. ``min_lr`` is the floor of the group with the largest configured LR; the other groups'
-    floors are scaled in proportion, so the ratios between groups hold at every step.
-
     Args:
-        warmup_steps: Warm-up length in optimizer steps (0 for none). Give this or ``warmup_ratio``, or neither for a
-            warm-up of :data:`DEFAULT_WARMUP_RATIO` of the run.
+        warmup_steps: Warm-up length in optimizer steps; give this or ``warmup_ratio`` (neither: 2 % of the run).
         warmup_ratio: Warm-up as a fraction of ``total_steps`` in [0, 1), rounded up to whole steps.
-        min_lr: Floor of the decay, at most the configured LR.
+        min_lr: Floor of the decay (of the group with the largest LR), at most the configured LR.
         total_steps: Optimizer steps until the floor; ``None`` means what the Trainer will run.
         replace: Replace a scheduler the module already returns instead of raising.
         log_lr: Log the ``tune/lr`` keys.
@@ -372,15 +302,7 @@ class WarmupDecay(ScheduleCallback):
         self.warmup_steps, self.warmup_ratio, self.min_lr = warmup_steps, warmup_ratio, min_lr
 
     def resolve(self, optimizer: Optimizer, total_steps: int) -> tuple[float, int]:
-        """The floor as a ratio of each group's configured LR, and the warm-up length, for a run of ``total_steps``.
-
-        Args:
-            optimizer: The optimizer, with the learning rates the module configured.
-            total_steps: Resolved schedule length.
-
-        Returns:
-            ``(min_ratio, warmup_steps)``: the warm-up is ``warmup_steps``, or ``ceil(warmup_ratio * total_steps)`` but
-            shorter than the run (a ratio below 1 never asks for the whole run: a one-step run has no warm-up).
+        """Return ``(min_ratio, warmup_steps)``: the floor as a ratio of each group's LR, and the warm-up length.
 
         Raises:
             MisconfigurationException: If ``min_lr`` exceeds the largest LR or the warm-up is not shorter than the run.
@@ -400,7 +322,7 @@ class WarmupDecay(ScheduleCallback):
                 f"({total_steps} optimizer steps); lower `warmup_steps`/`warmup_ratio` or lengthen the run"
             )
         self._warn_if_hf_floor_differs(optimizer, peak)
-        return (self.min_lr / peak if peak > 0 else 0.0), warmup
+        return floor_ratio(self.min_lr, peak), warmup
 
     def _warn_if_hf_floor_differs(self, optimizer: Optimizer, peak: float) -> None:
         """One warning where Hugging Face would read ``min_lr`` against another LR than the largest group's."""
@@ -421,27 +343,13 @@ class WarmupDecay(ScheduleCallback):
 
 
 class WarmupCosine(WarmupDecay):
-    r"""Linear warm-up to the configured learning rate, then cosine decay to ``min_lr``.
-
-    The LR used by optimizer step :math:`s`, with warm-up :math:`W`, total :math:`T`, the group's configured LR
-    :math:`b`, floor :math:`m` and :math:`p = (s - W) / (T - W)`: :math:`b \cdot s / W` for :math:`s < W`, then
-    :math:`m + (b - m) \cdot \tfrac12 (1 + \cos(2 \pi c p))` with ``num_cycles`` :math:`c` (one half-wave, down to
-    :math:`m`, by default), and the value at :math:`T` after :math:`T`. With ``hard_restarts`` the decay is
-    :math:`c` half-waves, each starting again from :math:`b`, and :math:`m` after :math:`T`. These are Hugging
-    Face's ``get_cosine_schedule_with_warmup`` (with ``min_lr``: ``get_cosine_with_min_lr_schedule_with_warmup``) and
-    ``get_cosine_with_hard_restarts_schedule_with_warmup``.
-
-    Every parameter group keeps its own configured LR as its peak. ``min_lr`` is the floor of the group with the
-    largest LR; the other groups' floors are scaled in proportion, so the ratios between groups hold at every step.
+    """Linear warm-up to the configured learning rate, then cosine decay to ``min_lr``.
 
     Args:
-        warmup_steps: Warm-up length in optimizer steps (0 for a plain cosine decay). Give this or ``warmup_ratio``,
-            or neither for a warm-up of 2 % of the run (:data:`DEFAULT_WARMUP_RATIO`).
-        warmup_ratio: Warm-up as a fraction of ``total_steps`` in [0, 1), rounded up to whole steps (never the whole
-            run).
-        min_lr: Floor of the decay, at most the configured LR.
-        num_cycles: Waves of the cosine over the decay, > 0; with ``hard_restarts``, the number of decays. ``None``:
-            0.5 (one decay), or 1 with ``hard_restarts``, Hugging Face's defaults.
+        warmup_steps: Warm-up length in optimizer steps; give this or ``warmup_ratio`` (neither: 2 % of the run).
+        warmup_ratio: Warm-up as a fraction of ``total_steps`` in [0, 1), rounded up to whole steps.
+        min_lr: Floor of the decay (of the group with the largest LR), at most the configured LR.
+        num_cycles: Waves of the cosine (with ``hard_restarts``: decays), > 0; ``None``: 0.5, or 1 with restarts.
         hard_restarts: Jump back to the peak at the start of each cycle.
         total_steps: Optimizer steps until the floor; ``None`` means what the Trainer will run.
         replace: Replace a scheduler the module already returns instead of raising.
@@ -487,30 +395,17 @@ class WarmupCosine(WarmupDecay):
     @override
     def factor(self, optimizer: Optimizer, total_steps: int) -> Factor:
         ratio, warmup = self.resolve(optimizer, total_steps)
-        return partial(
-            warmup_cosine,
-            warmup_steps=warmup,
-            total_steps=total_steps,
-            min_ratio=ratio,
-            num_cycles=self.num_cycles,
-            hard_restarts=self.hard_restarts,
-        )
+        cycles: dict[str, Any] = {"num_cycles": self.num_cycles, "hard_restarts": self.hard_restarts}
+        return partial(warmup_cosine, warmup_steps=warmup, total_steps=total_steps, min_ratio=ratio, **cycles)
 
 
 class WarmupPolynomial(WarmupDecay):
-    r"""Linear warm-up to the configured learning rate, then a polynomial decay to ``min_lr``: linear by default.
-
-    The LR used by optimizer step :math:`s`: :math:`b \cdot s / W` for :math:`s < W`, then
-    :math:`m + (b - m)(1 - p)^k` with :math:`p = (s - W) / (T - W)` and ``power`` :math:`k`, and :math:`m` after
-    :math:`T`. ``WarmupPolynomial(warmup_steps)`` is Hugging Face's default schedule,
-    ``get_linear_schedule_with_warmup``; with ``power`` and ``min_lr`` it is
-    ``get_polynomial_decay_schedule_with_warmup`` (its ``lr_end`` is ``min_lr``).
+    """Linear warm-up to the configured learning rate, then a polynomial decay to ``min_lr``: linear by default.
 
     Args:
-        warmup_steps: Warm-up length in optimizer steps (0 for none). Give this or ``warmup_ratio``, or neither for
-            2 % of the run (:data:`DEFAULT_WARMUP_RATIO`).
+        warmup_steps: Warm-up length in optimizer steps; give this or ``warmup_ratio`` (neither: 2 % of the run).
         warmup_ratio: Warm-up as a fraction of ``total_steps`` in [0, 1), rounded up to whole steps.
-        power: Exponent :math:`k` of the decay, > 0.
+        power: Exponent of the decay, > 0.
         min_lr: Floor of the decay (of the group with the largest LR), at most the configured LR.
         total_steps: Optimizer steps until the floor; ``None`` means what the Trainer will run.
         replace: Replace a scheduler the module already returns instead of raising.
@@ -557,17 +452,10 @@ class WarmupPolynomial(WarmupDecay):
 
 
 class WarmupStableDecay(WarmupDecay):
-    r"""Warm-up, stable, decay (WSD): rise to the configured LR, hold it, and decay over the last steps of the run.
-
-    Hugging Face's ``get_wsd_schedule``: the LR rises from ``min_lr`` to the group's configured LR over the warm-up
-    (``warmup_shape``), stays there, and falls back to ``min_lr`` over the last ``decay_steps`` of the run
-    (``decay_shape``). When the run's length changes (a resumed run with a larger ``max_steps``,
-    ``DynamicBatchSize``'s ``retarget``), the warm-up and the decay keep their lengths and the stable phase absorbs
-    the difference.
+    """Warm-up, stable, decay (WSD): rise to the configured LR, hold it, and decay over the last steps of the run.
 
     Args:
-        warmup_steps: Warm-up length in optimizer steps (0 for none). Give this or ``warmup_ratio``, or neither for
-            2 % of the run (:data:`DEFAULT_WARMUP_RATIO`).
+        warmup_steps: Warm-up length in optimizer steps; give this or ``warmup_ratio`` (neither: 2 % of the run).
         warmup_ratio: Warm-up as a fraction of ``total_steps`` in [0, 1), rounded up to whole steps.
         decay_steps: Decay length in optimizer steps (0 for none). Give this or ``decay_ratio``.
         decay_ratio: Decay as a fraction of ``total_steps`` in [0, 1], rounded up to whole steps.
@@ -647,10 +535,7 @@ class WarmupStableDecay(WarmupDecay):
 
 
 class LinearWarmup(ScheduleCallback):
-    """Linear warm-up to the configured learning rate, then constant.
-
-    The LR used by optimizer step ``s`` is ``lr * s / warmup_steps`` for ``s < warmup_steps``, then ``lr``, for each
-    parameter group's own configured ``lr``.
+    """Linear warm-up to each parameter group's configured learning rate, then constant.
 
     Args:
         warmup_steps: Warm-up length in optimizer steps, at least 1.
@@ -683,9 +568,7 @@ class OneCycle(ScheduleCallback):
     """The one-cycle policy, equal step for step to ``torch.optim.lr_scheduler.OneCycleLR``.
 
     Args:
-        max_lr: Peak LR, one number or one per parameter group. One number is the peak of the group with the largest
-            configured LR; other groups peak in proportion to their configured LR, so group ratios hold (with equal
-            configured LRs this is torch's behaviour exactly).
+        max_lr: Peak LR, one per parameter group, or one number: the largest group's (``docs/lr_schedules.md``).
         total_steps: Cycle length in optimizer steps; ``None`` means what the Trainer will run.
         pct_start: Fraction of the cycle spent rising, in (0, 1) (below 0.5 with ``three_phase``).
         div_factor: ``initial_lr = max_lr / div_factor``, > 0.
@@ -744,16 +627,13 @@ class OneCycle(ScheduleCallback):
         self.base_momentum, self.max_momentum = float(base_momentum), float(max_momentum)
 
     def _cycle(self, total_steps: int, start: float, peak: float, end: float) -> Factor:
-        return partial(
-            one_cycle,
-            total_steps=total_steps,
-            pct_start=self.pct_start,
-            anneal_strategy=self.anneal_strategy,
-            three_phase=self.three_phase,
-            start=start,
-            peak=peak,
-            end=end,
-        )
+        """:func:`one_cycle` with this callback's phases, from ``start`` to ``peak`` to ``end``."""
+        phases: dict[str, Any] = {
+            "pct_start": self.pct_start,
+            "anneal_strategy": self.anneal_strategy,
+            "three_phase": self.three_phase,
+        }
+        return partial(one_cycle, total_steps=total_steps, **phases, start=start, peak=peak, end=end)
 
     @override
     def factor(self, optimizer: Optimizer, total_steps: int) -> Factor:
@@ -777,12 +657,17 @@ class OneCycle(ScheduleCallback):
         return self._cycle(total_steps, start, 1.0, start / self.final_div_factor)
 
     @override
-    def build_schedule(self, optimizer: Optimizer, total_steps: int, momentum: Factor | None = None) -> ScheduleLR:
-        if self.cycle_momentum and not all("momentum" in g or "betas" in g for g in optimizer.param_groups):
+    def momentum(self, optimizer: Optimizer, total_steps: int) -> Factor | None:
+        """The momentum cycled inversely to the LR, with ``cycle_momentum``.
+
+        Raises:
+            MisconfigurationException: If the optimizer has neither ``momentum`` nor ``betas``.
+        """
+        if not self.cycle_momentum:
+            return None
+        if not all("momentum" in g or "betas" in g for g in optimizer.param_groups):
             raise MisconfigurationException(
                 f"OneCycle cycles momentum by default, but {type(optimizer).__name__} has neither `momentum` nor "
                 "`betas`; pass `cycle_momentum=False`"
             )
-        if self.cycle_momentum:
-            momentum = self._cycle(total_steps, self.max_momentum, self.base_momentum, self.max_momentum)
-        return super().build_schedule(optimizer, total_steps, momentum)
+        return self._cycle(total_steps, self.max_momentum, self.base_momentum, self.max_momentum)

@@ -1,14 +1,8 @@
 """Callback that swaps the optimizer a LightningModule configured for an 8-bit (or fused) one, without editing it.
 
-At fit start, after ``configure_optimizers`` has run and before a checkpoint's optimizer state is restored, every
-optimizer of the Trainer is rebuilt by :func:`~lightning_tune.swaps.optimizer.swap_optimizers` over the same
-parameters and groups, and the Trainer's learning-rate schedulers are re-pointed to the new optimizers. A resumed run
-therefore loads its saved state straight into the swapped optimizer. Unlike the other surgery callbacks it undoes
-nothing at teardown: the swapped optimizer holds the trained state, which ``trainer.save_checkpoint`` after ``fit``
-must save, and the next ``fit`` swaps the fresh optimizers ``configure_optimizers`` returns, so swaps never stack.
-
-The callback has no per-batch hooks: the first step's report comes from a step hook on the swapped optimizers
-(``Optimizer.register_step_post_hook``), removed once it has reported.
+At fit start, before a checkpoint's optimizer state is restored, :func:`~lightning_tune.swaps.optimizer.swap_optimizers`
+rebuilds every optimizer and re-points the schedulers; nothing is undone at teardown (docs/optimizer_swap.md says why).
+The first step's report comes from a step hook on the swapped optimizers, so the callback has no per-batch hooks.
 
 Logged keys (straight to the Trainer's loggers, once, after the first optimizer step):
 
@@ -31,7 +25,6 @@ from lightning.pytorch.utilities.exceptions import MisconfigurationException
 from typing_extensions import override
 
 from lightning_tune import _imports
-from lightning_tune._validation import check_int
 from lightning_tune.callbacks._logging import log
 from lightning_tune.callbacks.surgery import without_step_hooks
 from lightning_tune.keys import OPTIMIZER_STATE_BYTES as STATE_BYTES_KEY  # logged once, after the first step
@@ -39,7 +32,7 @@ from lightning_tune.swaps.optimizer import (
     TARGETS,
     Keep32bit,
     OptimizerSwapResult,
-    check_keep_32bit,
+    check_state_options,
     optimizer_state_bytes,
     replaced_state_bytes,
     state_summary,
@@ -60,20 +53,11 @@ _BNB_STATE_KEYS = frozenset({"state1", "__bnb_optimizer_quant_state__"})
 class OptimizerSwap(Callback):
     """Replace every optimizer with a bitsandbytes 8-bit optimizer (or torch's fused AdamW) at fit start.
 
-    Parameter groups and their hyperparameters carry over, embeddings keep 32-bit state by default, schedulers are
-    re-pointed, and checkpoints save and restore the swapped optimizer's state (resume with the same swap). The
-    rules for settings the target cannot honour are those of :func:`~lightning_tune.swaps.optimizer.swap_optimizer`:
-    an error within one algorithm family, a warning listing the changes across families.
-
-    After the first optimizer step the callback logs ``tune/optimizer_state_bytes`` and prints (rank zero) the
-    measured state size next to the estimate for the optimizers it replaced.
-
     Args:
         optimizer: What to swap in, one of :data:`~lightning_tune.swaps.optimizer.TARGETS` or an alias
             (``"adamw_8bit"``, ``"adamw_torch_fused"``). ``"adamw_fused"`` needs no bitsandbytes.
-        keep_32bit: Which parameters keep 32-bit state: ``"embeddings"`` (parameters of any ``nn.Embedding`` or
-            ``nn.EmbeddingBag``, tied ones included), ``"none"``, or ``fn(name, param) -> bool`` over the names of
-            ``pl_module.named_parameters()``.
+        keep_32bit: Which parameters keep 32-bit state: ``"embeddings"``, ``"none"``, or ``fn(name, param) -> bool``
+            over the names of ``pl_module.named_parameters()``.
         min_8bit_size: Tensors with fewer elements keep 32-bit state (bitsandbytes' rule), >= 1.
 
     Raises:
@@ -96,8 +80,7 @@ class OptimizerSwap(Callback):
         self, optimizer: OptimizerName = "adamw8bit", *, keep_32bit: Keep32bit = "embeddings", min_8bit_size: int = 4096
     ) -> None:
         self.optimizer = canonical_optimizer(optimizer, allowed=TARGETS)
-        check_keep_32bit(keep_32bit)
-        check_int("min_8bit_size", min_8bit_size, minimum=1)
+        check_state_options(keep_32bit, min_8bit_size)
         if self.optimizer != "adamw_fused" and not _imports.is_available("bitsandbytes"):
             _imports.require("bitsandbytes", feature="OptimizerSwap")
         self.keep_32bit: Keep32bit = keep_32bit
@@ -179,13 +162,7 @@ class OptimizerSwap(Callback):
 
 
 def report_state(trainer: pl.Trainer, owner: str, results: list[OptimizerSwapResult], before: int | None) -> int | None:
-    """Once the swapped optimizers hold state: log ``tune/optimizer_state_bytes`` and print :func:`state_summary`.
-
-    What ``OptimizerSwap`` and ``TunePlugin(optimizer=...)`` both report after the first optimizer step.
-
-    Returns:
-        The state's bytes, or ``None`` while no optimizer holds state yet (nothing is reported then).
-    """
+    """Log and print the swapped optimizers' state bytes and return them, once they hold state (else ``None``)."""
     if not any(any(optimizer.state.values()) for optimizer in trainer.optimizers):
         return None
     after = sum(optimizer_state_bytes(optimizer) for optimizer in trainer.optimizers)

@@ -30,8 +30,6 @@ if TYPE_CHECKING:
 #: The surgeries made on each module, in the order they were made.
 _MADE: weakref.WeakKeyDictionary[nn.Module, list[SurgeryResult]] = weakref.WeakKeyDictionary()
 
-__all__ = ["ActivationCheckpointing", "AttentionSwap", "LossSwap", "SurgeryCallback", "TorchCompile"]
-
 #: Lightning's callback hooks that run every batch (training, validation, test, predict).
 STEP_HOOKS = (
     "on_train_batch_start",
@@ -49,10 +47,9 @@ def without_step_hooks(cls: _C) -> _C:
     """Class decorator: the per-batch hooks ``cls`` does not define itself are ``None``, so Lightning skips them.
 
     Lightning dispatches every hook to every callback, the base class's no-ops included, each inside a profiler
-    context: about 5 Python calls a hook a step. Its dispatcher (``trainer/call.py``'s ``_call_callback_hooks``) calls
-    a hook only when ``callable(getattr(callback, name))``, so a callback with nothing to do per batch costs nothing
-    there. Checked on Lightning 2.6.6; ``tests/test_surgery.py`` fails if the dispatcher stops skipping them. A
-    subclass that defines one of these hooks gets it called as usual (without ``super()``: there is none to call).
+    context. Its dispatcher (``trainer/call.py``'s ``_call_callback_hooks``) calls a hook only when
+    ``callable(getattr(callback, name))``. Checked on Lightning 2.6.6; ``tests/swaps/test_surgery.py`` fails if the
+    dispatcher stops skipping them. A subclass that defines one of these hooks gets it called (with no ``super()``).
     """
     for name in STEP_HOOKS:
         if name not in vars(cls):
@@ -64,8 +61,6 @@ def without_step_hooks(cls: _C) -> _C:
 class SurgeryCallback(Callback):
     """Apply a module surgery in ``setup`` and undo it in ``teardown``; a subclass implements :meth:`apply`.
 
-    ``setup`` runs before the strategy moves the model and wraps it in DDP/FSDP, so the surgery sees the bare model.
-    It has no per-batch hooks (:func:`without_step_hooks`), so Lightning spends nothing on it during a step.
     A ``setup`` without its ``teardown`` (an interrupted run) first undoes the earlier change, so changes never stack.
     The surgeries made on a module are undone last made first, whichever callback's ``teardown`` comes first.
 
@@ -109,11 +104,7 @@ class SurgeryCallback(Callback):
         self._restore(pl_module)
 
     def _restore(self, module: nn.Module) -> None:
-        """Undo the surgery, after those made on ``module`` since, which may wrap it, last made first.
-
-        Lightning tears callbacks down in the order it set them up, but a later surgery may wrap an earlier one's
-        (TorchCompile compiles the forward LossSwap installed).
-        """
+        """Undo the surgery after those made on ``module`` since, which may wrap it (TorchCompile on LossSwap's)."""
         result, made = self.result, _MADE.get(module, [])
         if result is None:
             return
@@ -125,14 +116,11 @@ class SurgeryCallback(Callback):
 
 
 class ActivationCheckpointing(SurgeryCallback):
-    """Checkpoint the model's transformer blocks for each Trainer run, without editing the module.
-
-    The blocks are wrapped by :func:`~lightning_tune.swaps.checkpointing.checkpoint_blocks` in ``setup`` and restored
-    in ``teardown``. Trade: one extra forward of each block in the backward pass for not keeping its activations.
+    """Checkpoint the model's transformer blocks for each Trainer run (:func:`~lightning_tune.swaps.checkpoint_blocks`).
 
     Args:
         block_types: Classes or class names of the blocks (``"Block"``, ``"torch.nn.TransformerEncoderLayer"``);
-            ``None`` finds them (see :func:`~lightning_tune.swaps.checkpointing.checkpoint_blocks`).
+            ``None`` finds them.
         preserve_rng_state: Replay the RNG state in the recomputation, so dropout masks match.
         verbose: Print which blocks were wrapped.
 
@@ -161,9 +149,7 @@ class ActivationCheckpointing(SurgeryCallback):
 
 
 class TorchCompile(SurgeryCallback):
-    """Compile the LightningModule's network with ``torch.compile`` for each Trainer run, keeping its parameters.
-
-    :func:`~lightning_tune.swaps.compile.compile_modules` compiles in ``setup``; ``teardown`` makes it eager again.
+    """Compile the network for each Trainer run with :func:`~lightning_tune.swaps.compile.compile_modules`.
 
     Args:
         modules: Submodule names to compile (``""``: the LightningModule, i.e. its ``forward``); ``None``: every
@@ -216,12 +202,7 @@ class TorchCompile(SurgeryCallback):
 
 
 class AttentionSwap(SurgeryCallback):
-    """Route the module's attention through a faster kernel for the duration of each Trainer run.
-
-    Detected: ``torch.nn.MultiheadAttention`` (and the ``nn.Transformer`` layers), Hugging Face transformers models,
-    and modules whose class source calls ``F.scaled_dot_product_attention``. The compute dtype comes from
-    ``trainer.precision`` (:func:`lightning_tune.vocab.precision_dtype`) and the device from
-    ``trainer.strategy.root_device``; both decide whether ``"auto"`` can pick flash-attn.
+    """Route the module's attention through a faster kernel for each Trainer run (docs/attention_swap.md).
 
     Args:
         backend: ``"auto"`` (flash-attn where it can run, else SDPA), ``"flash"``, ``"sdpa"`` or ``"eager"``; Hugging
@@ -253,35 +234,24 @@ class AttentionSwap(SurgeryCallback):
 
 
 class LossSwap(SurgeryCallback):
-    """Compute a causal language model's training loss without materialising its logits, for each Trainer run.
-
-    Each Hugging Face ``*ForCausalLM`` instance in the module is swapped by
-    :func:`~lightning_tune.swaps.loss.swap_loss` in ``setup`` and restored in ``teardown``: while training, a call
-    with ``labels`` returns the model's own loss (shift, ``ignore_index``, token mean, ``num_items_in_batch``) computed
-    chunk by chunk from the hidden states, and no ``logits``. Validation, test and predict (eval mode) are unchanged
-    unless ``eval=True``.
+    """Compute a causal LM's training loss without logits in each Trainer run (:func:`~lightning_tune.swaps.swap_loss`).
 
     Args:
         backend: ``"auto"`` (Liger-Kernel on CUDA when installed, else ``"chunked"``), ``"chunked"`` (PyTorch, any
             device) or ``"liger"`` (CUDA, ``pip install 'lightning-tune[liger]'``).
         chunk_size: Tokens per chunk of the ``"chunked"`` backend; ``None`` chooses.
-        label_smoothing: Label smoothing of the loss, as ``F.cross_entropy``'s.
-        ce_weight: Class weights ``[vocab]`` of the loss, as ``F.cross_entropy``'s ``weight``.
-        lse_square_scale: Adds Liger-Kernel's z-loss, ``lse_square_scale * logsumexp(logits) ** 2`` per labelled
-            token.
-        eval: Swap evaluation too: in eval mode (validation, test, predict) a call with ``labels`` returns the loss,
-            ``token_accuracy`` (the share of labelled tokens predicted right) and ``predictions`` (each position's
-            argmax, as ``logits.argmax(-1)``), computed chunk by chunk, and no ``logits``. Off by default because a
-            ``validation_step`` that reads ``outputs.logits`` for its own metrics would then get an error.
+        label_smoothing: As :func:`~lightning_tune.swaps.cross_entropy.linear_cross_entropy`'s.
+        ce_weight: As :func:`~lightning_tune.swaps.cross_entropy.linear_cross_entropy`'s.
+        lse_square_scale: As :func:`~lightning_tune.swaps.cross_entropy.linear_cross_entropy`'s.
+        eval: Swap evaluation too: a call with ``labels`` in eval mode returns the loss, ``token_accuracy`` and
+            ``predictions`` and no ``logits`` (off by default: a ``validation_step`` reading them would fail).
         verbose: Print the swapped models at setup.
 
     Raises:
-        TypeError: If ``backend`` is not a string, ``chunk_size`` not an int, ``eval`` or ``verbose`` not a bool, or
-            a loss option has the wrong type.
-        ValueError: If ``backend`` is unknown, ``chunk_size`` < 1 or a loss option is out of range. A backend that
-            cannot run on the Trainer's device, a module with no causal LM to swap (one built in ``configure_model``
-            is not there yet: use ``TunePlugin(loss=...)``), a ``ce_weight`` of another length than a model's
-            vocabulary, or a model the swap would get wrong, raises at ``setup``.
+        TypeError: If an argument has the wrong type.
+        ValueError: If an argument's value is not allowed. What :func:`~lightning_tune.swaps.loss.swap_loss` refuses
+            (a module built in ``configure_model`` has no causal LM yet: use ``TunePlugin(loss=...)``) raises at
+            ``setup``.
 
     Example:
         >>> from lightning.pytorch import Trainer

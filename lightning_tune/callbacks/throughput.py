@@ -1,8 +1,4 @@
-"""Throughput, step-time and inference-latency percentiles, VRAM, GPU utilisation and MFU, cheap enough to leave on.
-
-The hooks drive :class:`~lightning_tune.perf.recorder.StepRecorder` and :class:`~lightning_tune.perf.devices.
-DeviceReader`; the ``perf/...`` keys of :mod:`lightning_tune.keys` go straight to the loggers (``docs/logged_keys.md``).
-"""
+"""``ThroughputLatencyMonitor``: hooks driving a ``perf.recorder.StepRecorder`` and a ``perf.devices.DeviceReader``."""
 
 from __future__ import annotations
 
@@ -21,10 +17,9 @@ from typing_extensions import override
 from lightning_tune import keys
 from lightning_tune._validation import check_bool, check_float, check_int
 from lightning_tune.callbacks._logging import log, should_log
-from lightning_tune.perf import devices
 from lightning_tune.perf.batch import LAST_BATCH, count_samples, count_tokens, sequence_length
 from lightning_tune.perf.counting import FlopModel, count_step_flops
-from lightning_tune.perf.devices import NvmlSampler
+from lightning_tune.perf.devices import DeviceReader, NvmlSampler
 from lightning_tune.perf.flops import peak_flops
 from lightning_tune.perf.recorder import StepRecorder, format_summary
 from lightning_tune.perf.stats import StepStats
@@ -44,26 +39,17 @@ _SHARDED_STRATEGIES = (FSDPStrategy, ModelParallelStrategy, DeepSpeedStrategy)
 class ThroughputLatencyMonitor(Callback):
     """Measure training throughput, step-time and inference-latency percentiles, memory, utilisation and MFU.
 
-    A "step" is an optimizer step (with gradient accumulation, all its micro-batches; batch sizes may change from
-    step to step), timed from the start of its first micro-batch to the end of its last; time between batches counts
-    as waiting for data. The host never waits for the device while training; the end of the fit waits once.
-
     Args:
         window: Recent steps (and validation or predict batches) the percentiles cover, >= 2.
         log_every_n_steps: Log every this many optimizer steps; ``None`` follows the Trainer's.
-        warmup_steps: Optimizer steps of each fit (a resumed one's too) left out of the figures, >= 0: when they end,
-            totals, rates and the percentile window start afresh, so :attr:`summary` covers only the steps after.
+        warmup_steps: Optimizer steps of each fit (a resumed one's too) left out of the figures, >= 0.
         percentiles: Percentiles to report, each in (0, 100).
-        batch_size_fn: ``fn(batch) -> int``, the samples in a batch; default: :func:`~lightning_tune.perf.batch.
-            count_samples` (tensors' leading length, else sequences of per-sample objects such as strings; a batch
-            with neither counts 0, with one warning).
+        batch_size_fn: ``fn(batch) -> int``, the samples in a batch; default: counted as ``DynamicBatchSize`` cuts.
         tokens_fn: ``fn(batch) -> int``, its input tokens; default: from token ids and attention masks (padding out).
-        flops_per_batch: Model FLOPs of one training micro-batch (forward and backward); default: counted once on a
-            meta-device copy of the model (a compiled model stays compiled), scaled to each batch's shape.
+        flops_per_batch: Model FLOPs of one training micro-batch; default: counted once on a meta-device copy.
         peak_flops: Peak FLOP/s for MFU (then logged on any device); default: a known GPU's dense peak at the precision.
         gpu_stats: Log CUDA memory and NVML utilisation.
-        latency_budget_ms: Latency budget of one validation or predict batch, in ms, > 0: each run logs the share of
-            its batches over it; the end of the Trainer call sums it up, with a warning past 5 %.
+        latency_budget_ms: Latency budget of one validation or predict batch, in ms, > 0; past 5 % over it, a warning.
 
     Raises:
         TypeError: If an argument has the wrong type.
@@ -103,17 +89,14 @@ class ThroughputLatencyMonitor(Callback):
         self.batch_size_fn, self.tokens_fn = batch_size_fn, tokens_fn
         self.flops_per_batch, self.peak_flops = flops_per_batch, peak_flops
         self.gpu_stats, self.latency_budget_ms = gpu_stats, latency_budget_ms
-        #: Figures of the latest run, keys without their ``perf/<stage>/`` prefix: a fit's (at its end, after
-        #: ``warmup_steps``; ``steps``, ``seconds``, rates, ``step_ms_p{q}``, ``mfu``) or a validation or predict
-        #: run's (``batches``, ``seconds``, ``samples_per_sec``, ``tokens_per_sec``, ``batch_ms_p{q}``,
-        #: ``sample_ms_p{q}``, ``mfu``).
+        #: Figures of the latest run (fit, validation or predict), keys without their ``perf/<stage>/`` prefix.
         self.summary: dict[str, float] = {}
         #: This rank's figures of the latest logging interval (before summing over ranks).
         self.last_interval: dict[str, float] = {}
         self._recorder = StepRecorder(Timeline(HostTimer()), window=window, percentiles=self.percentiles)  # until a run
         self._inference_flops: dict[str, FlopModel | None] = {}  # per stage, counted once per Trainer call
         self._source: StepRunSource | None = None  # a callback cutting steps into micro-batches (DynamicBatchSize)
-        self._devices = devices.DeviceReader(partial(rank_zero_warn, category=RuntimeWarning))
+        self._devices = DeviceReader(partial(rank_zero_warn, category=RuntimeWarning))
         self._last_logged_step = -1
         self._device: torch.device | None = None  # the device of the recorder's timeline
         self._uncounted: set[str] = set()  # stages whose batches had no samples to count (warned about once)
@@ -127,11 +110,6 @@ class ThroughputLatencyMonitor(Callback):
     def flop_model(self) -> FlopModel | None:
         """FLOPs of a training micro-batch by its shape, counted at the fit's first batch (``None`` if not)."""
         return self._recorder.flop_model
-
-    @property
-    def hardware_flop_model(self) -> FlopModel | None:
-        """Its hardware FLOPs, when recomputation (activation checkpointing) adds any to :attr:`flop_model`."""
-        return self._recorder.hardware_flop_model
 
     def _setup_device(self, trainer: pl.Trainer) -> None:
         """A recorder on the device's timeline, for a fit or a validate or predict call; NVML, once."""
@@ -157,11 +135,7 @@ class ThroughputLatencyMonitor(Callback):
             rank_zero_warn(f"NVML could not be read ({err}); `{keys.GPU_UTIL_PCT}` is not logged.")
 
     def device_peak_flops(self, trainer: pl.Trainer) -> float | None:
-        """Dense peak FLOP/s of ``trainer``'s device at its precision: ``peak_flops`` if given, else the table's.
-
-        Returns:
-            The peak, or ``None`` when unknown (CPU, or a GPU missing from the table).
-        """
+        """Dense peak FLOP/s of ``trainer``'s device at its precision: ``peak_flops``, else the table's, or ``None``."""
         if self.peak_flops is not None:
             return self.peak_flops
         device = trainer.strategy.root_device
@@ -296,13 +270,7 @@ class ThroughputLatencyMonitor(Callback):
         self._recorder.begin_inference(stage)
 
     def _inference_batch_start(
-        self,
-        stage: str,
-        trainer: pl.Trainer,
-        pl_module: pl.LightningModule,
-        batch: Any,
-        batch_idx: int,
-        dataloader_idx: int = 0,
+        self, stage: str, trainer: pl.Trainer, pl_module: pl.LightningModule, batch: Any, batch_idx: int, *_: Any
     ) -> None:
         if stage not in self._recorder.runs:
             return
@@ -344,7 +312,6 @@ class ThroughputLatencyMonitor(Callback):
 
     @override
     def teardown(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
-        """End of ``fit``, ``validate`` or ``predict``: one line per stage on the latency budget, a warning past 5 %."""
         self._inference_flops = {}  # the next call may run another model
         LAST_BATCH.clear()  # the last batch counted is let go
         for line, warning in self._recorder.budget_report():

@@ -1,8 +1,7 @@
 """What every ``lightning-tune`` command shares: the parser whose usage errors are one line, and the argument types.
 
-A ``type=`` function here turns bad text into one line naming the flag and what it accepts (exit status 2, no
-traceback). The precision, optimizer and attention types accept every name and alias of
-:mod:`lightning_tune.vocab` and give the command the canonical name.
+A ``type=`` here turns bad text into one line naming the flag and what it accepts (exit status 2, no traceback); the
+name types take every alias of :mod:`lightning_tune.vocab` and give the command the canonical name.
 
 Example:
     >>> precision("bf16"), optimizer("adamw_8bit"), attention("flash_attention_2"), IntRange(1)("3")
@@ -22,31 +21,13 @@ from typing import Any, NoReturn
 
 from lightning_tune import vocab
 
-__all__ = [
-    "MAX_DEVICES",
-    "PROG",
-    "ArgumentParser",
-    "IntRange",
-    "attention",
-    "devices",
-    "memory",
-    "name_in",
-    "optimizer",
-    "path",
-    "precision",
-    "text",
-    "usage_error",
-]
-
-#: Program name shown in help and messages.
 PROG = "lightning-tune"
 
 
 class ArgumentParser(argparse.ArgumentParser):
     """ArgumentParser whose usage errors are a single line on stderr (exit status 2).
 
-    ``hints`` maps a flag to the command that takes it: a usage error on a command line that holds such a flag
-    says which command to run (``calc --model ...`` points to ``calc batch-size``).
+    ``hints`` maps a flag to the command that takes it: an error on a command line holding the flag names that command.
     """
 
     hints: Mapping[str, str] = {}
@@ -84,17 +65,13 @@ class IntRange:
 
     def __call__(self, text: str) -> int:
         """The integer ``text`` spells, or an ArgumentTypeError saying what is allowed."""
-        rule = (
-            f"an integer >= {self.minimum}"
-            if self.maximum is None
-            else f"an integer from {self.minimum} to {self.maximum}"
-        )
         try:
             value = int(text)
         except ValueError:
             value = self.minimum - 1
         if value < self.minimum or (self.maximum is not None and value > self.maximum):
-            raise argparse.ArgumentTypeError(f"must be {rule}, got {text!r}")
+            rule = f">= {self.minimum}" if self.maximum is None else f"from {self.minimum} to {self.maximum}"
+            raise argparse.ArgumentTypeError(f"must be an integer {rule}, got {text!r}")
         return value
 
 
@@ -154,7 +131,6 @@ def devices(value: str) -> int | str:
     return count
 
 
-_MIB = 2**20
 _MEMORY = re.compile(r"(\d+(?:\.\d+)?)\s*(?:([kmgt])(?:i?b)?|(b))?", re.IGNORECASE)
 _MEMORY_UNITS = {"k": 2**10, "m": 2**20, "g": 2**30, "t": 2**40, "b": 1}
 #: The range ``--gpu-memory`` accepts, in bytes: 1 GiB to 64 TiB.
@@ -162,11 +138,10 @@ MEMORY_RANGE = (2**30, 2**46)
 
 
 def memory(text: str) -> int:
-    """A ``type=`` for an amount of device memory in bytes: ``24GB``, ``24GiB``, ``80G``, ``24000MiB`` or MiB.
+    """A ``type=`` for device memory in bytes: ``24GB``, ``24GiB``, ``80G``, ``24000MiB`` or a bare number of MiB.
 
-    A bare number is MiB, as ``nvidia-smi`` counts; ``G``, ``GB`` and ``GiB`` are all 2**30 bytes, as GPU makers
-    count memory (an "80GB" GPU holds 80 GiB), and likewise ``K``, ``M``, ``T``. A bare number below 1024 is refused
-    with a hint, since 24 MiB is no GPU's memory but 24 GiB is.
+    ``G``, ``GB`` and ``GiB`` all mean 2**30 bytes, as GPU makers count (an "80GB" GPU holds 80 GiB), and likewise
+    ``K``, ``M``, ``T``; a bare number below 1024 is refused with a hint (24 MiB is no GPU's memory, 24 GiB is).
     """
     match = _MEMORY.fullmatch(text.strip())
     low, high = MEMORY_RANGE
@@ -174,7 +149,7 @@ def memory(text: str) -> int:
     if match is None:
         raise argparse.ArgumentTypeError(f"must be {allowed}, got {text!r}")
     amount, unit, plain_bytes = match.groups()
-    if unit is None and plain_bytes is None and float(amount) < low // _MIB:
+    if unit is None and plain_bytes is None and float(amount) < low // 2**20:
         raise argparse.ArgumentTypeError(
             f"a bare number is MiB, so {text!r} is {amount} MiB, less than any GPU; give a unit, such as "
             f"'{amount}GB' for {amount} GiB"

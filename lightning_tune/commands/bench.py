@@ -1,11 +1,9 @@
-"""``lightning-tune bench``: sweep batch sizes, print throughput and latency percentiles, write JSON/CSV and a plot.
-
-The handler drives :mod:`lightning_tune.bench`, the engine that does the work.
-"""
+"""``lightning-tune bench``: sweep batch sizes, print throughput and latency percentiles, write JSON/CSV and a plot."""
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import shlex
@@ -21,8 +19,6 @@ from lightning_tune.bench.plot import check_png_path, plot_tradeoff
 from lightning_tune.bench.settings import DEMO_MAX_SEQ_LEN, MAX_STEPS, MODES, parse_batch_sizes
 from lightning_tune.commands.args import PROG, IntRange, attention, name_in, path, precision, usage_error
 from lightning_tune.vocab import ACCELERATORS, canonical_optimizer
-
-__all__ = ["add_parser"]
 
 _DEFAULT_BATCH_SIZES = "1,4,8,16,32"
 #: Where sweeps go without --output-dir: a new version_N per sweep beside Lightning's own runs, so no sweep
@@ -87,17 +83,12 @@ def add_parser(commands: Any) -> None:
     parser.add_argument(
         "--model-args",
         type=_json_object,
-        default=None,
         metavar="JSON",
         help="keyword arguments of the module as a JSON object; for the demo, GPTConfig fields such as "
         '\'{"d_model": 256, "n_layers": 4}\'',
     )
-    parser.add_argument(
-        "--datamodule", default=None, help="package.module:ClassName of a LightningDataModule that provides the data"
-    )
-    parser.add_argument(
-        "--datamodule-args", type=_json_object, default=None, metavar="JSON", help="its keyword arguments as JSON"
-    )
+    parser.add_argument("--datamodule", help="package.module:ClassName of a LightningDataModule that provides the data")
+    parser.add_argument("--datamodule-args", type=_json_object, metavar="JSON", help="its keyword arguments as JSON")
     parser.add_argument(
         "--batch-size",
         type=_batch_sizes,
@@ -127,13 +118,11 @@ def add_parser(commands: Any) -> None:
     parser.add_argument(
         "--optimizer",
         type=_swap_optimizer,
-        default=None,
         help="swap the module's optimizer through TunePlugin, e.g. adamw8bit (needs bitsandbytes) or adamw_fused",
     )
     parser.add_argument(
         "--attention",
         type=attention,
-        default=None,
         help="route attention through TunePlugin: auto, flash, sdpa or eager",
     )
     parser.add_argument("--accelerator", choices=ACCELERATORS, default="auto", help="where to run (default: auto)")
@@ -144,7 +133,6 @@ def add_parser(commands: Any) -> None:
         parser.add_argument(
             f"--p{q}-budget-ms",
             type=_milliseconds,
-            default=None,
             metavar="MS",
             help=f"p{q} latency budget: recommend the largest batch size whose p{q} step (train) or request "
             "(predict) latency is within it",
@@ -152,7 +140,6 @@ def add_parser(commands: Any) -> None:
     parser.add_argument(
         "--output-dir",
         type=path,
-        default=None,
         metavar="DIR",
         help="directory that receives bench.json and bench.csv (default: a new "
         f"{os.path.join(_DEFAULT_OUTPUT_ROOT, 'version_N')} per sweep)",
@@ -160,7 +147,6 @@ def add_parser(commands: Any) -> None:
     parser.add_argument(
         "--plot",
         type=path,
-        default=None,
         metavar="PNG",
         help="draw samples/s against p95 latency (and the budget) into PNG",
     )
@@ -169,48 +155,19 @@ def add_parser(commands: Any) -> None:
 
 
 def _command_line(args: argparse.Namespace) -> str:
-    """The command that reproduces the sweep, every option spelled out."""
-    options = {
-        "--mode": args.mode,
-        "--model": args.model,
-        "--model-args": json.dumps(args.model_args) if args.model_args else None,
-        "--datamodule": args.datamodule,
-        "--datamodule-args": json.dumps(args.datamodule_args) if args.datamodule_args else None,
-        "--batch-size": ",".join(str(size) for size in args.batch_size),
-        "--sequence-length": args.sequence_length,
-        "--steps": args.steps,
-        "--warmup": args.warmup,
-        "--precision": args.precision,
-        "--optimizer": args.optimizer,
-        "--attention": args.attention,
-        "--accelerator": args.accelerator,
-        "--seed": args.seed,
-        "--p95-budget-ms": args.p95_budget_ms,
-        "--p99-budget-ms": args.p99_budget_ms,
-        "--output-dir": args.output_dir,  # None: the default makes a new directory for every sweep
-        "--plot": args.plot,
-    }
-    parts = [str(part) for flag, value in options.items() if value is not None for part in (flag, value)]
-    return shlex.join([PROG, "bench", *parts, *["--no-progress-bar"] * args.no_progress_bar])
-
-
-def _settings(args: argparse.Namespace) -> bench.BenchSettings:
-    return bench.BenchSettings(
-        batch_sizes=args.batch_size,
-        mode=args.mode,
-        model=args.model,
-        model_args=args.model_args or {},
-        datamodule=args.datamodule,
-        datamodule_args=args.datamodule_args or {},
-        sequence_length=args.sequence_length,
-        steps=args.steps,
-        warmup=args.warmup,
-        precision=args.precision,
-        optimizer=args.optimizer,
-        attention=args.attention,
-        accelerator=args.accelerator,
-        seed=args.seed,
-    )
+    """The command that reproduces the sweep: every option given or defaulted, in the order of ``--help``."""
+    words = [PROG, "bench"]
+    for dest, value in vars(args).items():  # without --output-dir, the default makes a new directory per sweep
+        if dest in ("command", "handler") or value is None or value is False or value == {}:
+            continue
+        flag = "--" + dest.replace("_", "-")
+        if value is True:
+            words.append(flag)
+        elif isinstance(value, dict):
+            words += [flag, json.dumps(value)]
+        else:
+            words += [flag, ",".join(map(str, value)) if isinstance(value, tuple) else str(value)]
+    return shlex.join(words)
 
 
 def _headline(runner: bench.BenchRunner, settings: bench.BenchSettings) -> str:
@@ -228,7 +185,9 @@ def _run_bench_command(args: argparse.Namespace) -> int:
         sys.path.insert(0, os.getcwd())  # `package.module` is found from the current directory, as with python -m
     output_dir = args.output_dir
     try:
-        settings = _settings(args)
+        names = {field.name for field in dataclasses.fields(bench.BenchSettings)}
+        given = {name: value for name, value in vars(args).items() if name in names and value is not None}
+        settings = bench.BenchSettings(batch_sizes=args.batch_size, **given)
         budget = None
         if args.p95_budget_ms is not None or args.p99_budget_ms is not None:
             budget = bench.LatencyBudget(p95_budget_ms=args.p95_budget_ms, p99_budget_ms=args.p99_budget_ms)
@@ -238,8 +197,10 @@ def _run_bench_command(args: argparse.Namespace) -> int:
         runner = bench.BenchRunner(settings, progress=not args.no_progress_bar)
         # where the files go is checked before any batch size runs, and created only once nothing else is wrong
         if output_dir is None:
-            check_writable_dir(_DEFAULT_OUTPUT_ROOT, f"the default output directory {_DEFAULT_OUTPUT_ROOT!r} cannot be "
-                            "created here (give --output-dir)")  # fmt: skip
+            check_writable_dir(
+                _DEFAULT_OUTPUT_ROOT,
+                f"the default output directory {_DEFAULT_OUTPUT_ROOT!r} cannot be created here (give --output-dir)",
+            )
             output_dir = str(new_version_dir(_DEFAULT_OUTPUT_ROOT))
         else:
             check_writable_dir(output_dir, f"`output_dir` {output_dir!r} cannot hold the results")
@@ -250,24 +211,20 @@ def _run_bench_command(args: argparse.Namespace) -> int:
     for note in runner.notes:
         print(f"{PROG} bench: {note}", file=sys.stderr)
     command = _command_line(args)
+    done: list[bench.BenchResult] = []
 
     def save(
         results: list[bench.BenchResult], complete: bool = False, recommendation: Recommendation | None = None
     ) -> tuple[Path, Path]:
+        done[:] = results
         decision = recommendation.as_dict() if recommendation is not None else None
         record = sweep_record(
             settings, results, run=runner.describe(), command=command, complete=complete, recommendation=decision
         )
         return write_results(output_dir, record, results)
 
-    done: list[bench.BenchResult] = []
-
-    def keep(results: list[bench.BenchResult]) -> None:
-        done[:] = results
-        save(results)
-
     try:
-        results = runner.sweep(after_each=keep)
+        results = runner.sweep(after_each=save)
     except OSError as err:  # the results could not be written after a batch size
         print(f"{PROG} bench: error: cannot write the results to {output_dir}: {err}", file=sys.stderr)
         return 1

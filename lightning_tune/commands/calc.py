@@ -1,11 +1,4 @@
-"""``lightning-tune calc``: planning calculations that need no GPU.
-
-``calc batch-size`` prints the memory breakdown of training a transformer (from the shape table or a Hugging Face
-``config.json``) and the largest micro-batch that fits a GPU at the three margins, then the evaluation batch that
-fits inside ``fit`` and alone; when nothing fits it says what would, with the figures. ``--mode eval`` (or
-``predict``) plans ``trainer.validate``/``test`` (or ``predict``) instead. Exit status: 0 when a batch fits, 1 when
-none does, 2 on a usage error.
-"""
+"""``lightning-tune calc``: planning calculations that need no GPU (``docs/cli.md``, ``docs/planner.md``)."""
 
 from __future__ import annotations
 
@@ -14,25 +7,11 @@ from dataclasses import replace
 from typing import Any
 
 from lightning_tune.commands.args import PROG, IntRange, attention, memory, name_in, optimizer, usage_error
-from lightning_tune.plan.estimate import (
-    PLAN_PRECISIONS,
-    MemoryEstimate,
-    estimate_memory,
-    format_bytes,
-    resolve_model,
-)
+from lightning_tune.plan.estimate import PLAN_PRECISIONS, MemoryEstimate, estimate_memory, format_bytes, resolve_model
 from lightning_tune.plan.zero import plan_zero
 from lightning_tune.vocab import PLAN_MODES, canonical_precision
 
-_COMMAND = "calc batch-size"
-_MIB = 2**20
-#: The longest sequence ``--sequence-length`` takes: 16M tokens, past any model's context.
-_MAX_SEQUENCE_LENGTH = 2**24
-#: The precision the "what would fit" advice tries: 16-bit weights, gradients and optimizer state, no master copy.
-_LEAN_PRECISION = "bf16-true"
-#: Rank the "what would fit" advice tries for LoRA.
-_LORA_RANK = 16
-#: GPU counts the advice tries for sharding.
+#: GPU counts the "what would fit" advice tries for sharding.
 _GPU_COUNTS = (2, 4, 8, 16, 32, 64)
 
 
@@ -67,7 +46,7 @@ def add_parser(commands: Any) -> None:
     parser.add_argument(
         "--sequence-length",
         "--seq-len",
-        type=IntRange(1, _MAX_SEQUENCE_LENGTH),
+        type=IntRange(1, 2**24),  # 16M tokens, past any model's context
         required=True,
         metavar="N",
         help="tokens per sample",
@@ -124,15 +103,13 @@ def _run_batch_size(args: argparse.Namespace) -> int:
         args.shape = resolve_model(args.model)
         estimate = _estimate(args)
     except (ValueError, TypeError, OSError) as err:
-        return usage_error(_COMMAND, err)
+        return usage_error("calc batch-size", err)
     budget = args.gpu_memory
     sizes = estimate.batch_sizes(budget)
     print(_format_breakdown(args, estimate, budget))
     if sizes["optimal"] == 0:
-        print()
-        print(_format_advice(args, estimate, budget))
-    print()
-    print(f"Recommended: {sizes['safe']} (safe), {sizes['optimal']} (optimal), {sizes['aggressive']} (aggressive)")
+        print(f"\n{_format_advice(args, estimate, budget)}")
+    print(f"\nRecommended: {sizes['safe']} (safe), {sizes['optimal']} (optimal), {sizes['aggressive']} (aggressive)")
     if args.mode != "predict":
         print(_format_evaluation(estimate if args.mode == "eval" else _estimate(args, mode="eval"), budget))
     return 0 if sizes["aggressive"] > 0 else 1
@@ -167,18 +144,10 @@ def _format_breakdown(args: argparse.Namespace, estimate: MemoryEstimate, budget
     rows += [("Buffers", format_bytes(estimate.buffer_bytes)), ("Fixed total", format_bytes(estimate.fixed_bytes))]
     if estimate.fit_fixed_bytes is not None:
         rows.append(("Fixed inside fit", f"{format_bytes(estimate.fit_fixed_bytes)} (the training state resident)"))
-    rows.append(
-        (
-            "Activations per sample" if train else "Working set per sample",
-            f"{format_bytes(estimate.bytes_per_sample)} (sequence length {args.sequence_length})",
-        )
-    )
-    head = [
-        *estimate.notes,
-        f"GPU memory {format_bytes(budget)} ({budget // _MIB} MiB); peak = fixed total + activations x batch",
-        "",
-    ]
-    return "\n".join(head + [f"  {label:<24}{value}" for label, value in rows])
+    per_sample = "Activations per sample" if train else "Working set per sample"
+    rows.append((per_sample, f"{format_bytes(estimate.bytes_per_sample)} (sequence length {args.sequence_length})"))
+    gpu = f"GPU memory {format_bytes(budget)} ({budget // 2**20} MiB); peak = fixed total + activations x batch"
+    return "\n".join([*estimate.notes, gpu, ""] + [f"  {label:<24}{value}" for label, value in rows])
 
 
 def format_count(n: int) -> str:
@@ -214,8 +183,8 @@ def _format_advice(args: argparse.Namespace, estimate: MemoryEstimate, budget: i
         ("--optimizer adamw8bit", {"optimizer": "adamw8bit"}),
         ("--grad-checkpointing", {"gradient_checkpointing": True}),
         ("--loss-swap", {"loss_swap": True}),
-        (f"--precision {_LEAN_PRECISION}", {"precision": _LEAN_PRECISION, "master_weights": None}),
-        (f"--lora-rank {_LORA_RANK}", {"lora_rank": _LORA_RANK}),
+        ("--precision bf16-true", {"precision": "bf16-true", "master_weights": None}),  # 16-bit all, no master copy
+        ("--lora-rank 16", {"lora_rank": 16}),
     ]
     # each change that saves memory here (the loss swap saves nothing on an encoder, bf16-true nothing after
     # bf16-true), then together: those that still train every weight, and all of them

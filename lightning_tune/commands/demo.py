@@ -12,8 +12,6 @@ from lightning_tune.vocab import ACCELERATORS
 if TYPE_CHECKING:
     from lightning_tune.demos.run import DemoSummary
 
-__all__ = ["add_parser"]
-
 
 def add_parser(commands: Any) -> None:
     """Register the ``demo`` sub-command on ``commands``, the ``lightning-tune`` parser's sub-parsers action."""
@@ -82,35 +80,30 @@ def _run(args: argparse.Namespace) -> int:
     return 0
 
 
-def _rate(summary: DemoSummary) -> str:
-    """Training throughput as the monitor measured it (validation excluded), else over the whole fit."""
-    if "samples_per_sec" in summary.perf:
-        tokens = f", {summary.perf['tokens_per_sec']:,.0f} tokens/s" if "tokens_per_sec" in summary.perf else ""
-        return f"training {summary.perf['samples_per_sec']:,.0f} samples/s{tokens}"
-    return f"{summary.samples_per_sec:,.0f} samples/s over the whole fit"
-
-
-def _batch_line(summary: DemoSummary) -> list[str]:
-    batch = summary.batch
-    if not batch:
-        return []
-    gib = f"{batch['device_gib']:.1f} GiB"
-    device = f"a simulated {gib} device (no GPU here)" if batch["simulated"] else f"{gib} of device memory"
-    ooms = batch["oom_recoveries"]
-    recovered = f", {ooms} out-of-memory error{'s' if ooms != 1 else ''} recovered" if ooms else ""
-    return [
-        f"  micro-batch    {batch['start']} -> {batch['final']} by DynamicBatchSize, 90 % target of {device}"
-        f"{recovered}; every step still trained on {batch['start']} sequences"
-    ]
-
-
 def _format_summary(summary: DemoSummary) -> str:
+    perf = summary.perf
+    batch = summary.batch
+    if "samples_per_sec" in perf:  # training as the monitor measured it (validation excluded)
+        tokens = f", {perf['tokens_per_sec']:,.0f} tokens/s" if "tokens_per_sec" in perf else ""
+        rate = f"training {perf['samples_per_sec']:,.0f} samples/s{tokens}"
+    else:
+        rate = f"{summary.samples_per_sec:,.0f} samples/s over the whole fit"
+    micro_batch = []
+    if batch:
+        gib = f"{batch['device_gib']:.1f} GiB"
+        device = f"a simulated {gib} device (no GPU here)" if batch["simulated"] else f"{gib} of device memory"
+        ooms = batch["oom_recoveries"]
+        recovered = f", {ooms} out-of-memory error{'s' if ooms != 1 else ''} recovered" if ooms else ""
+        micro_batch.append(
+            f"  micro-batch    {batch['start']} -> {batch['final']} by DynamicBatchSize, 90 % target of {device}"
+            f"{recovered}; every step still trained on {batch['start']} sequences"
+        )
     drop = summary.loss_drop
     gap = summary.final_loss - summary.entropy_floor
     return "\n".join(
         [
             f"\n{PROG} demo finished on {summary.device}",
-            f"  steps          {summary.steps} in {summary.seconds:.1f} s ({_rate(summary)})",
+            f"  steps          {summary.steps} in {summary.seconds:.1f} s ({rate})",
             f"  train loss     {summary.start_loss:.3f} -> {summary.final_loss:.3f} "
             f"({100 * abs(drop):.1f} % {'lower' if drop >= 0 else 'higher'})",
             f"  entropy floor  {summary.entropy_floor:.3f} nats/token (the best achievable in expectation; "
@@ -119,7 +112,7 @@ def _format_summary(summary: DemoSummary) -> str:
                 if gap >= 0
                 else f"the last batches' mean is {-gap:.3f} below it, within sampling noise)"
             ),
-            *_batch_line(summary),
+            *micro_batch,
             f"  logs           {summary.log_dir}",
             f"  view them with {summary.tensorboard_command}",
         ]

@@ -10,8 +10,6 @@ from typing import Any
 from lightning_tune import report
 from lightning_tune.commands.args import PROG, IntRange, path, text, usage_error
 
-__all__ = ["add_parser"]
-
 
 def add_parser(commands: Any) -> None:
     """Register the ``report`` sub-command on ``commands``, the ``lightning-tune`` parser's sub-parsers action."""

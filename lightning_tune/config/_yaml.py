@@ -1,14 +1,7 @@
 """Reading a configuration file: PyYAML's safe loader with the limits a hand-written training configuration never nears.
 
-YAML lets a file repeat a value by alias (``*name``) and nest without end: 400 bytes of aliases expand to a billion
-values, and a few thousand brackets exhaust Python's recursion. :func:`read_yaml` refuses, at the line where it
-happens:
-
-- aliases that repeat more than :data:`MAX_ALIAS_VALUES` values in all, and an alias inside the value it names;
-- values nested more than :data:`MAX_DEPTH` deep;
-- a key given twice in one mapping (PyYAML keeps the last one silently);
-
-and reads YAML 1.1's base-60 numbers (``1:30``, which PyYAML reads as 90) as the strings they look like.
+:func:`read_yaml` refuses alias bombs, deep nesting and a key given twice, at the line where they happen, and reads YAML
+1.1's base-60 numbers (``1:30``) as the text they look like (``docs/config.md`` has the table).
 """
 
 from __future__ import annotations
@@ -18,8 +11,6 @@ from typing import Any, Final
 
 import yaml
 from yaml.nodes import MappingNode, Node, ScalarNode, SequenceNode
-
-__all__ = ["MAX_ALIAS_VALUES", "MAX_DEPTH", "LimitError", "read_yaml"]
 
 #: Values all the aliases of a file may repeat together (a merge key ``<<: *defaults`` of 20 keys repeats 21).
 MAX_ALIAS_VALUES: Final = 1000
@@ -31,6 +22,9 @@ _MERGE: Final = "tag:yaml.org,2002:merge"
 
 class LimitError(yaml.MarkedYAMLError):
     """Valid YAML that a configuration file may not hold: an alias bomb, deep nesting, a key given twice."""
+
+    def __init__(self, problem: str, mark: Any) -> None:
+        super().__init__(problem=problem, problem_mark=mark)
 
 
 class _Loader(yaml.SafeLoader):
@@ -59,30 +53,21 @@ class _Loader(yaml.SafeLoader):
     def _alias(self, parent: Node | None, index: Any, event: yaml.AliasEvent) -> Node:
         name = event.anchor
         if name in self.anchors and name not in self.sizes:
-            raise LimitError(
-                None, None, f"alias `*{name}` at `{self.where()}` is inside the value it names", event.start_mark
-            )
+            raise LimitError(f"alias `*{name}` at `{self.where()}` is inside the value it names", event.start_mark)
         node = super().compose_node(parent, index)  # an undefined alias: PyYAML's own error
         self.values += self.sizes[name]
         self.repeated += self.sizes[name]
         if self.repeated > MAX_ALIAS_VALUES:
-            why = (
-                f"alias `*{name}` at `{self.where()}` repeats {self.sizes[name]:,} values, and the aliases of the file"
-            )
-            raise LimitError(
-                None,
-                None,
-                f"{why} would repeat {self.repeated:,} in all: more than the {MAX_ALIAS_VALUES:,} allowed (write the "
-                "values out, or repeat fewer)",
-                event.start_mark,
-            )
+            why = f"alias `*{name}` at `{self.where()}` repeats {self.sizes[name]:,} values, and the aliases of the"
+            limit = f"more than the {MAX_ALIAS_VALUES:,} allowed (write the values out, or repeat fewer)"
+            raise LimitError(f"{why} file would repeat {self.repeated:,} in all: {limit}", event.start_mark)
         return node
 
     def _value(self, parent: Node | None, index: Any, event: Any) -> Node:
         collection = isinstance(event, (yaml.MappingStartEvent, yaml.SequenceStartEvent))
         if collection and self.depth >= MAX_DEPTH:
             what = f"values nested more than {MAX_DEPTH} deep at `{self.where()}`"
-            raise LimitError(None, None, f"{what}; a training configuration nests a few levels", event.start_mark)
+            raise LimitError(f"{what}; a training configuration nests a few levels", event.start_mark)
         before = self.values
         self.depth += collection
         try:
@@ -104,7 +89,7 @@ class _Loader(yaml.SafeLoader):
             if (first := seen.setdefault((key.tag, key.value), key)) is not key:
                 self.path.append(key.value)
                 twice = f"key `{self.where()}` is given twice (first at line {first.start_mark.line + 1})"
-                raise LimitError(None, None, f"{twice}; PyYAML would keep the last silently: keep one", key.start_mark)
+                raise LimitError(f"{twice}; PyYAML would keep the last silently: keep one", key.start_mark)
 
     def resolve(self, kind: type[Node], value: Any, implicit: tuple[bool, bool]) -> str:
         if kind is ScalarNode and implicit[0] and _BASE_60.fullmatch(value):
@@ -113,11 +98,7 @@ class _Loader(yaml.SafeLoader):
 
 
 def read_yaml(text: str) -> Any:
-    """The value of a YAML document, read safely within the limits above.
-
-    Raises:
-        yaml.YAMLError: If the text is not valid YAML; :class:`LimitError` if it passes a limit.
-    """
+    """The value of a YAML document, read safely: a ``yaml.YAMLError``, or :class:`LimitError` past a limit."""
     loader = _Loader(text)
     try:
         return loader.get_single_data()

@@ -1,34 +1,25 @@
-"""``InitialLR``: set the peak learning rate of the optimizer a LightningModule configured, without editing it.
-
-The schedule callbacks take each parameter group's configured LR as its peak; a configuration file that states the
-peak (``learning_rate.initial``) needs it set on the module's optimizer before they read it.
-"""
+"""``InitialLR``: set the peak learning rate of the optimizer a LightningModule configured (``docs/config.md``)."""
 
 from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-import torch
 from lightning.pytorch.callbacks import Callback
 from lightning.pytorch.utilities.exceptions import MisconfigurationException
 from typing_extensions import override
 
 from lightning_tune._validation import check_float
 from lightning_tune.callbacks.lr_schedule import ScheduleCallback, base_lrs
+from lightning_tune.lr.scheduler import set_lr
 
 if TYPE_CHECKING:
     import lightning.pytorch as pl
-
-__all__ = ["InitialLR"]
 
 
 class InitialLR(Callback):
     """Set the configured learning rate of every optimizer at fit start, keeping the ratios between groups.
 
-    The parameter group with the largest configured LR gets ``lr``; the others are scaled by the same factor, so
-    groups configured 10x apart stay 10x apart. Runs in ``on_fit_start``, after ``configure_optimizers`` and before a
-    checkpoint's optimizer state is restored (a resumed run keeps the LRs it saved). Put it before a schedule
-    callback (:class:`~lightning_tune.WarmupCosine`, ...) in ``callbacks=[...]``: the schedule reads the LR it sets.
+    The group with the largest configured LR gets ``lr``. Put it before a schedule callback in ``callbacks=[...]``.
 
     Args:
         lr: The peak learning rate, > 0.
@@ -64,9 +55,6 @@ class InitialLR(Callback):
                 )
             for group, configured in zip(optimizer.param_groups, lrs, strict=True):
                 value = self.lr * configured / peak
-                if isinstance(group["lr"], torch.Tensor):
-                    group["lr"].fill_(value)
-                else:
-                    group["lr"] = value
+                set_lr(group, value)
                 if "initial_lr" in group:
                     group["initial_lr"] = value

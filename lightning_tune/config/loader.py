@@ -1,8 +1,7 @@
 """``from_config``: a training configuration file (YAML or a dict) to Trainer arguments, callbacks and plugins.
 
-One table, :data:`KEYS`, says where each key goes: to an argument of a callback, the plugin or a setting (a "part").
-Each part is built by its own class, which checks its arguments; a message naming an argument is re-worded to name
-the key by its dotted path (``training.learning_rate.warmup_steps``). Every problem in a file is reported at once.
+:data:`KEYS` sends each key to an argument of a "part" (a callback, the plugin or a setting), whose own class checks it;
+its messages are re-worded to name the key by its dotted path. Every problem in a file is reported at once.
 """
 
 from __future__ import annotations
@@ -33,8 +32,6 @@ from lightning_tune.plugins.deepspeed import DeepSpeedSettings
 from lightning_tune.swaps.optimizer import TARGETS
 from lightning_tune.vocab import canonical_attention, canonical_loss, canonical_optimizer
 
-__all__ = ["KEYS", "from_config", "load_config"]
-
 ROOT: Final = "training"
 Convert = Callable[[str, Any], Any]
 # PyYAML follows YAML 1.1, where `3e-4` (no dot) is a string, not a float; number keys accept such strings.
@@ -55,11 +52,9 @@ def _checked(check: Callable[..., None], *args: Any, **kwargs: Any) -> Convert:
     return convert
 
 
-def _int(minimum: int) -> Convert:
-    return _checked(check_int, minimum=minimum)
-
-
 _bool = _checked(check_bool)
+_count = _checked(check_int, minimum=0)
+_positive = _checked(check_int, minimum=1)
 
 
 def _compilation(path: str, value: Any) -> bool:
@@ -87,7 +82,7 @@ def _strategy(path: str, value: Any) -> bool:
 
 def _devices(path: str, value: Any) -> int | tuple[int, ...]:
     if not isinstance(value, list):
-        return _int(1)(path, value)
+        return _positive(path, value)
     for index, device in enumerate(value):
         check_int(f"{path}[{index}]", device, minimum=0)
     if not value or len(set(value)) != len(value):
@@ -102,28 +97,19 @@ KEYS: Final[dict[str, tuple[str, str, Convert | None]]] = {
     "amp.enabled": ("precision", "amp", None),
     "amp.keep_batchnorm_fp32": ("precision", "keep_batchnorm_fp32", _bool),
     "mixed_precision.loss_scale": ("loss_scaling", "loss_scale", _loss_scale),
-    "mixed_precision.loss_scale_window": ("loss_scaling", "loss_scale_window", _int(1)),
-    "mixed_precision.hysteresis": ("loss_scaling", "hysteresis", _int(1)),
+    **{f"mixed_precision.{arg}": ("loss_scaling", arg, _positive) for arg in ("loss_scale_window", "hysteresis")},
     "optimizer": ("plugin", "optimizer", lambda p, v: canonical_optimizer(v, arg=p, allowed=("adamw", *TARGETS))),
     "attention": ("plugin", "attention", lambda p, v: canonical_attention(v, arg=p)),
     "attention.implementation": ("plugin", "attention", lambda p, v: canonical_attention(v, arg=p)),
     "loss": ("plugin", "loss", lambda p, v: canonical_loss(v, arg=p)),
-    "batch_size": ("batch", "batch_size", _int(1)),
-    "micro_batch_size": ("batch", "micro_batch_size", _int(1)),
-    "gradient_accumulation_steps": ("batch", "accumulate_grad_batches", _int(1)),
-    "sequence_length": ("batch", "sequence_length", _int(1)),
+    **{key: ("batch", key, _positive) for key in ("batch_size", "micro_batch_size", "sequence_length")},
+    "gradient_accumulation_steps": ("batch", "accumulate_grad_batches", _positive),
+    "dynamic_batch_size.enabled": ("dynamic_batch", "enabled", _bool),
+    "dynamic_batch_size.target_vram_utilization": ("dynamic_batch", "target_vram", _number),
+    "dynamic_batch_size.adjustment_interval": ("dynamic_batch", "adjust_every", None),
     **{
-        f"dynamic_batch_size.{key}": ("dynamic_batch", arg, convert)
-        for key, arg, convert in (
-            ("enabled", "enabled", _bool),
-            ("min_batch_size", "min_batch_size", None),
-            ("max_batch_size", "max_batch_size", None),
-            ("target_vram_utilization", "target_vram", _number),
-            ("adjustment_interval", "adjust_every", None),
-            ("keep", "keep", None),
-            ("lr_rule", "lr_rule", None),
-            ("multiple_of", "multiple_of", None),
-        )
+        f"dynamic_batch_size.{arg}": ("dynamic_batch", arg, None)
+        for arg in ("min_batch_size", "max_batch_size", "keep", "lr_rule", "multiple_of")
     },
     "learning_rate.initial": ("initial_lr", "lr", _number),
     "learning_rate.schedule": ("schedule", "schedule", _checked(check_choice, SCHEDULES)),
@@ -138,27 +124,24 @@ KEYS: Final[dict[str, tuple[str, str, Convert | None]]] = {
         f"learning_rate.adaptive.{arg}": ("plateau", arg, _bool if arg == "enabled" else _number)
         for arg in ("enabled", "monitor", "mode", "factor", "patience", "min_lr", "threshold", "cooldown")
     },
-    "gradient_checkpointing": ("checkpointing", "enabled", _bool),
-    "gradient_checkpointing.enabled": ("checkpointing", "enabled", _bool),
+    **dict.fromkeys(("gradient_checkpointing", "gradient_checkpointing.enabled"), ("checkpointing", "enabled", _bool)),
     "gradient_checkpointing.block_types": ("checkpointing", "block_types", None),
     "compilation": ("compile", "enabled", _compilation),
     "compilation.enabled": ("compile", "enabled", _bool),
     **{f"compilation.{arg}": ("compile", arg, None) for arg in ("mode", "fullgraph", "dynamic", "backend")},
-    "dataloader.num_workers": ("dataloader", "num_workers", _int(0)),
-    "dataloader.prefetch_factor": ("dataloader", "prefetch_factor", _int(1)),
-    "dataloader.pin_memory": ("dataloader", "pin_memory", _bool),
-    "dataloader.persistent_workers": ("dataloader", "persistent_workers", _bool),
-    "cpu_offload.enabled": ("deepspeed", "enabled", _bool),
-    "cpu_offload.offload_gradients": ("deepspeed", "offload_gradients", _bool),
+    "dataloader.num_workers": ("dataloader", "num_workers", _count),
+    "dataloader.prefetch_factor": ("dataloader", "prefetch_factor", _positive),
+    **{f"dataloader.{arg}": ("dataloader", arg, _bool) for arg in ("pin_memory", "persistent_workers")},
+    **{f"cpu_offload.{a}": ("deepspeed", a, _bool) for a in ("enabled", "offload_gradients")},
     **{f"cpu_offload.{a}": ("deepspeed", a, None) for a in ("stage", "offload_optimizer", "offload_parameters")},
     "cpu_offload.pin_memory": ("deepspeed", "pin_memory", None),
     "multi_gpu.strategy": ("devices", "data_parallel", _strategy),
     "multi_gpu.devices": ("devices", "devices", _devices),
     "multi_gpu.backend": ("devices", "process_group_backend", _checked(check_choice, ("nccl", "gloo"))),
     "model_parallel.enabled": ("model_parallel", "enabled", _bool),
-    "model_parallel.tensor_parallel_size": ("model_parallel", "tensor_parallel_size", _int(1)),
-    "model_parallel.pipeline_parallel_size": ("model_parallel", "pipeline_parallel_size", _int(1)),
-    "checkpoint.save_interval": ("checkpoint", "checkpoint_every_n_steps", _int(1)),
+    "model_parallel.tensor_parallel_size": ("model_parallel", "tensor_parallel_size", _positive),
+    "model_parallel.pipeline_parallel_size": ("model_parallel", "pipeline_parallel_size", _positive),
+    "checkpoint.save_interval": ("checkpoint", "checkpoint_every_n_steps", _positive),
     "checkpoint.async_save": ("checkpoint", "async_checkpoint", _bool),
 }
 _DATA_PARALLEL_ONLY = "lightning_tune trains data-parallel only (DDP, or DeepSpeed with `training.cpu_offload`)"
@@ -220,11 +203,7 @@ _MAX_PROBLEM: Final = 500  # characters of one problem
 _MAX_NAMED: Final = 5  # unknown keys named in one problem
 _REPR = reprlib.Repr()
 _REPR.maxstring, _REPR.maxother, _REPR.maxlevel = 160, 80, 3
-
-
-def _shown(value: Any) -> str:
-    """``repr(value)``, shortened: a value in a message is a few dozen characters, however large it is."""
-    return _REPR.repr(value)
+_shown = _REPR.repr  # a value in a message is a few dozen characters, however large it is
 
 
 def _capped(message: str, limit: int = _MAX_PROBLEM) -> str:
@@ -312,23 +291,16 @@ def load_config(path_or_dict: str | os.PathLike[str] | Mapping[str, Any]) -> dic
 def from_config(path_or_dict: str | os.PathLike[str] | Mapping[str, Any]) -> TrainingConfig:
     """Turn a training configuration into Trainer arguments, callbacks and plugins.
 
-    The configuration is a YAML file or a dict, with or without the top-level ``training:`` key. Each callback,
-    the plugin and the DeepSpeed settings are built once here, so they check their own arguments; every problem is
-    reported at once, each naming its key by dotted path. What needs hardware or packages this machine lacks (a CUDA
-    GPU, flash-attn, bitsandbytes, DeepSpeed) draws one warning here, since a file may be written on a laptop for a
-    cluster; training then fails with the whole reason.
+    The configuration is a YAML file or a dict, with or without the top-level ``training:`` key. What needs hardware
+    or packages this machine lacks draws one warning (``docs/config.md``).
 
     Args:
         path_or_dict: Path of a YAML file, or a mapping.
 
-    Returns:
-        The checked configuration; ``Trainer(**config.trainer_kwargs())``.
-
     Raises:
         TypeError: If a value has the wrong type (the message names its dotted key), or every problem found is one.
-        ValueError: If a key is unknown or cannot be honoured, a value is not allowed or above its limit
-            (:data:`LIMITS`), or the file cannot be read (:func:`load_config`); with several problems, one error lists
-            them all, in at most :data:`MAX_MESSAGE` characters. A file's errors name the file.
+        ValueError: If a key is unknown or cannot be honoured, a value is not allowed or above its :data:`LIMITS`, or
+            the file cannot be read; several problems are listed in one error (``docs/config.md``).
 
     Example:
         >>> config = from_config({"training": {"precision": "bf16", "micro_batch_size": 8,
@@ -643,25 +615,19 @@ def _lacking(config: TrainingConfig, paths: dict[str, dict[str, str]]) -> list[s
         needs.append(f"`{paths['precision']['name']}` {config.precision!r} needs {cuda}")
     flash = _imports.is_available("flash_attn") or _imports.is_available("flash_attn.cute")
     if config.attention == "flash" and not (gpus and flash):
-        missing = "" if flash else ", and flash-attn (pip install 'lightning-tune[flash2]' or '[flash4]')"
-        needs.append(
-            f"`{paths['plugin']['attention']}` 'flash' needs {cuda} of compute capability 8.0 or newer{missing}"
-        )
-    if config.loss == "liger" and not (gpus and _imports.is_available("liger_kernel")):
-        missing = (
-            "" if _imports.is_available("liger_kernel") else ", and liger-kernel (pip install 'lightning-tune[liger]')"
-        )
-        needs.append(f"`{paths['plugin']['loss']}` 'liger' needs {cuda}{missing}")
+        hint = "" if flash else ", and flash-attn (pip install 'lightning-tune[flash2]' or '[flash4]')"
+        needs.append(f"`{paths['plugin']['attention']}` 'flash' needs {cuda} of compute capability 8.0 or newer{hint}")
+    liger = "" if _imports.is_available("liger_kernel") else ", and liger-kernel (pip install 'lightning-tune[liger]')"
+    if config.loss == "liger" and (liger or not gpus):
+        needs.append(f"`{paths['plugin']['loss']}` 'liger' needs {cuda}{liger}")
     if config.optimizer not in (None, "adamw_fused") and not _imports.is_available("bitsandbytes"):
         needs.append(
             f"`{paths['plugin']['optimizer']}` {config.optimizer!r} needs bitsandbytes "
             "(pip install 'lightning-tune[bnb]')"
         )
-    if config.deepspeed is not None and not (gpus and _imports.is_available("deepspeed")):
-        missing = (
-            "" if _imports.is_available("deepspeed") else ", and deepspeed (pip install 'lightning-tune[deepspeed]')"
-        )
-        needs.append(f"`{paths['deepspeed']['enabled'].rsplit('.', 1)[0]}` (DeepSpeed) needs {cuda}{missing}")
+    ds = "" if _imports.is_available("deepspeed") else ", and deepspeed (pip install 'lightning-tune[deepspeed]')"
+    if config.deepspeed is not None and (ds or not gpus):
+        needs.append(f"`{paths['deepspeed']['enabled'].rsplit('.', 1)[0]}` (DeepSpeed) needs {cuda}{ds}")
     if isinstance(config.devices, tuple) and max(config.devices) >= gpus:
         needs.append(f"`{paths['devices']['devices']}` {list(config.devices)} names GPUs; this machine has {gpus}")
     if config.process_group_backend == "nccl" and not gpus:

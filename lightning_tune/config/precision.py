@@ -6,8 +6,6 @@ from typing import Final
 
 from lightning_tune.vocab import canonical_precision
 
-__all__ = ["lightning_precision"]
-
 #: Names of tuning guides that are not training precisions Lightning can run -> why.
 _REFUSED: Final[dict[str, str]] = {
     "tf32": "TF32 is a matmul mode of fp32 on Ampere+ GPUs, not a Lightning precision; use 'fp32' and call "
@@ -23,24 +21,9 @@ def lightning_precision(
     key: str = "training.precision",
     mixed_key: str = "training.mixed_precision.enabled",
 ) -> str | None:
-    """The Lightning precision for a configuration's ``precision`` and ``mixed_precision.enabled``.
+    """The Lightning precision for a configuration's ``precision`` and ``mixed_precision.enabled`` (``None``: absent).
 
-    ``name`` is any name of :mod:`lightning_tune.vocab` (``fp16``, ``bf16``, ``bf16-true``, ``auto``, ...).
-    ``mixed=False`` turns the short names ``fp16``/``bf16`` into pure half precision (``16-true``/``bf16-true``);
-    ``mixed=True`` alone means ``"auto"`` (resolved by :class:`~lightning_tune.TunePlugin` in the training process).
-
-    Args:
-        name: The ``precision`` value, or ``None`` when absent.
-        mixed: The ``mixed_precision.enabled`` value, or ``None`` when absent.
-        key: Dotted path of ``precision``, for messages.
-        mixed_key: Dotted path of ``mixed_precision.enabled``, for messages.
-
-    Returns:
-        A canonical precision, or ``None`` when neither is given.
-
-    Raises:
-        TypeError: If ``name`` is not a string, or ``mixed`` not a bool or None.
-        ValueError: If ``name`` names no precision, or contradicts ``mixed``.
+    The rules are those of ``docs/config.md``; messages name ``key`` and ``mixed_key``.
 
     Example:
         >>> lightning_precision("fp16", None), lightning_precision("bf16", False), lightning_precision(None, True)

@@ -12,10 +12,14 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import TYPE_CHECKING, Any, Final, Literal, get_args
 
-from lightning.pytorch.callbacks import Callback
+from lightning.pytorch.callbacks import Callback, ModelCheckpoint
 
 from lightning_tune._validation import check_bool, check_choice, check_float, check_int, check_keys, check_mapping
+from lightning_tune.callbacks.dynamic_batch import DynamicBatchSize
+from lightning_tune.callbacks.lr_plateau import AdaptiveLROnPlateau
 from lightning_tune.callbacks.lr_schedule import LinearWarmup, OneCycle, WarmupCosine
+from lightning_tune.callbacks.surgery import ActivationCheckpointing, TorchCompile
+from lightning_tune.config.initial_lr import InitialLR
 from lightning_tune.plugins.deepspeed import DeepSpeedSettings
 from lightning_tune.swaps.checkpointing import BlockTypes
 from lightning_tune.swaps.optimizer import TARGETS
@@ -25,7 +29,6 @@ if TYPE_CHECKING:
     from lightning.pytorch.strategies import Strategy
     from torch.utils.data import DataLoader, Dataset
 
-__all__ = ["Schedule", "TrainingConfig"]
 
 #: Learning-rate schedules a configuration can name, and the callback each one is.
 Schedule = Literal["cosine_with_warmup", "linear_warmup", "onecycle"]
@@ -37,17 +40,11 @@ SCHEDULE_CALLBACKS: Final[dict[str, type[Callback]]] = {
 }
 
 
-def _frozen(mapping: Mapping[str, Any] | None) -> Mapping[str, Any] | None:
-    return None if mapping is None else MappingProxyType(dict(mapping))
-
-
 #: Checks of the DataLoader settings the configuration file also knows (``dataloader.*``), the same rules.
 _LOADER_CHECKS: Final[dict[str, Callable[[str, Any], None]]] = {
     "num_workers": lambda name, value: check_int(name, value, minimum=0),
     "prefetch_factor": lambda name, value: check_int(name, value, minimum=1, allow_none=True),
-    "pin_memory": check_bool,
-    "persistent_workers": check_bool,
-    "drop_last": check_bool,
+    **dict.fromkeys(("pin_memory", "persistent_workers", "drop_last"), check_bool),
     "timeout": lambda name, value: check_float(name, value, low=0.0),
 }
 
@@ -60,11 +57,7 @@ def _build(name: str, kind: type[Callback], kwargs: Mapping[str, Any]) -> Callba
 
 @dataclass(frozen=True, kw_only=True)
 class TrainingConfig:
-    """A checked training configuration, as :func:`~lightning_tune.config.from_config` returns it.
-
-    Use ``Trainer(**config.trainer_kwargs(), max_steps=...)``, and give the DataModule :attr:`micro_batch_size` and
-    :attr:`dataloader_kwargs` (or build loaders with :meth:`dataloader`): DataLoader settings are not Trainer
-    arguments.
+    """A checked training configuration, as :func:`~lightning_tune.config.from_config` returns it (``docs/config.md``).
 
     Attributes:
         precision: Lightning precision string (``"bf16-mixed"``, ...), or ``None`` for Lightning's default.
@@ -80,8 +73,7 @@ class TrainingConfig:
         optimizer: :class:`~lightning_tune.OptimizerSwap` name, or ``None`` to keep the module's optimizer.
         attention: :class:`~lightning_tune.AttentionSwap` backend, or ``None`` to leave attention alone.
         loss: :class:`~lightning_tune.callbacks.LossSwap` backend, or ``None`` to leave the loss alone.
-        checkpointing_blocks: ``None`` when activation checkpointing is off; ``"auto"`` to find the blocks, or the
-            block classes/names.
+        checkpointing_blocks: ``None`` when activation checkpointing is off, ``"auto"``, or the block classes/names.
         compile_kwargs: Arguments of :class:`~lightning_tune.callbacks.surgery.TorchCompile`, or ``None`` when off.
         deepspeed: DeepSpeed settings when CPU offload is on, else ``None``.
         devices: ``Trainer(devices=...)``, or ``None``.
@@ -131,12 +123,11 @@ class TrainingConfig:
             check_choice("schedule", self.schedule, SCHEDULES)
         if self.process_group_backend is not None:
             check_choice("process_group_backend", self.process_group_backend, ("nccl", "gloo"))
-        for name in ("dataloader_kwargs", "schedule_kwargs", "source"):
-            check_mapping(name, getattr(self, name))
-            object.__setattr__(self, name, _frozen(getattr(self, name)))
-        for name in ("plateau_kwargs", "dynamic_batch_kwargs", "compile_kwargs"):
-            check_mapping(name, getattr(self, name), allow_none=True)
-            object.__setattr__(self, name, _frozen(getattr(self, name)))
+        required = ("dataloader_kwargs", "schedule_kwargs", "source")
+        for name in (*required, "plateau_kwargs", "dynamic_batch_kwargs", "compile_kwargs"):
+            value = getattr(self, name)
+            check_mapping(name, value, allow_none=name not in required)
+            object.__setattr__(self, name, None if value is None else MappingProxyType(dict(value)))
         if self.schedule is None and self.schedule_kwargs:
             raise ValueError(f"`schedule_kwargs` needs a `schedule`, got {dict(self.schedule_kwargs)!r} without one")
         if self.checkpointing_blocks is not None and self.checkpointing_blocks != "auto":
@@ -169,8 +160,7 @@ class TrainingConfig:
         from torch.utils.data import DataLoader
 
         allowed = set(inspect.signature(DataLoader).parameters) - {"self", "dataset", "batch_size"}
-        unknown = sorted(set(self.dataloader_kwargs) - allowed)
-        if unknown:
+        if unknown := sorted(set(self.dataloader_kwargs) - allowed):
             raise ValueError(
                 f"`dataloader_kwargs` has keys DataLoader does not take: {', '.join(unknown)} (allowed: "
                 f"{', '.join(sorted(allowed))}; the batch size is `micro_batch_size`)"
@@ -191,16 +181,7 @@ class TrainingConfig:
         ``InitialLR`` comes before the schedule (which reads the LR it sets), the schedule before the plateau
         callback (which multiplies the schedule), and activation checkpointing before ``torch.compile`` (which traces
         the checkpointed blocks).
-
-        Returns:
-            The callbacks.
         """
-        from lightning.pytorch.callbacks import ModelCheckpoint
-
-        from lightning_tune.callbacks.lr_plateau import AdaptiveLROnPlateau
-        from lightning_tune.callbacks.surgery import ActivationCheckpointing, TorchCompile
-        from lightning_tune.config.initial_lr import InitialLR
-
         out: list[Callback] = []
         if self.initial_lr is not None:
             out.append(InitialLR(self.initial_lr))
@@ -209,9 +190,6 @@ class TrainingConfig:
         if self.plateau_kwargs is not None:
             out.append(_build("plateau_kwargs", AdaptiveLROnPlateau, self.plateau_kwargs))
         if self.dynamic_batch_kwargs is not None:
-            # imported here: the module need not exist for the rest of the configuration to work
-            from lightning_tune.callbacks.dynamic_batch import DynamicBatchSize
-
             out.append(_build("dynamic_batch_kwargs", DynamicBatchSize, self.dynamic_batch_kwargs))
         if self.checkpointing_blocks is not None:
             blocks = None if self.checkpointing_blocks == "auto" else self.checkpointing_blocks
@@ -223,23 +201,14 @@ class TrainingConfig:
         return out
 
     def plugins(self) -> list[Any]:
-        """Fresh plugins: a :class:`~lightning_tune.TunePlugin` and Lightning's ``AsyncCheckpointIO`` as configured.
-
-        Returns:
-            The plugins.
-        """
+        """Fresh plugins: a :class:`~lightning_tune.TunePlugin` and Lightning's ``AsyncCheckpointIO`` as configured."""
         out: list[Any] = []
         if self.uses_plugin:
             from lightning_tune.plugins.tune import TunePlugin
 
-            out.append(
-                TunePlugin(
-                    self.precision or "32-true",  # type: ignore[arg-type]
-                    optimizer=self.optimizer,  # type: ignore[arg-type]
-                    attention=self.attention,  # type: ignore[arg-type]
-                    loss=self.loss,  # type: ignore[arg-type]
-                )
-            )
+            precision = self.precision or "32-true"
+            plugin = TunePlugin(precision, optimizer=self.optimizer, attention=self.attention, loss=self.loss)  # type: ignore[arg-type]
+            out.append(plugin)
         if self.async_checkpoint:
             from lightning.pytorch.plugins.io import AsyncCheckpointIO
 
@@ -247,10 +216,7 @@ class TrainingConfig:
         return out
 
     def strategy(self) -> Strategy | str | None:
-        """A fresh strategy: DeepSpeed when CPU offload is on, DDP for data parallelism, else ``None``.
-
-        Returns:
-            The strategy, ``"ddp"``, or ``None`` for Lightning's default.
+        """A fresh strategy: DeepSpeed when CPU offload is on, DDP (``"ddp"``) for data parallelism, else ``None``.
 
         Raises:
             ModuleNotFoundError: If DeepSpeed is needed and not installed (names the extra).
@@ -268,14 +234,7 @@ class TrainingConfig:
         return DDPStrategy(process_group_backend=self.process_group_backend)
 
     def trainer_kwargs(self) -> dict[str, Any]:
-        """Keyword arguments for ``Trainer``: only those the configuration sets.
-
-        The precision goes to the :class:`~lightning_tune.TunePlugin`, also under DeepSpeed (Lightning refuses a
-        precision plugin together with ``Trainer(precision=...)``); ``"auto"`` stays ``"auto"`` here, and the plugin
-        resolves it in the training process once the device is known, so building these never initialises CUDA.
-
-        Returns:
-            Some of ``callbacks``, ``plugins``, ``strategy``, ``devices``, ``accumulate_grad_batches``.
+        """Keyword arguments for ``Trainer``: only those the configuration sets (the precision goes to the plugin).
 
         Raises:
             ModuleNotFoundError: If a configured feature needs an optional package that is missing.
@@ -294,15 +253,7 @@ class TrainingConfig:
         return kwargs
 
     def dataloader(self, dataset: Dataset, **overrides: Any) -> DataLoader:
-        """A ``DataLoader`` over ``dataset`` with :attr:`micro_batch_size` and :attr:`dataloader_kwargs`.
-
-        Args:
-            dataset: The dataset.
-            **overrides: Further or overriding ``DataLoader`` arguments (``shuffle=True``, ...).
-
-        Returns:
-            The loader.
-        """
+        """``DataLoader(dataset, ...)`` with :attr:`micro_batch_size`, :attr:`dataloader_kwargs`, then ``overrides``."""
         from torch.utils.data import DataLoader
 
         kwargs: dict[str, Any] = dict(self.dataloader_kwargs)

@@ -1,15 +1,14 @@
 """A synthetic, learnable token corpus generated at run time: nothing is downloaded.
 
-Sequences are walks of a fixed random *sparse Markov chain* over the vocabulary: each token has a few likely
-successors (plus a little probability spread over every token, which keeps the chain ergodic). The best any model can
-do on such data is the chain's entropy rate, exposed as ``entropy_floor`` in nats per token. It is far below
-``ln(vocab_size)`` (the loss of a uniform guess), so a small GPT's loss falls visibly within a couple of hundred steps
-and the demo can say how close it got to the best achievable.
+Sequences are walks of a fixed random sparse Markov chain over the vocabulary. The best any model can do on them is
+the chain's entropy rate, ``entropy_floor`` in nats per token, far below ``ln(vocab_size)`` (a uniform guess): a small
+GPT's loss falls visibly within a couple of hundred steps, and the demo can say how close it got to the best.
 """
 
 from __future__ import annotations
 
 import operator
+from functools import cached_property
 from typing import Any
 
 import lightning.pytorch as pl
@@ -18,8 +17,6 @@ from torch import Tensor
 from torch.utils.data import DataLoader, Dataset
 
 from lightning_tune._validation import check_float, check_int
-
-__all__ = ["SyntheticTokenDataModule", "SyntheticTokenDataset", "markov_chain"]
 
 # Sequences are generated in fixed-size chunks, each from its own generator, so that item ``i`` depends only on
 # (chain, seed, i) and not on how many sequences the dataset holds.
@@ -31,11 +28,8 @@ def markov_chain(vocab_size: int, *, successors: int = 4, smoothing: float = 0.0
     """The transition matrix ``P[a, b]`` (``float64``, rows summing to 1) of a random sparse chain over the tokens.
 
     Each token gets ``successors`` (1 to ``vocab_size``) likely next tokens with random weights; a share
-    ``smoothing`` (in [0, 1)) of the probability is spread over all tokens. The same ``seed`` gives the same chain.
-
-    Raises:
-        TypeError: If an argument has the wrong type.
-        ValueError: If an argument is out of range.
+    ``smoothing`` (in [0, 1)) of the probability is spread over all tokens, which keeps the chain ergodic. The same
+    ``seed`` gives the same chain.
     """
     check_int("vocab_size", vocab_size, minimum=2)
     check_int("successors", successors, minimum=1)
@@ -74,12 +68,7 @@ class SyntheticTokenDataset(Dataset[tuple[Tensor, Tensor]]):
     """Map-style dataset of ``num_sequences`` Markov-chain walks for next-token prediction.
 
     Item ``i`` is ``(input_ids, targets)``, two ``int64`` tensors of ``seq_len`` tokens, ``targets`` shifted left by
-    one. Items are generated once, in memory, from the chain (``chain_seed``, ``successors``, ``smoothing``: see
-    :func:`markov_chain`), the walks' ``seed`` and ``i`` alone.
-
-    Raises:
-        TypeError: If an argument has the wrong type.
-        ValueError: If an argument is out of range.
+    one, generated once, in memory, from the chain (see :func:`markov_chain`), the walks' ``seed`` and ``i`` alone.
     """
 
     def __init__(
@@ -93,15 +82,13 @@ class SyntheticTokenDataset(Dataset[tuple[Tensor, Tensor]]):
         successors: int = 4,
         smoothing: float = 0.05,
     ) -> None:
-        check_int("num_sequences", num_sequences, minimum=1)
-        check_int("seq_len", seq_len, minimum=1)
-        check_int("seed", seed, minimum=0)
         self.num_sequences = num_sequences
         self.seq_len = seq_len
         self.vocab_size = vocab_size
         self.seed = seed
         self.transition = markov_chain(vocab_size, successors=successors, smoothing=smoothing, seed=chain_seed)
-        self._entropy_floor = _entropy_rate(self.transition)
+        #: Entropy rate of the chain in nats per token: the lowest mean cross-entropy any model can reach.
+        self.entropy_floor = _entropy_rate(self.transition)
         self._tokens = self._generate()
 
     def _generate(self) -> Tensor:
@@ -119,19 +106,12 @@ class SyntheticTokenDataset(Dataset[tuple[Tensor, Tensor]]):
             chunks.append(tokens.clamp_(max=self.vocab_size - 1))
         return torch.cat(chunks)[: self.num_sequences]
 
-    @property
-    def entropy_floor(self) -> float:
-        """Entropy rate of the chain in nats per token: the lowest mean cross-entropy any model can reach."""
-        return self._entropy_floor
-
     def __len__(self) -> int:
         return self.num_sequences
 
     def __getitem__(self, index: int) -> tuple[Tensor, Tensor]:
         i = operator.index(index)
-        if i < 0:
-            i += self.num_sequences
-        if not 0 <= i < self.num_sequences:
+        if not -self.num_sequences <= i < self.num_sequences:
             raise IndexError(f"index {index} is out of range for a dataset of {self.num_sequences} sequences")
         walk = self._tokens[i]
         return walk[:-1].clone(), walk[1:].clone()
@@ -190,14 +170,11 @@ class SyntheticTokenDataModule(pl.LightningDataModule):
         self.train_set: SyntheticTokenDataset | None = None
         self.val_set: SyntheticTokenDataset | None = None
         self.predict_set: SyntheticTokenDataset | None = None
-        self._entropy_floor: float | None = None
 
-    @property
+    @cached_property
     def entropy_floor(self) -> float:
         """Entropy rate of the shared chain in nats per token: the lowest mean cross-entropy any model can reach."""
-        if self._entropy_floor is None:
-            self._entropy_floor = _entropy_rate(markov_chain(self.vocab_size, seed=self.seed))
-        return self._entropy_floor
+        return _entropy_rate(markov_chain(self.vocab_size, seed=self.seed))
 
     def _dataset(self, num_sequences: int, split: int) -> SyntheticTokenDataset:
         # Splits draw walks from disjoint seed streams (3 * seed + split) over the same chain.
@@ -206,11 +183,7 @@ class SyntheticTokenDataModule(pl.LightningDataModule):
         )
 
     def setup(self, stage: str) -> None:
-        """Generate the splits needed for ``stage`` (each only once).
-
-        Args:
-            stage: ``"fit"``, ``"validate"``, ``"test"`` or ``"predict"``.
-        """
+        """Generate the splits ``stage`` needs (each only once)."""
         if stage in ("fit", "validate") and self.val_set is None:
             self.val_set = self._dataset(self.val_sequences, 1)
         if stage == "fit" and self.train_set is None:
@@ -233,25 +206,13 @@ class SyntheticTokenDataModule(pl.LightningDataModule):
         )
 
     def train_dataloader(self) -> DataLoader[Any]:
-        """Build the shuffled training loader (incomplete last batches are dropped).
-
-        Returns:
-            A DataLoader of ``(input_ids, targets)`` batches of :attr:`batch_size` sequences.
-        """
+        """The shuffled loader of ``(input_ids, targets)`` training batches; an incomplete last batch is dropped."""
         return self._loader("fit", shuffle=True)
 
     def val_dataloader(self) -> DataLoader[Any]:
-        """Build the validation loader, in a fixed order.
-
-        Returns:
-            A DataLoader of ``(input_ids, targets)`` batches.
-        """
+        """The loader of ``(input_ids, targets)`` validation batches, in a fixed order."""
         return self._loader("validate", shuffle=False)
 
     def predict_dataloader(self) -> DataLoader[Any]:
-        """Build the predict loader, in a fixed order.
-
-        Returns:
-            A DataLoader of ``(input_ids, targets)`` batches.
-        """
+        """The loader of ``(input_ids, targets)`` predict batches, in a fixed order."""
         return self._loader("predict", shuffle=False)

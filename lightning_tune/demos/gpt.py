@@ -1,7 +1,6 @@
 """A small GPT-style language model and its LightningModule, used by the demo and the tests.
 
-Pre-LayerNorm blocks, a GELU MLP, learned positions and an untied head; :meth:`DemoGPT.configure_optimizers` returns
-a bare AdamW with no scheduler, like most existing modules: the pack's callbacks install the schedule.
+Like most existing modules, :class:`DemoGPT` returns a bare AdamW: the pack's callbacks install the schedule.
 """
 
 from __future__ import annotations
@@ -18,8 +17,6 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from lightning_tune._validation import check_choice, check_float, check_instance, check_int
-
-__all__ = ["AttentionKind", "Block", "CausalSelfAttention", "DemoGPT", "GPT", "GPTConfig"]
 
 #: How :class:`CausalSelfAttention` computes attention.
 AttentionKind = Literal["sdpa", "eager"]
@@ -56,10 +53,8 @@ class GPTConfig:
 
     def __post_init__(self) -> None:
         check_int("vocab_size", self.vocab_size, minimum=2)
-        check_int("seq_len", self.seq_len, minimum=1)
-        check_int("d_model", self.d_model, minimum=1)
-        check_int("n_layers", self.n_layers, minimum=1)
-        check_int("n_heads", self.n_heads, minimum=1)
+        for name in ("seq_len", "d_model", "n_layers", "n_heads"):
+            check_int(name, getattr(self, name), minimum=1)
         if self.d_model % self.n_heads:
             raise ValueError(
                 f"`d_model` must be divisible by `n_heads`, got d_model={self.d_model!r} and n_heads={self.n_heads!r}"
@@ -162,16 +157,10 @@ class GPT(nn.Module):
             nn.init.normal_(cast(nn.Linear, block.mlp[2]).weight, mean=0.0, std=residual_std)
 
     def forward(self, input_ids: Tensor, targets: Tensor | None = None) -> Tensor:
-        """Compute next-token logits, or their mean cross-entropy against ``targets``.
+        """Logits ``[batch, seq, vocab_size]`` of ``input_ids`` ``[batch, seq]``, or their loss against ``targets``.
 
-        Args:
-            input_ids: Token ids of shape ``[batch, seq]`` (``int64``), with ``seq <= config.seq_len``.
-            targets: The token each position predicts, of the same shape (``-100``: no loss there); ``None``
-                returns the logits.
-
-        Returns:
-            Logits of shape ``[batch, seq, vocab_size]``, where position ``t`` predicts token ``t + 1``; with
-            ``targets``, the scalar loss (the loss swap computes it without the logits).
+        Position ``t`` predicts token ``t + 1``. The loss is the mean cross-entropy, a target of ``-100`` adding none;
+        the loss swap computes it without the logits.
 
         Raises:
             ValueError: If ``input_ids`` is not 2-D or is longer than ``config.seq_len``.
@@ -198,19 +187,16 @@ class GPT(nn.Module):
 class DemoGPT(pl.LightningModule):
     """LightningModule wrapping :class:`GPT` for next-token prediction on ``(input_ids, targets)`` batches.
 
-    It is written like an ordinary user module: it logs ``train_loss`` and ``val_loss`` and its
-    :meth:`configure_optimizers` returns only an AdamW optimizer, with no learning-rate scheduler.
+    Written like an ordinary user module, it logs ``train_loss`` and ``val_loss``.
 
     Args:
         config: Model shape, as a :class:`GPTConfig` or a mapping of its fields (the form stored in checkpoints'
             hyperparameters); defaults to :class:`GPTConfig` ``()``.
         lr: Peak learning rate of AdamW, > 0.
-        weight_decay: Decoupled weight decay applied to ``Linear`` weights, >= 0 (biases, LayerNorm and embeddings
-            are never decayed).
+        weight_decay: Decoupled weight decay of ``Linear`` weights, >= 0 (the others are never decayed).
 
     Raises:
-        TypeError: If ``config`` is neither a :class:`GPTConfig`, a mapping nor ``None``, or ``lr`` /
-            ``weight_decay`` is not a number.
+        TypeError: If an argument has the wrong type (``config``: a :class:`GPTConfig`, a mapping or ``None``).
         ValueError: If ``lr`` <= 0, ``weight_decay`` < 0, or a field of ``config`` is invalid.
     """
 
@@ -258,11 +244,7 @@ class DemoGPT(pl.LightningModule):
         return self.model(input_ids)
 
     def configure_optimizers(self) -> torch.optim.Optimizer:
-        """AdamW (``betas=(0.9, 0.95)``), no scheduler: ``Linear`` weights decayed, biases, norms and embeddings not.
-
-        Raises:
-            RuntimeError: If a parameter falls in neither group (a module type this method does not know).
-        """
+        """AdamW (``betas=(0.9, 0.95)``), no scheduler: ``Linear`` weights decayed, biases, norms and embeddings not."""
         decay: list[nn.Parameter] = []
         no_decay: list[nn.Parameter] = []
         seen: set[int] = set()

@@ -2,14 +2,13 @@
 
 from __future__ import annotations
 
-import contextlib
 import math
 import os
 import shlex
 import time
 import warnings
 from collections import deque
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -26,14 +25,15 @@ from lightning_tune.demos.gpt import DemoGPT, GPTConfig
 from lightning_tune.perf.devices import describe_device
 from lightning_tune.vocab import auto_precision, canonical_precision, check_precision_device
 
-__all__ = ["DemoRun", "DemoSummary", "fit_demo", "prepare_demo", "run_demo"]
-
 #: Learning rate of the demo model; the warmup-cosine schedule decays it to a tenth.
 DEMO_LR = 3e-3
 #: Sequences in the demo's training split: also the largest batch it can make.
 TRAIN_SEQUENCES = 4096
 #: The most optimizer steps a demo runs (about half a day on two CPU cores).
 MAX_STEPS = 1_000_000
+#: The device the demo simulates when there is no GPU: 1 GiB, 600 MiB of it fixed.
+SIMULATED_TOTAL_BYTES = 1 << 30
+SIMULATED_FIXED_BYTES = 600 << 20
 
 
 @dataclass(frozen=True)
@@ -48,8 +48,7 @@ class DemoSummary:
         seconds: Wall time of ``Trainer.fit`` (training and validation), in seconds.
         samples_per_sec: Training sequences processed per second of that wall time (by this process).
         log_dir: Directory holding this run's TensorBoard event files.
-        device: The device trained on, e.g. ``"cuda:0 (NVIDIA H100 80GB HBM3)"``, ``"2 x cuda:0 (...)"`` or
-            ``"cpu (<CPU model>, 2 threads)"``.
+        device: The device trained on, e.g. ``"2 x cuda:0 (NVIDIA H100 80GB HBM3)"`` or ``"cpu (<CPU>, 2 threads)"``.
         perf: Whole-run figures of :class:`~lightning_tune.ThroughputLatencyMonitor` (``samples_per_sec``,
             ``tokens_per_sec``, ``step_ms_p50`` ..., ``data_wait_frac``, and on a GPU ``vram_peak_gib``, ``mfu``).
         batch: What :class:`~lightning_tune.DynamicBatchSize` did: ``start`` and ``final`` micro-batch sizes,
@@ -124,23 +123,8 @@ def run_demo(
     """Train a small GPT on synthetic tokens with the pack's callbacks and summarise it: ``fit_demo(prepare_demo())``.
 
     The arguments are those of :func:`prepare_demo`, which describes the run, each argument and its errors.
-
-    Returns:
-        A :class:`DemoSummary` of the run.
     """
-    return fit_demo(
-        prepare_demo(
-            max_steps=max_steps,
-            batch_size=batch_size,
-            accelerator=accelerator,
-            devices=devices,
-            precision=precision,
-            seed=seed,
-            default_root_dir=default_root_dir,
-            enable_progress_bar=enable_progress_bar,
-            extra_callbacks=extra_callbacks,
-        )
-    )
+    return fit_demo(prepare_demo(**locals()))  # the arguments, and only they, are the local names here
 
 
 @dataclass(frozen=True)
@@ -178,18 +162,13 @@ def prepare_demo(
         batch_size: Sequences (of 64 tokens) per batch, in ``[1, TRAIN_SEQUENCES]`` (4096, the training split).
         accelerator: Lightning accelerator name (``"auto"``, ``"cpu"``, ``"gpu"``, ``"cuda"``, ``"mps"``).
         devices: Lightning ``devices`` (a count, ``"auto"`` or a device list such as ``"0,1"``).
-        precision: Lightning precision or an alias such as ``"bf16"``; ``"auto"`` picks ``"bf16-mixed"`` on a CUDA
-            GPU that supports it, ``"16-mixed"`` on other CUDA GPUs and ``"32-true"`` elsewhere. ``"16-mixed"`` needs
-            a CUDA GPU.
+        precision: Lightning precision or an alias such as ``"bf16"``; ``"auto"`` is decided for the device as
+            ``docs/cli.md`` says. ``"16-mixed"`` needs a CUDA GPU.
         seed: Global seed (model init, data, shuffling), in ``[0, 2**32 - 1]``.
-        default_root_dir: Directory under which ``lightning_logs`` is created (missing directories are made here,
-            so that one that cannot be made or written is refused before training); not empty, and no part of it may
-            be an existing file.
+        default_root_dir: Directory under which ``lightning_logs`` is created: not empty, through no existing file,
+            and made (and written to once) here, so that one that cannot be is refused before training.
         enable_progress_bar: Show Lightning's progress bar and model summary.
         extra_callbacks: More callbacks to add to the Trainer (e.g. other callbacks of the pack).
-
-    Returns:
-        What :func:`fit_demo` needs.
 
     Raises:
         TypeError: If an argument has the wrong type or ``extra_callbacks`` holds something that is not a Callback.
@@ -242,7 +221,16 @@ def prepare_demo(
         precision = auto_precision("cuda" if on_cuda else "cpu")
     if accelerator == "cpu" or not (on_cuda or accelerator == "mps" or torch.backends.mps.is_available()):
         check_precision_device(precision, "cpu")  # Lightning would only warn and train in bf16-mixed
-    dynamic = _dynamic_batch(on_cuda, batch_size)
+    # On a GPU against its memory; elsewhere against a simulated 1 GiB device sized so that the requested batch does
+    # not fit: the run shows an out-of-memory error recovered, a probe, and the batch settling under the 90 % target.
+    # A batch of 1 cannot be shown shrinking.
+    dynamic = None
+    if on_cuda:
+        dynamic = lt.DynamicBatchSize(target_vram=0.9, adjust_every=10, multiple_of=4)
+    elif batch_size >= 2:
+        per_sample = math.ceil((SIMULATED_TOTAL_BYTES - SIMULATED_FIXED_BYTES) / (0.8 * batch_size))
+        memory = lt.SimulatedMemory(SIMULATED_TOTAL_BYTES, SIMULATED_FIXED_BYTES, per_sample)
+        dynamic = lt.DynamicBatchSize(target_vram=0.9, adjust_every=10, multiple_of=4, probe=memory)
     root = os.fspath(default_root_dir)
     logger = TensorBoardLogger(save_dir=root, name="lightning_logs", default_hp_metric=False)
     # A one-step run has no room for a warm-up (the schedule needs warm-up < total steps).
@@ -270,15 +258,7 @@ def prepare_demo(
             *callbacks,
         ],
     )
-    return DemoRun(
-        trainer=trainer,
-        model=model,
-        datamodule=datamodule,
-        tracker=tracker,
-        monitor=monitor,
-        logger=logger,
-        dynamic=dynamic,
-    )
+    return DemoRun(trainer, model, datamodule, tracker, monitor, dynamic, logger)
 
 
 def _check_root_dir(root: Any) -> None:
@@ -296,26 +276,6 @@ def _check_root_dir(root: Any) -> None:
     check_writable_dir(path, f"`default_root_dir` {text!r} cannot hold the logs")
 
 
-#: The device the demo simulates when there is no GPU: 1 GiB, 600 MiB of it fixed.
-SIMULATED_TOTAL_BYTES = 1 << 30
-SIMULATED_FIXED_BYTES = 600 << 20
-
-
-def _dynamic_batch(on_cuda: bool, batch_size: int) -> lt.DynamicBatchSize | None:
-    """DynamicBatchSize for the demo: on a CUDA GPU the real memory, elsewhere a simulated 1 GiB device.
-
-    The simulated device is sized so that the requested batch does not fit: the run shows an out-of-memory error
-    recovered, a probe, and the batch settling under the 90 % target. A batch of 1 cannot be shown shrinking.
-    """
-    if on_cuda:
-        return lt.DynamicBatchSize(target_vram=0.9, adjust_every=10, multiple_of=4)
-    if batch_size < 2:
-        return None
-    per_sample = math.ceil((SIMULATED_TOTAL_BYTES - SIMULATED_FIXED_BYTES) / (0.8 * batch_size))
-    memory = lt.SimulatedMemory(SIMULATED_TOTAL_BYTES, SIMULATED_FIXED_BYTES, per_sample)
-    return lt.DynamicBatchSize(target_vram=0.9, adjust_every=10, multiple_of=4, probe=memory)
-
-
 def cpu_threads(current: int) -> int:
     """The intra-op threads the demo trains with on a CPU: ``current``, less the cores busy over the last minute.
 
@@ -328,31 +288,35 @@ def cpu_threads(current: int) -> int:
     return max(1, min(current, idle))
 
 
-@contextlib.contextmanager
-def _threads_for(device: torch.device) -> Iterator[None]:
-    """Train with :func:`cpu_threads` threads on a CPU, and give torch its thread count back afterwards."""
-    before = torch.get_num_threads()
-    if device.type == "cpu":
-        torch.set_num_threads(cpu_threads(before))
-    try:
-        yield
-    finally:
-        torch.set_num_threads(before)
-
-
 def fit_demo(run: DemoRun) -> DemoSummary:
     """Train a demo built by :func:`prepare_demo` and summarise it.
 
     On a CPU it trains with :func:`cpu_threads` threads unless ``OMP_NUM_THREADS`` is set.
     """
     root = run.trainer.strategy.root_device
-    with warnings.catch_warnings(), _threads_for(root):
-        # The data is generated in memory, so worker processes would only add start-up cost.
-        warnings.filterwarnings("ignore", message=r".*does not have many workers.*")
-        start = time.perf_counter()
-        run.trainer.fit(run.model, datamodule=run.datamodule)
-        seconds = time.perf_counter() - start
-        device = describe_device(root)  # names the threads it trained with
+    threads = torch.get_num_threads()
+    if root.type == "cpu":
+        torch.set_num_threads(cpu_threads(threads))
+    try:
+        with warnings.catch_warnings():
+            # The data is generated in memory, so worker processes would only add start-up cost.
+            warnings.filterwarnings("ignore", message=r".*does not have many workers.*")
+            start = time.perf_counter()
+            run.trainer.fit(run.model, datamodule=run.datamodule)
+            seconds = time.perf_counter() - start
+            device = describe_device(root)  # names the threads it trained with
+    finally:
+        torch.set_num_threads(threads)
+    batch = {}
+    dynamic = run.dynamic
+    if dynamic is not None and dynamic.batch_size is not None and dynamic.probe is not None:
+        batch = {
+            "start": run.datamodule.batch_size,
+            "final": dynamic.batch_size,
+            "oom_recoveries": dynamic.oom_recoveries,
+            "simulated": isinstance(dynamic.probe, lt.SimulatedMemory),
+            "device_gib": dynamic.probe.total_bytes() / (1 << 30),
+        }
     tracker, devices = run.tracker, run.trainer.num_devices
     return DemoSummary(
         start_loss=tracker.mean(tracker.first),
@@ -364,18 +328,5 @@ def fit_demo(run: DemoRun) -> DemoSummary:
         log_dir=str(run.logger.log_dir),
         device=(f"{devices} x " if devices > 1 else "") + device,
         perf=dict(run.monitor.summary),
-        batch=_batch_summary(run),
+        batch=batch,
     )
-
-
-def _batch_summary(run: DemoRun) -> dict[str, Any]:
-    dynamic = run.dynamic
-    if dynamic is None or dynamic.batch_size is None or dynamic.probe is None:
-        return {}
-    return {
-        "start": run.datamodule.batch_size,
-        "final": dynamic.batch_size,
-        "oom_recoveries": dynamic.oom_recoveries,
-        "simulated": isinstance(dynamic.probe, lt.SimulatedMemory),
-        "device_gib": dynamic.probe.total_bytes() / (1 << 30),
-    }

@@ -1,8 +1,4 @@
-"""Plateau detection: when has a monitored metric stopped improving?
-
-:class:`PlateauDetector` takes exactly the decisions of ``torch.optim.lr_scheduler.ReduceLROnPlateau`` for the same
-sequence of metric values, without touching an optimizer, so that the decision can be combined with any schedule.
-"""
+"""``PlateauDetector``: ``ReduceLROnPlateau``'s decisions without an optimizer, so they compose with any schedule."""
 
 from __future__ import annotations
 
@@ -57,29 +53,21 @@ class PlateauDetector:
         self.num_bad_evals = self.cooldown_counter = self.num_evals = 0
 
     def is_better(self, value: float, best: float) -> bool:
-        """Whether ``value`` improves on ``best`` by more than the threshold.
+        """Return whether ``value`` improves on ``best`` by more than the threshold.
 
         Args:
             value: New metric value.
             best: Best value so far.
-
-        Returns:
-            ``True`` when ``value`` counts as an improvement.
         """
         if self.mode == "min":
-            bound = best * (1.0 - self.threshold) if self.threshold_mode == "rel" else best - self.threshold
-            return value < bound
-        bound = best * (1.0 + self.threshold) if self.threshold_mode == "rel" else best + self.threshold
-        return value > bound
+            return value < (best * (1.0 - self.threshold) if self.threshold_mode == "rel" else best - self.threshold)
+        return value > (best * (1.0 + self.threshold) if self.threshold_mode == "rel" else best + self.threshold)
 
     def update(self, value: float) -> bool:
-        """Record one evaluation of the metric.
+        """Record one evaluation of the metric; return whether the learning rate should be reduced now.
 
         Args:
             value: The metric's value (NaN counts as no improvement).
-
-        Returns:
-            ``True`` when the learning rate should be reduced now.
         """
         self.num_evals += 1
         if self.is_better(value, self.best):
@@ -97,11 +85,7 @@ class PlateauDetector:
         return False
 
     def state_dict(self) -> dict[str, Any]:
-        """The counters, as plain numbers.
-
-        Returns:
-            A dictionary for :meth:`load_state_dict`.
-        """
+        """Return the counters, as plain numbers, for :meth:`load_state_dict`."""
         return {"best": self.best} | {key: getattr(self, key) for key in _COUNTERS}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:

@@ -12,19 +12,13 @@ SCALE_RULES: Final[tuple[str, ...]] = ("sqrt", "linear")
 
 
 def scale_lr(lr: float, old_batch_size: int, new_batch_size: int, *, rule: ScaleRule = "sqrt") -> float:
-    """Scale a learning rate for a new batch size.
-
-    ``"sqrt"`` multiplies by ``sqrt(new / old)`` (the usual rule for Adam-family optimizers); ``"linear"`` by
-    ``new / old`` (Goyal et al.'s rule for SGD).
+    """Return a learning rate scaled for a new batch size.
 
     Args:
         lr: The learning rate tuned for ``old_batch_size``.
         old_batch_size: Batch size ``lr`` was tuned for.
         new_batch_size: Batch size to scale to.
-        rule: ``"sqrt"`` or ``"linear"``.
-
-    Returns:
-        The scaled learning rate.
+        rule: ``"sqrt"`` (times ``sqrt(new / old)``, for Adam-family optimizers) or ``"linear"`` (for SGD).
 
     Raises:
         TypeError: If a batch size is not an integer or ``lr`` not a number.

@@ -1,38 +1,33 @@
 """``ScheduleLR``: torch's ``LambdaLR`` with one factor function for every parameter group, and per-group scales.
 
-Lightning steps it once per optimizer step (``interval="step"``), saves it in checkpoints and shows it in
-``LearningRateMonitor``, like any scheduler a module returns. Its ``last_epoch`` is the index of the optimizer step the
-current learning rate is for. A group's LR is its peak (its configured LR times its ``lr_scale``, timm's per-group
-multiplier, read when the scheduler is built) times its entry of :attr:`ScheduleLR.scales` (1.0 until a plateau
-reduction or a batch-size change multiplies it) times the factor of the step: recomputed, never accumulated.
+A group's LR at step ``last_epoch`` is its peak (its configured LR times its ``lr_scale``) times its scale times the
+factor of the step: recomputed, never accumulated (``docs/lr_schedules.md``).
 """
 
 from __future__ import annotations
 
-import math
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from functools import partial
-from typing import Any
+from typing import Any, Final
 
 from torch import Tensor
 from torch.optim import Optimizer
 from torch.optim.lr_scheduler import LRScheduler
+from typing_extensions import override
 
 from lightning_tune._validation import check_bool, check_callable, check_float, check_instance, check_int
-from lightning_tune.lr.schedules import FACTORS
+from lightning_tune.lr.schedules import FACTORS, floor_ratio
 
 #: A function of the optimizer step: the multiple of the base LR that step uses (or, as ``momentum``, the momentum).
 Factor = Callable[[int], float]
 #: What a scheduler follows, as plain data (:attr:`ScheduleLR.schedule`).
 Schedule = dict[str, Any]
+#: The entries of a :data:`Schedule` that are factors.
+FACTOR_KEYS: Final = ("factor", "momentum")
 
 
 def configured_lr(group: Mapping[str, Any]) -> Any:
     """The learning rate a parameter group was configured with, whatever a scheduler has set it to since.
-
-    torch's schedulers (and :class:`ScheduleLR`) store it in the group's ``initial_lr`` when they are built, before
-    they change ``lr`` (a warm-up sets it to 0 at once); without one it is the group's ``lr``. A number or a tensor, as
-    the group holds it.
 
     Example:
         >>> import torch
@@ -42,6 +37,14 @@ def configured_lr(group: Mapping[str, Any]) -> Any:
         (0.0, 0.1)
     """
     return group.get("initial_lr", group["lr"])
+
+
+def set_lr(group: dict[str, Any], value: float | Tensor) -> None:
+    """Set a parameter group's learning rate, in place where the group holds it as a tensor."""
+    if isinstance(group["lr"], Tensor):
+        group["lr"].fill_(value)
+    else:
+        group["lr"] = value
 
 
 def stretched(keywords: Mapping[str, Any], total_steps: int, step: int) -> dict[str, Any]:
@@ -83,7 +86,7 @@ def _from_schedule(saved: Mapping[str, Any]) -> Schedule:
     keywords = {key: saved[key] for key in _FIELDS if key in saved}
     top = peaks.index(max(peaks))  # the floors were the largest group's ratio, spread over the others
     if "min_lrs" in saved:
-        keywords["min_ratio"] = saved["min_lrs"][top] / peaks[top] if peaks[top] > 0 else 0.0
+        keywords["min_ratio"] = floor_ratio(saved["min_lrs"][top], peaks[top])
     momentum = None
     if kind == "one_cycle":
         start = 1.0 / saved.get("div_factor", 25.0)
@@ -102,25 +105,16 @@ class ScheduleLR(LRScheduler):
 
     Args:
         optimizer: The optimizer to drive.
-        factor: The multiple of each group's peak LR that a step uses, as a function of the step: a
-            ``functools.partial`` of a factor function of :mod:`lightning_tune.lr.schedules` (saved in checkpoints
-            by name and keywords) or any callable (not saved, as ``LambdaLR`` saves no function).
+        factor: The multiple of each group's peak LR a step uses; only a factor function's ``partial`` is saved.
         last_epoch: As in torch's schedulers; ``-1`` starts at step 0.
         momentum: The momentum (Adam's ``beta1``) of every group as a function of the step, or ``None`` to leave it.
-        on_restore: Decides which schedule a resumed run follows: called as ``on_restore(saved, configured, step)``
-            when :meth:`load_state_dict` loads a saved state (``saved`` is the checkpoint's :attr:`schedule`,
-            ``configured`` this scheduler's, ``step`` the restored :attr:`last_epoch`) and returns the one to follow.
-            ``None`` follows the saved one, as torch's schedulers restore their own arguments. The schedule callbacks
-            use it to honour the arguments a run is resumed with.
-        follows_run: The schedule's length is the run's: whoever changes the run's length calls :meth:`retarget`
-            (``DynamicBatchSize`` does, under ``keep="lr"`` and ``"none"``). The schedule callbacks set it when
-            ``total_steps`` is left to the Trainer.
-        log_lr: A callback logs this scheduler's learning rates (``tune/lr...``), so no other one logs them again; the
-            scheduler itself logs nothing.
+        on_restore: ``on_restore(saved, configured, step)`` returns the :attr:`schedule` a restored state follows
+            from its step on (``None``: the saved one, as torch's schedulers do).
+        follows_run: The schedule's length is the run's: whoever changes the run's length calls :meth:`retarget`.
+        log_lr: A callback logs this scheduler's learning rates, so no other one logs them again.
 
     Raises:
-        TypeError: If ``optimizer`` is not an optimizer, ``factor`` or ``momentum`` not callable, ``last_epoch`` not
-            an integer, ``on_restore`` not callable, a flag not a bool or a group's ``lr_scale`` not a number.
+        TypeError: If an argument, or a group's ``lr_scale``, has the wrong type.
         ValueError: If ``last_epoch < -1``, a group's ``lr_scale`` is negative, or ``momentum`` is given and the
             optimizer has neither ``momentum`` nor ``betas``.
 
@@ -167,13 +161,9 @@ class ScheduleLR(LRScheduler):
         self.on_restore, self.follows_run, self.log_lr = on_restore, follows_run, log_lr
         super().__init__(optimizer, last_epoch)
 
+    @override
     def get_lr(self) -> list[float | Tensor]:
-        """Learning rates for the step :attr:`last_epoch` (and the momentum, set on the groups).
-
-        Returns:
-            One learning rate per parameter group: its peak times its scale times the factor.
-        """
-        if self.momentum is not None:
+        if self.momentum is not None:  # set on the groups, for the step `last_epoch` too
             momentum = self.momentum(self.last_epoch)
             for group in self.optimizer.param_groups:
                 if "betas" in group:
@@ -185,87 +175,53 @@ class ScheduleLR(LRScheduler):
 
     @property
     def schedule(self) -> Schedule:
-        """What the scheduler follows, as plain data: ``{"factor": ..., "momentum": ..., "peaks": [...]}``.
-
-        A factor is ``{"name": <factor function>, **its keywords}``, or ``None`` for a callable of no such form.
-        """
-        return {"factor": to_data(self.factor), "momentum": to_data(self.momentum), "peaks": list(self.peaks)}
+        """What it follows as plain data: ``{"factor": to_data(...), "momentum": to_data(...), "peaks": [...]}``."""
+        return {key: to_data(getattr(self, key)) for key in FACTOR_KEYS} | {"peaks": list(self.peaks)}
 
     def scale_group(self, group: int, factor: float) -> None:
-        """Multiply a group's learning rate by ``factor`` now and at every later step.
-
-        Args:
-            group: Parameter group index.
-            factor: Multiplier (e.g. a plateau reduction).
-        """
+        """Multiply parameter group ``group``'s learning rate by ``factor`` now and at every later step."""
         self.scales[group] *= factor
-        self._set_lr(group, self.peaks[group] * self.scales[group] * self.factor(self.last_epoch))
+        self._set_lrs([group])
 
     def retarget(self, total_steps: int) -> None:
-        """Make the schedule end at ``total_steps`` from the next step on, as if built for that length.
+        """Make the schedule end at ``total_steps`` (optimizer steps, >= 0) from the next step on, as if built for it.
 
-        The warm-up (and a decay of fixed length) keep their lengths; the schedule never ends before they fit or before
-        the next step. A factor without a length (:func:`~lightning_tune.lr.schedules.linear_warmup`) stays as it is.
-
-        Args:
-            total_steps: The run's new length in optimizer steps, >= 0.
+        The warm-up (and a decay of fixed length) keep their lengths (``docs/lr_schedules.md``); the schedule never ends
+        before they fit or before the next step. A factor without a length stays as it is.
         """
         check_int("total_steps", total_steps, minimum=0)
-        for name in ("factor", "momentum"):
+        for name in FACTOR_KEYS:
             function = getattr(self, name)
             if isinstance(function, partial) and function.keywords.get("total_steps", total_steps) != total_steps:
                 keywords = stretched(function.keywords, total_steps, self.last_epoch)
                 setattr(self, name, partial(function.func, **keywords))
 
-    def _set_lr(self, group: int, value: float | Tensor) -> None:
-        """Set a group's learning rate (in place where it is a tensor) and the last learning rates torch reports."""
-        groups = self.optimizer.param_groups
-        if isinstance(groups[group]["lr"], Tensor):
-            groups[group]["lr"].fill_(value)
-        else:
-            groups[group]["lr"] = value
+    def _set_lrs(self, indices: Iterable[int]) -> None:
+        """Set these groups' learning rates to the schedule's for :attr:`last_epoch`, and the ones torch reports."""
+        groups, lrs = self.optimizer.param_groups, self.get_lr()
+        for index in indices:
+            set_lr(groups[index], lrs[index])
         self._last_lr = [g["lr"].clone() if isinstance(g["lr"], Tensor) else g["lr"] for g in groups]
 
+    @override
     def state_dict(self) -> dict[str, Any]:
-        """State as plain data (the factors by name and keywords, so checkpoints load with ``weights_only``).
-
-        Returns:
-            The scheduler's state.
-        """
+        # plain data (the factors by name and keywords), so that checkpoints load with `weights_only`
         state = {key: value for key, value in super().state_dict().items() if key not in _CONFIGURATION}
         return state | self.schedule
 
+    @override
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
-        """Restore a state saved by :meth:`state_dict` (or by the per-group schedules of earlier releases).
-
-        With ``on_restore`` set, the schedule it returns is followed from the restored step on, and the optimizer's
-        learning rates are set to that schedule's values for that step.
-
-        Args:
-            state_dict: The saved state.
-        """
+        """Restore a state saved by :meth:`state_dict` (or by the per-group schedules of earlier releases)."""
         state = dict(state_dict)
         if "schedule" in state:
             state |= _from_schedule(state.pop("schedule"))
-        saved = {key: state.pop(key) for key in ("factor", "momentum", "peaks")}
+        saved = {key: state.pop(key) for key in (*FACTOR_KEYS, "peaks")}
         configured = self.schedule
         super().load_state_dict(state)
         chosen = saved if self.on_restore is None else self.on_restore(saved, configured, self.last_epoch)
-        self.factor = from_data(chosen["factor"]) if chosen["factor"] is not None else self.factor
-        self.momentum = from_data(chosen["momentum"]) if chosen["momentum"] is not None else self.momentum
+        for key in FACTOR_KEYS:
+            if chosen[key] is not None:
+                setattr(self, key, from_data(chosen[key]))
         self.peaks = [float(peak) for peak in chosen["peaks"]]
         if chosen is not saved:  # the optimizer's restored LRs are the saved schedule's: set this one's
-            for group, value in enumerate(self.get_lr()):
-                self._set_lr(group, value)
-
-
-def same(saved: Any, configured: Any) -> bool:
-    """Whether two schedules (or parts of them) agree, numbers to a relative 1e-12 (a ratio computed two ways)."""
-    if isinstance(saved, Mapping) and isinstance(configured, Mapping):
-        return saved.keys() == configured.keys() and all(same(saved[key], configured[key]) for key in saved)
-    if isinstance(saved, list) and isinstance(configured, list):
-        return len(saved) == len(configured) and all(map(same, saved, configured))
-    if isinstance(saved, float) or isinstance(configured, float):
-        numbers = all(isinstance(v, int | float) and not isinstance(v, bool) for v in (saved, configured))
-        return numbers and math.isclose(saved, configured, rel_tol=1e-12)
-    return bool(saved == configured)
+            self._set_lrs(range(len(self.peaks)))

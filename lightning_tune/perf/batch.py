@@ -1,14 +1,7 @@
 """How many samples and tokens a batch holds, found without a host-device synchronisation.
 
-Samples are counted by :class:`BatchLayout`'s rule (see its docstring): the leading length most of the batch's
-tensors share, read through mappings, named tuples and the batch's outer tuple or list; a batch without such tensors
-counts its sequences of per-sample objects. Tokens are counted once per batch from the *inputs*: an attention mask
-(a ``bool`` tensor, or the value of an ``attention_mask`` key) gives the number of real tokens, padding excluded;
-otherwise the first two-dimensional integer tensor (``(batch, seq)`` token ids) gives ``batch * seq``. Targets of
-the same shape are not counted again.
-
-A step's readers (the monitor, ``DynamicBatchSize``) all count the batch Lightning hands over: the counts of the batch
-object counted last are kept, so the batch is walked once however many of them ask.
+The rules are in ``docs/throughput.md`` (Samples, Tokens) and ``docs/dynamic_batch.md`` (Batches the pack cuts); a
+step's readers (the monitor, ``DynamicBatchSize``) share the counts of the batch counted last (:data:`LAST_BATCH`).
 """
 
 from __future__ import annotations
@@ -31,13 +24,16 @@ Path = tuple[Any, ...]
 class _LastBatch:
     """The counts taken of the batch object a layout counted last, while it is the same object with the same values.
 
-    A layout's count (:meth:`BatchLayout.samples`, :func:`count_samples`) starts a batch's entry; the other counts are
-    kept while they are of that batch, so that the pieces a step is cut into do not push it out. It holds the batch,
-    so that its identity cannot pass to another object, and the identities of its top level's values, so that a
-    mapping or list refilled in place counts afresh.
+    Only a layout's count starts an entry, so the pieces a step is cut into do not push the batch out. It holds the
+    batch, so that its identity cannot pass to another object, and the identities of its top level's values, so that
+    a mapping or list refilled in place counts afresh.
     """
 
     def __init__(self) -> None:
+        self.clear()
+
+    def clear(self) -> None:
+        """Let go of the batch (at the end of a run)."""
         self.batch: Any = None
         self.top: tuple[int, ...] | None = None  # None: a batch whose top level cannot change (a tuple, a tensor)
         self.counts: dict[Any, Any] = {}
@@ -54,10 +50,6 @@ class _LastBatch:
         if counts is None:
             self.batch, self.top, self.counts = batch, _top(batch), {}
         return self.counts
-
-    def clear(self) -> None:
-        """Let go of the batch (at the end of a run)."""
-        self.batch, self.top, self.counts = None, None, {}
 
 
 LAST_BATCH = _LastBatch()
@@ -96,10 +88,7 @@ def _walk_tensors(batch: Any) -> list[tuple[str | None, Tensor]]:
 
 
 def map_children(batch: Any, fn: Callable[[Any], Any]) -> Any:
-    """``batch`` rebuilt with ``fn`` applied to each child: a mapping's values, a (named) tuple's or a list's items.
-
-    A mapping keeps its type (a tokenizer's ``BatchEncoding``); anything else (a tensor, a number) is returned as it is.
-    """
+    """``batch`` rebuilt, of its own type, with ``fn`` applied to each of a mapping's values or a sequence's items."""
     if isinstance(batch, Mapping):
         out = {key: fn(value) for key, value in batch.items()}
         return out if type(batch) is dict else type(batch)(out)  # type: ignore[call-arg]
@@ -111,9 +100,7 @@ def map_children(batch: Any, fn: Callable[[Any], Any]) -> Any:
 
 
 def count_samples(batch: Any) -> int | None:
-    """Number of samples in a batch, by :class:`BatchLayout`'s rule: the count a ``DynamicBatchSize`` step reads.
-
-    When a layout has counted this batch object already (``DynamicBatchSize``'s, with its ``per_batch``), its count.
+    """Number of samples in a batch, by :class:`BatchLayout`'s rule (a layout's count of this batch, if it took one).
 
     Args:
         batch: A tensor, or tuples, lists and mappings of them and of per-sample objects.
@@ -154,27 +141,8 @@ def _per_sample_by_kind(node: list[Any] | tuple[Any, ...]) -> bool:
 class BatchLayout:
     """Which values of a collated batch are per-sample, and how many samples it holds.
 
-    The rule, read from the batch's structure and kept for the batches after it (a value's role does not change
-    when a short last batch happens to make it ambiguous):
-
-    - Mappings (a tokenizer's ``BatchEncoding`` too) and named tuples hold the batch's values; so does the batch's
-      outer tuple or list (``default_collate``'s ``[x, y]``), unless it holds only scalars and strings, or two or
-      more mappings with the same keys: then it is a sequence of per-sample objects.
-    - A tensor is per-sample along its first dimension; a 0-dim tensor, a number, a string or ``None`` goes whole
-      to every micro-batch, and so does every value named in ``per_batch``.
-    - A tuple or list inside holds per-sample objects (a target dict per image, a variable-length tensor per
-      recording, a string per sample, a ragged list) when its length is the sample count and its items are not
-      themselves values of that many rows; it holds values, walked as above, when its length is not the count and
-      its items are. Scalars and strings, and mappings alike, are always per-sample objects. Per-sample objects
-      are never looked into: each goes whole to the micro-batch of its sample.
-    - The sample count is the leading length most of the tensors share (the largest among equally many), read
-      through mappings, named tuples and tuples or lists of values; a batch without such tensors counts its
-      sequences of per-sample objects.
-
-    Refused, naming the value's place in the batch (``batch[1][0]['boxes']``): a per-sample value whose length is not
-    the count (a per-batch tensor of another length must be named in ``per_batch``), a sequence the rule cannot
-    place (both readings fit, or neither), an object of another type (a custom class: name it in ``per_batch``, or
-    cut the batch yourself with ``DynamicBatchSize(split_batch=...)``).
+    The rule and what it refuses: ``docs/dynamic_batch.md`` (Batches the pack cuts). The place of each sequence is
+    read once and kept for the batches after it, so a short last batch cannot make a value's role ambiguous.
 
     Args:
         per_batch: Values that are per batch, not per sample: a mapping key (anywhere in the batch) or a place as
@@ -204,14 +172,11 @@ class BatchLayout:
         return self._items.get(path, False)
 
     def samples(self, batch: Any, *, check: bool = True) -> int | None:
-        """The batch's sample count; reads the places of sequences it has not seen yet.
+        """The batch's sample count (``None`` when nothing is per-sample); reads the places of new sequences.
 
         Args:
             batch: A collated batch.
             check: Refuse what the rule cannot cut (else count what can be counted and read nothing new).
-
-        Returns:
-            The count, or ``None`` when the batch holds nothing per-sample.
 
         Raises:
             TypeError: With ``check``, if a value has a type the rule cannot cut.
@@ -358,13 +323,7 @@ def count_tokens(batch: Any) -> int | Tensor | None:
 
 
 def sequence_length(batch: Any) -> int | None:
-    """Sequence length of a batch: the second dimension of its first ``(batch, seq)`` integer tensor (token ids).
-
-    Args:
-        batch: A tensor, or tuples, lists and mappings of them.
-
-    Returns:
-        The length (padding included), or ``None`` when the batch holds no token ids.
+    """The second dimension (padding included) of a batch's first ``(batch, seq)`` integer tensor, else ``None``.
 
     Example:
         >>> sequence_length({"input_ids": torch.zeros(2, 7, dtype=torch.long), "labels": torch.zeros(2, 7)})

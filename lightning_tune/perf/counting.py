@@ -1,28 +1,12 @@
 """Count a training step's FLOPs on a meta-device copy of the model, never on the model that is timed.
 
-:func:`count_step_flops` copies the LightningModule's module tree with every parameter and buffer on the ``meta``
-device (no memory, no compute), runs the class's ``training_step`` and the loss's ``backward`` on a meta copy of the
-batch under ``torch.utils.flop_counter.FlopCounterMode``, and returns a :class:`FlopModel`: the step's FLOPs as a
-function of the batch's samples and sequence length. The real model is never called, so a compiled model is
-compiled as usual (Dynamo does not compile a frame it first meets under a dispatch mode).
-
-Conventions (``docs/peak_flops.md``):
-
-- matmuls and convolutions as ``FlopCounterMode`` counts them (``2 * m * n * k`` per matmul), forward and backward;
-  elementwise work is not counted;
-- every ``F.scaled_dot_product_attention`` call is counted here, not by ``FlopCounterMode`` (which counts nothing for
-  some CPU kernels and the full square for causal calls): ``2 * pairs * (d_qk + d_v)`` per batch and head forward,
-  twice that backward, where ``pairs`` is the number of (query, key) pairs attended. A causal call attends
-  ``L * (L + 1) / 2`` pairs, about half the square; a call with an explicit mask counts the full square;
-- recomputation is not model work: with this package's activation checkpointing (or Hugging Face's own switch) the
-  copy runs without it, and the forward FLOPs of each checkpointed block, which its backward would run again, give
-  the hardware FLOPs (HFU);
-- the dense part scales with the batch's positions (samples times sequence length, padding included: the model
-  computes it), the attention part with the pairs of that length.
+The real model is never called, so a compiled model is compiled as usual (Dynamo does not compile a frame it first
+meets under a dispatch mode). The counting conventions: ``docs/peak_flops.md``.
 """
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import math
 import types
@@ -46,18 +30,7 @@ __all__ = ["FlopModel", "attention_pairs", "count_step_flops", "meta_copy"]
 
 
 def attention_pairs(q_len: int, k_len: int, *, causal: bool) -> int:
-    """Number of (query, key) pairs an attention call attends.
-
-    Causal attention (``is_causal=True``, the mask aligned to the top left as in PyTorch) lets query ``i`` see keys
-    ``0..i``.
-
-    Args:
-        q_len: Query length.
-        k_len: Key length.
-        causal: Whether the call is causal.
-
-    Returns:
-        ``q_len * k_len``, or the causal count (``L * (L + 1) / 2`` when both lengths are ``L``).
+    """Number of (query, key) pairs an attention call attends; causal: query ``i`` sees keys ``0..i`` (top left).
 
     Raises:
         TypeError: If a length is not an integer or ``causal`` not a bool.
@@ -117,26 +90,15 @@ class FlopModel:
         return self.dense + self.causal_attention + self.full_attention
 
     def flops(self, samples: int, seq_len: int | None = None) -> float:
-        """FLOPs of a micro-batch of ``samples`` sequences of ``seq_len`` positions.
-
-        Args:
-            samples: Samples in the micro-batch.
-            seq_len: Its sequence length; ``None`` (or a model counted without one) scales by samples alone.
-
-        Returns:
-            The FLOPs.
-        """
+        """FLOPs of a micro-batch of ``samples`` sequences of ``seq_len`` positions (``None``: by samples alone)."""
         per_sample = samples / self.samples
         base = self.seq_len
         if base is None or seq_len is None or seq_len == base:
             return per_sample * self.total
-        causal = attention_pairs(seq_len, seq_len, causal=True) / attention_pairs(base, base, causal=True)
+        causal = seq_len * (seq_len + 1) / (base * (base + 1))  # the causal pairs' ratio, L * (L + 1) / 2 each
         return per_sample * (
             self.dense * seq_len / base + self.causal_attention * causal + self.full_attention * (seq_len / base) ** 2
         )
-
-
-# ------------------------------------------------------------------------------------------------------- attention
 
 
 class _AttentionCounter(TorchFunctionMode):
@@ -161,11 +123,7 @@ class _AttentionCounter(TorchFunctionMode):
         self.forward[causal] += forward
         self.flops[causal] += flops
         # same shape and gradient paths as the real output; sums and broadcasts are not counted as FLOPs
-        lead = q.shape[:-1]
-        return q.sum(-1, keepdim=True).expand(*lead, v.shape[-1]) + (k.sum() + v.sum())
-
-
-# ------------------------------------------------------------------------------------------------------- meta copy
+        return q.sum(-1, keepdim=True).expand(*q.shape[:-1], v.shape[-1]) + (k.sum() + v.sum())
 
 
 def _meta_tensor(tensor: Tensor, memo: dict[int, Any]) -> Tensor:
@@ -189,21 +147,19 @@ class _Tally:
         forward = self.attention.forward
         return [float(self.counter.get_total_flops()), forward[True], forward[False]]
 
+    def probe(self, run: Callable[..., Any]) -> Callable[..., Any]:
+        """Stands in the copy for a checkpointing wrapper: runs the block once and notes its forward FLOPs."""
 
-class _RecomputeProbe:
-    """Stands in the copy for a checkpointing wrapper: runs the block once and notes its forward FLOPs."""
+        def forward(*args: Any, **kwargs: Any) -> Any:
+            if not torch.is_grad_enabled():  # nothing saved, nothing recomputed (as in the real wrapper)
+                return run(*args, **kwargs)
+            before = self.forward_flops()
+            out = run(*args, **kwargs)
+            after = self.forward_flops()
+            self.recomputed = [r + b - a for r, a, b in zip(self.recomputed, before, after, strict=True)]
+            return out
 
-    def __init__(self, run: Callable[..., Any], tally: _Tally) -> None:
-        self.run, self.tally = run, tally
-
-    def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        if not torch.is_grad_enabled():  # nothing saved, nothing recomputed (as in the real wrapper)
-            return self.run(*args, **kwargs)
-        before = self.tally.forward_flops()
-        out = self.run(*args, **kwargs)
-        after = self.tally.forward_flops()
-        self.tally.recomputed = [r + b - a for r, a, b in zip(self.tally.recomputed, before, after, strict=True)]
-        return out
+        return forward
 
 
 def _is_metric(module: nn.Module) -> bool:
@@ -249,12 +205,13 @@ def _copy_module(module: nn.Module, tally: _Tally | None, memo: dict[int, Any]) 
     if hf_checkpointed:
         state["gradient_checkpointing"] = False
     _copy_config(state, memo)
-    wrapper = state.get("forward")
-    if isinstance(wrapper, InstanceForward):  # swaps and presets run as the module's own forward on the copy
+    # the layers Hugging Face checkpoints (its own switch, which ActivationCheckpointing uses for these models)
+    checkpointed = hf_checkpointed and any(k.__name__ == "GradientCheckpointingLayer" for k in type(module).__mro__)
+    original = state.get("forward")
+    if isinstance(original, InstanceForward):  # swaps and presets run as the module's own forward on the copy
         from lightning_tune.swaps.checkpointing import CheckpointedForward  # the package's own checkpointing
 
         # wrappers stack (the loss swap around the attention swap's): each holds the real module, so unwrap them all
-        original, checkpointed = wrapper, False
         while isinstance(original, InstanceForward):
             checkpointed = checkpointed or isinstance(original, CheckpointedForward)
             original = original.original
@@ -264,15 +221,8 @@ def _copy_module(module: nn.Module, tally: _Tally | None, memo: dict[int, Any]) 
             state["forward"] = types.MethodType(original.__func__, clone)
         else:
             state["forward"] = original
-        if checkpointed and tally is not None:
-            state["forward"] = _RecomputeProbe(clone.forward, tally)
-    # the layers Hugging Face checkpoints (its own switch, which ActivationCheckpointing uses for these models)
-    if (
-        hf_checkpointed
-        and tally is not None
-        and any(k.__name__ == "GradientCheckpointingLayer" for k in type(module).__mro__)
-    ):
-        state["forward"] = _RecomputeProbe(clone.forward, tally)
+    if checkpointed and tally is not None:
+        state["forward"] = tally.probe(clone.forward)
     return clone
 
 
@@ -292,17 +242,10 @@ def _copy_config(state: dict[str, Any], memo: dict[int, Any]) -> None:
 def meta_copy(module: nn.Module) -> nn.Module:
     """A copy of ``module`` whose parameters and buffers live on the meta device, for counting without computing.
 
-    Submodules are copied shallowly: the copy shares every other attribute with the original (datasets, configs)
-    but holds its own parameter, buffer and child dicts. ``torch.compile`` wrappers are unwrapped, a LightningModule's
-    Trainer reference is dropped, instance-level ``forward`` wrappers of this package's swaps and presets are removed,
-    activation checkpointing is off (a Hugging Face model on flash-attn runs its SDPA path), torchmetrics metrics do
-    nothing, and lists, dicts and sets held by a module are the copy's own.
-
-    Args:
-        module: The model.
-
-    Returns:
-        The copy; the original is untouched.
+    Submodules are copied shallowly (``module`` is left untouched): each copy holds its own parameter, buffer and
+    child dicts and its own lists, dicts and sets, and shares every other attribute. ``torch.compile`` wrappers are
+    unwrapped, the Trainer reference is dropped, this package's ``forward`` wrappers are removed, activation
+    checkpointing is off (a Hugging Face model on flash-attn runs its SDPA path) and torchmetrics metrics do nothing.
 
     Raises:
         TypeError: If ``module`` is not a ``torch.nn.Module``.
@@ -319,12 +262,6 @@ def meta_copy(module: nn.Module) -> nn.Module:
 
 def _meta_batch(batch: Any) -> Any:
     return torch.empty_like(batch, device="meta") if isinstance(batch, Tensor) else map_children(batch, _meta_batch)
-
-
-def _loss(output: Any) -> Tensor | None:
-    if isinstance(output, Mapping):
-        output = output.get("loss")
-    return output if isinstance(output, Tensor) and output.requires_grad else None
 
 
 def count_step_flops(
@@ -369,10 +306,8 @@ def count_step_flops(
         if not (isinstance(batch, Mapping) and "attention_mask" in batch):
             raise
         unmasked = {key: value for key, value in batch.items() if key != "attention_mask"}
-        try:
+        with contextlib.suppress(Exception):  # the first error is the one to report
             return _count_step(module, unmasked, step, samples)
-        except Exception:  # noqa: BLE001 - the first error is the one to report
-            pass
         raise
 
 
@@ -390,15 +325,13 @@ def _count_step(
         warnings.catch_warnings(),
     ):
         warnings.simplefilter("ignore")  # e.g. `self.log` without a Trainer
-        loss = _loss(step(copied, _meta_batch(batch)))
-        if loss is not None:
+        loss = step(copied, _meta_batch(batch))
+        loss = loss.get("loss") if isinstance(loss, Mapping) else loss
+        if isinstance(loss, Tensor) and loss.requires_grad:
             loss.backward()
-    causal, full = tally.attention.flops[True], tally.attention.flops[False]
-    dense = float(tally.counter.get_total_flops())
+    counts = [float(tally.counter.get_total_flops()), tally.attention.flops[True], tally.attention.flops[False]]
     counted, length = max(samples, 1), sequence_length(batch)
-    flops = FlopModel(counted, length, dense, causal, full)
-    extra = tally.recomputed
-    if not any(extra):
+    flops = FlopModel(counted, length, *counts)
+    if not any(tally.recomputed):
         return flops, None
-    hardware = FlopModel(counted, length, dense + extra[0], causal + extra[1], full + extra[2])
-    return flops, hardware
+    return flops, FlopModel(counted, length, *(c + r for c, r in zip(counts, tally.recomputed, strict=True)))

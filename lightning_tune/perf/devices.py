@@ -28,10 +28,7 @@ _EARLIER_PEAK: dict[int, int] = {}  # device index -> highest allocated peak bef
 
 
 def reset_interval_peak(device: torch.device) -> None:
-    """Reset ``torch.cuda``'s peak counters for an interval measurement, keeping the run's peak.
-
-    :func:`allocator_metrics` (and so the monitor's ``perf/vram_peak_gib``) still reads the peak of the whole run.
-    """
+    """Reset ``torch.cuda``'s peak counters for an interval; :func:`allocator_metrics` still reads the run's peak."""
     index = torch.device(device).index or 0
     _EARLIER_PEAK[index] = max(_EARLIER_PEAK.get(index, 0), int(torch.cuda.max_memory_allocated(device)))
     torch.cuda.reset_peak_memory_stats(device)
@@ -44,27 +41,15 @@ def reset_run_peak(device: torch.device) -> None:
 
 
 def cuda_memory_metrics(device: torch.device) -> dict[str, float]:
-    """Memory of a CUDA device, from the caching allocator and the driver.
-
-    Args:
-        device: The device; anything but a CUDA device gives an empty result.
-
-    Returns:
-        :func:`allocator_metrics` and :func:`driver_metrics` together.
-    """
+    """Memory of a CUDA device (nothing for another): :func:`allocator_metrics` and :func:`driver_metrics` together."""
     return {**allocator_metrics(device), **driver_metrics(device)}
 
 
 def allocator_metrics(device: torch.device) -> dict[str, float]:
-    """What the caching allocator holds on a CUDA device, from one ``torch.cuda.memory_stats`` read (host only).
+    """What the caching allocator holds on a CUDA device (else nothing), from one ``memory_stats`` read (host only).
 
-    Args:
-        device: The device; anything but a CUDA device gives an empty result.
-
-    Returns:
-        ``vram_allocated_gib``, ``vram_reserved_gib``, ``vram_peak_gib`` (peak allocated since the last
-        :func:`reset_run_peak`, across DynamicBatchSize's interval resets) and ``alloc_retries`` (allocator retries
-        after a failed ``cudaMalloc``: memory pressure short of an OOM).
+    ``vram_peak_gib`` is the peak allocated since the last :func:`reset_run_peak`, across DynamicBatchSize's interval
+    resets; ``alloc_retries`` counts retries after a failed ``cudaMalloc`` (memory pressure short of an OOM).
     """
     if device.type != "cuda" or not torch.cuda.is_available():
         return {}
@@ -79,14 +64,7 @@ def allocator_metrics(device: torch.device) -> dict[str, float]:
 
 
 def driver_metrics(device: torch.device) -> dict[str, float]:
-    """Memory in use on the whole CUDA device, all processes, from the driver (``torch.cuda.mem_get_info``).
-
-    Args:
-        device: The device; anything but a CUDA device gives an empty result.
-
-    Returns:
-        ``vram_used_frac``: the fraction of the device's total memory in use.
-    """
+    """``vram_used_frac``: the share of a CUDA device's memory in use by all processes (``mem_get_info``)."""
     if device.type != "cuda" or not torch.cuda.is_available():
         return {}
     free, total = torch.cuda.mem_get_info(device)
@@ -120,7 +98,14 @@ class DeviceReader:
         if now >= self._due:
             self._due = now + DRIVER_READ_EVERY_S
             out.update(driver_metrics(self.device))
-            out.update(self._sample_nvml())
+            try:
+                out.update(self.nvml.sample() if self.nvml is not None else {})
+            except Exception as err:  # noqa: BLE001 - e.g. NVMLError_NotSupported on a MIG device: stop asking
+                self.nvml, self.nvml_off = None, True
+                self.warn(
+                    f"NVML could not read GPU utilisation ({type(err).__name__}: {err}); `{keys.GPU_UTIL_PCT}` and "
+                    f"`{keys.GPU_MEM_BW_PCT}` are not logged from now on."
+                )
         return out
 
     def peak(self) -> float | None:
@@ -128,29 +113,9 @@ class DeviceReader:
         peak = allocator_metrics(self.device).get("vram_peak_gib")
         return None if peak is None else max(self.peak_gib, peak)
 
-    def _sample_nvml(self) -> dict[str, float]:
-        if self.nvml is None:
-            return {}
-        try:
-            return self.nvml.sample()
-        except Exception as err:  # noqa: BLE001 - e.g. NVMLError_NotSupported on a MIG device: stop asking
-            self.nvml, self.nvml_off = None, True
-            self.warn(
-                f"NVML could not read GPU utilisation ({type(err).__name__}: {err}); `{keys.GPU_UTIL_PCT}` and "
-                f"`{keys.GPU_MEM_BW_PCT}` are not logged from now on."
-            )
-            return {}
-
 
 def describe_device(device: torch.device) -> str:
-    """Name a device for the results: ``"cuda:0 (NVIDIA H100 80GB HBM3)"``, ``"cpu (<CPU model>)"``.
-
-    Args:
-        device: The device.
-
-    Returns:
-        The description.
-    """
+    """Name a device for the results: ``"cuda:0 (NVIDIA H100 80GB HBM3)"``, ``"cpu (<CPU model>, 8 threads)"``."""
     check_instance("device", device, torch.device, "a torch.device")
     if device.type == "cuda":
         return f"{device} ({torch.cuda.get_device_name(device)})"
@@ -171,9 +136,6 @@ def _cpu_model() -> str:
 class NvmlSampler:
     """GPU utilisation and memory-bandwidth utilisation of one CUDA device from NVML (nvidia-ml-py).
 
-    Args:
-        device: The CUDA device to sample.
-
     Raises:
         ModuleNotFoundError: If nvidia-ml-py is not installed (the message names the ``gpu`` extra).
     """
@@ -181,24 +143,16 @@ class NvmlSampler:
     def __init__(self, device: torch.device) -> None:
         self._nvml: Any = _imports.require("pynvml", feature="GPU utilisation in ThroughputLatencyMonitor")
         self._nvml.nvmlInit()
-        self._handle = self._find_handle(device)
-
-    def _find_handle(self, device: torch.device) -> Any:
         index = device.index if device.index is not None else torch.cuda.current_device()
         uuid = getattr(torch.cuda.get_device_properties(index), "uuid", None)
+        self._handle = None
         if uuid is not None:  # robust to CUDA_VISIBLE_DEVICES reordering
-            try:
-                return self._nvml.nvmlDeviceGetHandleByUUID(f"GPU-{uuid}")
-            except Exception:  # noqa: BLE001 - older drivers: fall back to the index
-                pass
-        return self._nvml.nvmlDeviceGetHandleByIndex(index)
+            with contextlib.suppress(Exception):  # older drivers: fall back to the index
+                self._handle = self._nvml.nvmlDeviceGetHandleByUUID(f"GPU-{uuid}")
+        if self._handle is None:
+            self._handle = self._nvml.nvmlDeviceGetHandleByIndex(index)
 
     def sample(self) -> dict[str, float]:
-        """Utilisation over the driver's last sample period.
-
-        Returns:
-            ``gpu_util_pct`` (time a kernel was running) and ``gpu_mem_bw_pct`` (time device memory was being read or
-            written), in percent.
-        """
+        """Percent of the driver's last sample period a kernel ran, and device memory was read or written."""
         rates = self._nvml.nvmlDeviceGetUtilizationRates(self._handle)
         return {"gpu_util_pct": float(rates.gpu), "gpu_mem_bw_pct": float(rates.memory)}

@@ -1,12 +1,6 @@
-"""Model FLOPs utilisation (MFU): dense peak FLOP/s per device and dtype.
+"""Model FLOPs utilisation (MFU): model FLOP/s over the device's *dense* peak FLOP/s for the dtype its matmuls run in.
 
-MFU is the model FLOP/s a run achieves divided by the device's *dense* peak FLOP/s for the dtype its matmuls run
-in. This module holds the pieces, free of any Trainer:
-
-- :data:`PEAK_FLOPS`, dense peaks from NVIDIA's datasheets and architecture whitepapers (sources and the reasoning
-  behind each number: ``docs/peak_flops.md``), with :func:`canonical_device` mapping a CUDA device name to a row
-  and :func:`peak_flops` reading the entry of a compute dtype (:func:`lightning_tune.vocab.precision_dtype`);
-- :func:`mfu`, the ratio of a run's model FLOP/s (counted by :mod:`lightning_tune.perf.counting`) to that peak.
+The peaks come from NVIDIA's datasheets and architecture whitepapers (sources and reasoning: ``docs/peak_flops.md``).
 
 Example:
     >>> from lightning_tune.vocab import precision_dtype
@@ -19,7 +13,6 @@ from __future__ import annotations
 
 import re
 from collections.abc import Mapping
-from dataclasses import dataclass
 from types import MappingProxyType
 from typing import Final, Literal, get_args
 
@@ -34,20 +27,16 @@ MatmulPrecision = Literal["highest", "high", "medium"]
 MATMUL_PRECISIONS: Final[tuple[MatmulPrecision, ...]] = get_args(MatmulPrecision)
 
 # The table's row for each compute dtype; float32 is "tf32" unless `float32_matmul_precision` is "highest".
-_ROWS: Final[Mapping[torch.dtype, Dtype]] = MappingProxyType(
-    {
-        torch.float64: "fp64",
-        torch.float32: "fp32",
-        torch.bfloat16: "bf16",
-        torch.float16: "fp16",
-        torch.float8_e4m3fn: "fp8",
-        torch.float8_e5m2: "fp8",
-    }
-)
+_ROWS: Final[Mapping[torch.dtype, Dtype]] = {
+    torch.float64: "fp64",
+    torch.float32: "fp32",
+    torch.bfloat16: "bf16",
+    torch.float16: "fp16",
+    torch.float8_e4m3fn: "fp8",
+    torch.float8_e5m2: "fp8",
+}
 
-# Dense (no 2:4 sparsity) peak FLOP/s. Tensor-core figures where the card has them (fp64 too, on the cards whose
-# FP64 runs on tensor cores); FP16/BF16/FP8 with FP32 accumulate, the mode mixed-precision training uses.
-# Every number and its source document: docs/peak_flops.md.
+# Dense (no 2:4 sparsity) peak FLOP/s; every number, its source and how it was read: docs/peak_flops.md.
 _H100_SXM: Final[dict[Dtype, float]] = {
     "fp64": 66.9e12,
     "fp32": 66.9e12,
@@ -80,30 +69,20 @@ _TABLE: Final[dict[str, dict[Dtype, float]]] = {
     "L4": {"fp32": 30.3e12, "tf32": 60e12, "bf16": 121e12, "fp16": 121e12, "fp8": 242.5e12},
     "RTX 4090": {"fp32": 82.6e12, "tf32": 82.6e12, "bf16": 165.2e12, "fp16": 165.2e12, "fp8": 330.3e12},
     "RTX 5090": {"fp32": 104.8e12, "tf32": 104.8e12, "bf16": 209.5e12, "fp16": 209.5e12, "fp8": 419e12},
-    # NVIDIA Ada GPU Architecture whitepaper, appendix (GeForce RTX 4080 16GB column; FP32-accumulate rows).
     "RTX 4080": {"fp32": 48.7e12, "tf32": 48.7e12, "bf16": 97.5e12, "fp16": 97.5e12, "fp8": 194.9e12},
-    # NVIDIA's RTX 4080 SUPER specifications (80 SMs, 2.55 GHz boost) at the whitepaper's per-SM GeForce Ada rates.
     "RTX 4080 SUPER": {"fp32": 52.2e12, "tf32": 52.2e12, "bf16": 104.4e12, "fp16": 104.4e12, "fp8": 208.9e12},
-    # NVIDIA Ampere GA102 GPU Architecture whitepaper (RTX 3080 in the body; RTX 3090, RTX 3070 in appendix A) ...
     "RTX 3090": {"fp32": 35.6e12, "tf32": 35.6e12, "bf16": 71e12, "fp16": 71e12},
     "RTX 3080": {"fp32": 29.8e12, "tf32": 29.8e12, "bf16": 59.5e12, "fp16": 59.5e12},
     "RTX 3070": {"fp32": 20.3e12, "tf32": 20.3e12, "bf16": 40.6e12, "fp16": 40.6e12},
-    # ... and, for the cards released after it, NVIDIA's specifications (SMs, boost clock) at the same per-SM rates.
     "RTX 3090 Ti": {"fp32": 40e12, "tf32": 40e12, "bf16": 80e12, "fp16": 80e12},
     "RTX 3080 Ti": {"fp32": 34.1e12, "tf32": 34.1e12, "bf16": 68.2e12, "fp16": 68.2e12},
-    # NVIDIA RTX A6000 datasheet (tensor 309.7 sparse) and the GA102 whitepaper's appendix C (RTX A6000).
     "RTX A6000": {"fp32": 38.7e12, "tf32": 77.4e12, "bf16": 154.8e12, "fp16": 154.8e12},
-    # NVIDIA A40 datasheet.
     "A40": {"fp32": 37.4e12, "tf32": 74.8e12, "bf16": 149.7e12, "fp16": 149.7e12},
-    # NVIDIA Turing GPU Architecture whitepaper, appendix (Founders Edition columns; FP32-accumulate row) ...
     "RTX 2080 Ti": {"fp32": 14.2e12, "fp16": 56.9e12},
     "RTX 2080": {"fp32": 10.6e12, "fp16": 42.4e12},
-    # ... and, for the SUPER cards released after it, NVIDIA's specifications at the same per-SM rates.
     "RTX 2080 SUPER": {"fp32": 11.2e12, "fp16": 44.6e12},
     "RTX 2070 SUPER": {"fp32": 9.1e12, "fp16": 36.2e12},
-    # NVIDIA TITAN RTX specifications (130 tensor TFLOPS; full-rate FP32 accumulate, unlike GeForce).
     "TITAN RTX": {"fp32": 16.3e12, "fp16": 130.5e12},
-    # NVIDIA Quadro RTX 5000 datasheet.
     "Quadro RTX 5000": {"fp32": 11.2e12, "fp16": 89.2e12},
     "V100 SXM2": {"fp64": 7.8e12, "fp32": 15.7e12, "fp16": 125e12},
     "V100 PCIe": {"fp64": 7e12, "fp32": 14e12, "fp16": 112e12},
@@ -118,55 +97,46 @@ PEAK_FLOPS: Final[Mapping[str, Mapping[Dtype, float]]] = MappingProxyType(
 DEVICES: Final[tuple[str, ...]] = tuple(PEAK_FLOPS)
 
 
-@dataclass(frozen=True)
-class _Rule:
-    """A device name matches when it holds every ``required`` token and nothing beyond them but ``optional`` ones."""
-
-    key: str
-    required: frozenset[str]
-    optional: frozenset[str]
-
-
-def _rule(key: str, required: str, optional: str = "") -> _Rule:
-    return _Rule(key, frozenset(required.split()), frozenset(optional.split()))
-
-
-# Most specific first. Matching is on whole tokens, so "l4" never matches "L40S", nor "a10" "A10G" or "A100".
-_RULES: Final[tuple[_Rule, ...]] = (
-    _rule("H200 NVL", "h200 nvl", "hbm3e"),
-    _rule("H200 SXM", "h200", "hbm3e sxm sxm5"),
-    _rule("H100 NVL", "h100 nvl", "hbm3"),
-    _rule("H100 PCIe", "h100 pcie", "hbm2e"),
-    _rule("H100 PCIe", "h100 hbm2e"),
-    _rule("H100 SXM", "h100", "hbm3 sxm sxm5"),
-    _rule("B200", "b200", "hbm3e sxm sxm6"),
-    _rule("A100", "a100", "sxm sxm4 pcie"),
-    _rule("A10G", "a10g"),
-    _rule("A10", "a10"),
-    _rule("L40S", "l40s"),
-    _rule("L40", "l40"),
-    _rule("L4", "l4"),
-    _rule("RTX 5090", "rtx 5090"),
-    _rule("RTX 4090", "rtx 4090"),
-    _rule("RTX 4080 SUPER", "rtx 4080 super"),
-    _rule("RTX 4080", "rtx 4080"),
-    _rule("RTX 3090 Ti", "rtx 3090 ti"),
-    _rule("RTX 3090", "rtx 3090"),
-    _rule("RTX 3080 Ti", "rtx 3080 ti"),
-    _rule("RTX 3080", "rtx 3080"),
-    _rule("RTX 3070", "rtx 3070"),
-    _rule("RTX A6000", "a6000", "rtx"),
-    _rule("A40", "a40"),
-    _rule("RTX 2080 Ti", "rtx 2080 ti"),
-    _rule("RTX 2080 SUPER", "rtx 2080 super"),
-    _rule("RTX 2080", "rtx 2080"),
-    _rule("RTX 2070 SUPER", "rtx 2070 super"),
-    _rule("TITAN RTX", "titan rtx"),
-    _rule("Quadro RTX 5000", "quadro rtx 5000"),
-    _rule("V100S PCIe", "v100s", "pcie"),
-    _rule("V100 PCIe", "v100 pcie"),
-    _rule("V100 SXM2", "v100 sxm2"),
-    _rule("T4", "t4"),
+# (key, required tokens, optional tokens): a device name matches when it holds every required token and nothing
+# beyond them but optional ones. Most specific first; on whole tokens, so "l4" never matches "L40S", nor "a10" "A10G".
+_RULES: Final = tuple(
+    (key, frozenset(required.split()), frozenset(optional.split()))
+    for key, required, optional in (
+        ("H200 NVL", "h200 nvl", "hbm3e"),
+        ("H200 SXM", "h200", "hbm3e sxm sxm5"),
+        ("H100 NVL", "h100 nvl", "hbm3"),
+        ("H100 PCIe", "h100 pcie", "hbm2e"),
+        ("H100 PCIe", "h100 hbm2e", ""),
+        ("H100 SXM", "h100", "hbm3 sxm sxm5"),
+        ("B200", "b200", "hbm3e sxm sxm6"),
+        ("A100", "a100", "sxm sxm4 pcie"),
+        ("A10G", "a10g", ""),
+        ("A10", "a10", ""),
+        ("L40S", "l40s", ""),
+        ("L40", "l40", ""),
+        ("L4", "l4", ""),
+        ("RTX 5090", "rtx 5090", ""),
+        ("RTX 4090", "rtx 4090", ""),
+        ("RTX 4080 SUPER", "rtx 4080 super", ""),
+        ("RTX 4080", "rtx 4080", ""),
+        ("RTX 3090 Ti", "rtx 3090 ti", ""),
+        ("RTX 3090", "rtx 3090", ""),
+        ("RTX 3080 Ti", "rtx 3080 ti", ""),
+        ("RTX 3080", "rtx 3080", ""),
+        ("RTX 3070", "rtx 3070", ""),
+        ("RTX A6000", "a6000", "rtx"),
+        ("A40", "a40", ""),
+        ("RTX 2080 Ti", "rtx 2080 ti", ""),
+        ("RTX 2080 SUPER", "rtx 2080 super", ""),
+        ("RTX 2080", "rtx 2080", ""),
+        ("RTX 2070 SUPER", "rtx 2070 super", ""),
+        ("TITAN RTX", "titan rtx", ""),
+        ("Quadro RTX 5000", "quadro rtx 5000", ""),
+        ("V100S PCIe", "v100s", "pcie"),
+        ("V100 PCIe", "v100 pcie", ""),
+        ("V100 SXM2", "v100 sxm2", ""),
+        ("T4", "t4", ""),
+    )
 )
 _IGNORED_TOKENS: Final[frozenset[str]] = frozenset({"nvidia", "geforce", "tesla", "gpu"})
 _CAPACITY = re.compile(r"\d+gb")
@@ -176,10 +146,8 @@ _TOKEN = re.compile(r"[a-z0-9]+")
 def canonical_device(name: str) -> str | None:
     """Map a CUDA device name, as ``torch.cuda.get_device_name()`` gives it, to a key of :data:`PEAK_FLOPS`.
 
-    The name is lower-cased and split into alphanumeric tokens; vendor words (``NVIDIA``, ``GeForce``, ``Tesla``,
-    ``GPU``) and memory sizes (``80GB``) are dropped. A rule matches when the remaining tokens contain all of its
-    required tokens and nothing else but its optional ones (form factor, memory type). Anything unrecognised, a
-    variant such as ``RTX 4090 D`` or a MIG slice included, gives ``None`` rather than a wrong peak.
+    The matching rules are in ``docs/peak_flops.md``; anything unrecognised (a variant such as ``RTX 4090 D``, a MIG
+    slice) gives ``None`` rather than a wrong peak.
 
     Args:
         name: The device name.
@@ -202,18 +170,14 @@ def canonical_device(name: str) -> str | None:
         for token in _TOKEN.findall(name.lower())
         if token not in _IGNORED_TOKENS and not _CAPACITY.fullmatch(token)
     }
-    for rule in _RULES:
-        if rule.required <= tokens and tokens - rule.required <= rule.optional:
-            return rule.key
+    for key, required, optional in _RULES:
+        if required <= tokens and tokens - required <= optional:
+            return key
     return None
 
 
 def peak_flops(device_name: str, dtype: torch.dtype, *, float32_matmul_precision: str = "highest") -> float | None:
-    """Dense peak FLOP/s of a device for the dtype its matmuls run in.
-
-    ``torch.float32`` reads the TF32 peak when ``float32_matmul_precision`` is ``"high"`` or ``"medium"`` (float32
-    matmuls then run on TF32 tensor cores), and the FP32 peak on a card without TF32 tensor cores (V100, T4), where
-    that setting has no effect. The float8 dtypes (Transformer Engine) read the FP8 peak.
+    """Dense peak FLOP/s of a device for the dtype its matmuls run in (float32: TF32 unless ``"highest"``).
 
     Args:
         device_name: A CUDA device name (see :func:`canonical_device`) or a key of :data:`PEAK_FLOPS`.
@@ -256,9 +220,6 @@ def mfu(flops_per_sec: float, peak: float) -> float:
     Args:
         flops_per_sec: Achieved model FLOP/s, at least 0.
         peak: The device's dense peak FLOP/s for the training dtype (:func:`peak_flops`), greater than 0.
-
-    Returns:
-        ``flops_per_sec / peak``.
 
     Raises:
         TypeError: If either argument is not a number.

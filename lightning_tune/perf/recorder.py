@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import statistics
+from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -12,11 +13,10 @@ from torch import Tensor
 
 from lightning_tune import keys
 from lightning_tune.perf.counting import FlopModel
-from lightning_tune.perf.flops import mfu
 from lightning_tune.perf.stats import StepStats
 from lightning_tune.perf.step_run import StepRun
 from lightning_tune.perf.timing import CudaTimer, Timeline, compiled_graphs
-from lightning_tune.perf.window import LatencyWindow, percentile_suffix
+from lightning_tune.perf.window import percentile_suffix, window_percentiles
 
 #: A data-wait share above this gets a hint in the end-of-fit summary.
 DATA_WAIT_HINT = 0.10
@@ -64,19 +64,11 @@ class _Inference:
 class StepRecorder:
     """The training steps, and the validation and predict runs, of one Trainer call, on one timeline; no Trainer.
 
-    A step is an optimizer step: from its first micro-batch's start to the end of the batch after which the global
-    step has moved on; time between batches is waiting for data. Marks go on a :class:`~lightning_tune.perf.timing.
-    Timeline` and the host never waits for the device while training: a log folds in the steps whose marks have
-    completed and carries the others to the next one; the end of a fit (or of a validation or predict run) waits
-    once. The warm-up's steps are left out (:meth:`close_warmup`), and a compiling step (``torch.compile``) is left
-    out of the timings.
-
-    Args:
-        timeline: Where the marks are taken.
-        window: Recent steps (and inference batches) the percentiles cover, >= 2.
-        percentiles: Percentiles to report, in (0, 100).
-        distributed: Compare ranks: keep each step's own time (batch waits and forward passes) for the straggler ratio.
-        latency_budget_ms: Latency budget of one validation or predict batch, or ``None``.
+    A step runs from its first micro-batch's start to the end of the batch after which the global step has moved on.
+    The host never waits for the device while training: a log folds in the steps whose marks have completed and
+    carries the others to the next one; the end of a fit (or of a validation or predict run) waits once. The warm-up's
+    steps (:meth:`close_warmup`) and a compiling step's timings (``torch.compile``) are left out. With
+    ``distributed``, each step's own time (batch waits and forward passes) is kept for the straggler ratio.
 
     Example:
         >>> from lightning_tune.perf.timing import HostTimer
@@ -104,14 +96,13 @@ class StepRecorder:
         self.flops_per_batch: float | None = None
         self.flop_model: FlopModel | None = None
         self.hardware_flop_model: FlopModel | None = None
-        # per stage ("val", "predict"): [batches over the budget, batches timed]
-        self.over_budget: dict[str, list[int]] = {}
+        self.over_budget: dict[str, list[int]] = {}  # per stage: [batches over the budget, batches timed]
         self._pending: list[_Step] = []
         self._current: _Step | None = None
         self._prev_end: int | None = None
         self._prepared = False
         self._padding = [0, 0]  # real and padded tokens of the steps resolved since the last log
-        self._own = LatencyWindow(window)
+        self._own: deque[float] = deque(maxlen=window)  # own times per step (ms), under DDP
         self.runs: dict[str, _Inference] = {}  # the validation or predict runs being recorded
 
     def gap_starts(self) -> None:
@@ -119,12 +110,7 @@ class StepRecorder:
         self._prev_end = self.timeline.mark()
 
     def start_batch(self, *, global_step: int, prepare: Callable[[], Any] | None = None) -> None:
-        """Mark a training batch's start; the first of an optimizer step opens it.
-
-        Args:
-            global_step: Optimizer steps taken so far.
-            prepare: Called once, as the first step opens, before its start mark: neither waiting nor training time.
-        """
+        """Mark a training batch's start; the first of a step opens it, after ``prepare`` (run once, untimed)."""
         mark = self.timeline.mark()
         step = self._current
         if step is None:
@@ -153,17 +139,11 @@ class StepRecorder:
         ran: StepRun | None = None,
         mask: object = None,
     ) -> bool:
-        """Mark a training batch's end, with its counts.
+        """Mark a training batch's end, with its counts; whether it closed the optimizer step.
 
-        Args:
-            global_step: Optimizer steps taken now.
-            shape: Its samples and sequence length (``None`` where its FLOPs are not counted by shape).
-            tokens: Its input tokens: a number, a device tensor (read once the step has run), or ``None``.
-            ran: The micro-batches it ran as, when a callback cut it.
-            mask: Its 2-D attention mask (the padding), if any.
-
-        Returns:
-            Whether it closed the optimizer step (``global_step`` has moved on).
+        ``shape`` is its samples and sequence length (``None`` where its FLOPs are not counted by shape), ``tokens`` a
+        number, a device tensor (read once the step has run) or ``None``, ``ran`` the micro-batches a callback cut it
+        into, ``mask`` its attention mask (the padding).
         """
         step = self._current
         if step is None:
@@ -250,7 +230,7 @@ class StepRecorder:
         before = ms(*step.before) if step.before is not None else 0.0
         within = sum(ms(a, b) for a, b in step.within)
         if self.distributed and not step.excluded:
-            self._own.add(before + within + sum(ms(a, b) for a, b in step.forward))
+            self._own.append(before + within + sum(ms(a, b) for a, b in step.forward))
         if step.warmup:
             return
         if step.before is not None:
@@ -270,9 +250,8 @@ class StepRecorder:
     def train_metrics(self, gather: Callable[[Tensor], Tensor] | None = None) -> tuple[dict[str, float], ...]:
         """The logging interval's figures: this rank's (keys without prefix), and the ``perf/...`` keys to log.
 
-        Args:
-            gather: Under DDP, ``all_gather`` of a 1-D float64 row (every rank's, stacked): rates are then summed over
-                ranks, and the ranks' own times per step give ``perf/straggler_ratio``.
+        Under DDP, ``gather`` is ``all_gather`` of a 1-D float64 row (every rank's, stacked): rates are then summed over
+        ranks, and the ranks' own times per step give ``perf/straggler_ratio``.
         """
         self.resolve()
         local = self.stats.interval_metrics()
@@ -289,7 +268,7 @@ class StepRecorder:
 
         (The step time itself cannot tell a straggler: the fast ranks wait for it inside the gradient all-reduce.)
         """
-        p50 = self._own.percentiles((50.0,)).get(50.0, 0.0)
+        p50 = window_percentiles(self._own, (50.0,)).get(50.0, 0.0)
         row = torch.tensor([local.get(n, 0.0) for n in GATHERED] + [p50], dtype=torch.float64)
         gathered = gather(row).reshape(-1, len(GATHERED) + 1).cpu()
         out = {keys.TRAIN + n: float(gathered[:, i].sum()) for i, n in enumerate(GATHERED[:3]) if n in local}
@@ -304,9 +283,9 @@ class StepRecorder:
         """MFU, and HFU when recomputation adds hardware FLOPs, from FLOP rates."""
         if not self.peak or "flops_per_sec" not in rates:
             return {}
-        out = {keys.MFU: mfu(rates["flops_per_sec"], self.peak)}
+        out = {keys.MFU: rates["flops_per_sec"] / self.peak}
         if self.hardware_flop_model is not None and "hardware_flops_per_sec" in rates:
-            out[keys.HFU] = mfu(rates["hardware_flops_per_sec"], self.peak)
+            out[keys.HFU] = rates["hardware_flops_per_sec"] / self.peak
         return out
 
     def finish(self, vram_peak_gib: float | None = None) -> dict[str, float]:
@@ -355,9 +334,7 @@ class StepRecorder:
         metrics: dict[str, float] = {}
         # a batch's time, and its time a sample: the same figure whatever size the batches are
         for key, values in ((keys.BATCH_MS, durations), (keys.SAMPLE_MS, [ms / k for ms, k in ended if k])):
-            window = LatencyWindow(self.window)
-            window.extend(values)
-            percentiles = window.percentiles(self.percentiles)
+            percentiles = window_percentiles(values[-self.window :], self.percentiles)
             metrics.update({key.format(stage=stage, q=f"{p:g}"): v for p, v in percentiles.items()})
         seconds = timeline.ms(run.marks[0][0], end) / 1000.0
         self._forget()
@@ -366,7 +343,7 @@ class StepRecorder:
             if run.tokens:
                 metrics[keys.STAGE_TOKENS_PER_SEC.format(stage=stage)] = float(run.tokens) / seconds
             if run.flops and self.peak:
-                metrics[keys.STAGE_MFU.format(stage=stage)] = mfu(run.flops / seconds, self.peak)
+                metrics[keys.STAGE_MFU.format(stage=stage)] = run.flops / seconds / self.peak
         if self.latency_budget_ms is not None and durations:
             over = [ms > self.latency_budget_ms for ms in durations]
             recent = over[-self.window :]
@@ -408,15 +385,7 @@ def _counts(*counts: Tensor | None, to_host: bool) -> Tensor:
 
 
 def format_summary(summary: dict[str, float], percentiles: Sequence[float], *, num_workers: int | None = None) -> str:
-    """The end-of-fit table printed by :class:`~lightning_tune.ThroughputLatencyMonitor`.
-
-    Args:
-        summary: Whole-run figures (``samples_per_sec``, ``step_ms_p50``, ...).
-        percentiles: The monitor's percentiles.
-        num_workers: The training DataLoader's workers, for the data-wait hint.
-
-    Returns:
-        The table, with a hint line when the data-wait share is above 10 %.
+    """The monitor's end-of-fit table; a hint (naming the DataLoader's ``num_workers``) when data waits are long.
 
     Example:
         >>> print(format_summary({"samples_per_sec": 1200.0, "step_ms_p50": 26.5, "data_wait_frac": 0.01}, (50,)))

@@ -1,48 +1,32 @@
-"""Training throughput and step-time statistics, from resolved step durations (no tensors, no clock).
-
-The monitor feeds one record per optimizer step (its duration, the samples, tokens and micro-batches in it) and the
-gaps between batches (time spent waiting for the next batch); :class:`StepStats` turns them into rates over the
-logging interval, percentiles over a bounded window, and whole-run totals.
-"""
+"""Training throughput and step-time statistics from resolved step durations (no tensors, no clock)."""
 
 from __future__ import annotations
 
+from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass
 
 from lightning_tune._validation import check_int
-from lightning_tune.perf.window import MAX_WINDOW, LatencyWindow, check_percentiles, percentile_suffix
+from lightning_tune.perf.window import MAX_WINDOW, check_percentiles, percentile_suffix, window_percentiles
 
 
 @dataclass
 class Totals:
-    """Sums over a stretch of training.
-
-    Args:
-        steps: Optimizer steps.
-        batches: Micro-batches.
-        samples: Samples.
-        tokens: Input tokens (0 when the batches hold none).
-        step_ms: Time inside optimizer steps (first micro-batch start to last micro-batch end).
-        between_ms: Time between steps (from one step's end to the next step's start).
-        wait_ms: Time waiting for batches, between steps and between the micro-batches of a step.
-        flops: Model FLOPs, when known.
-        hardware_flops: FLOPs the hardware ran, recomputation (activation checkpointing) included, when known.
-    """
+    """Sums over a stretch of training (tokens 0 when the batches hold none; FLOPs 0 when unknown)."""
 
     steps: int = 0
-    batches: int = 0
+    batches: int = 0  # micro-batches
     samples: int = 0
     tokens: int = 0
-    step_ms: float = 0.0
-    between_ms: float = 0.0
-    wait_ms: float = 0.0
+    step_ms: float = 0.0  # inside optimizer steps: first micro-batch start to last micro-batch end
+    between_ms: float = 0.0  # from one step's end to the next step's start
+    wait_ms: float = 0.0  # waiting for batches, between steps and between the micro-batches of a step
     flops: float = 0.0
-    hardware_flops: float = 0.0
+    hardware_flops: float = 0.0  # recomputation (activation checkpointing) included
 
     @property
     def wall_ms(self) -> float:
-        """Training wall time of the stretch: step time plus the time between steps."""
+        """Step time plus the time between steps."""
         return self.step_ms + self.between_ms
 
     def add(self, other: Totals) -> None:
@@ -77,7 +61,7 @@ class StepStats:
 
     def __init__(self, *, window: int, percentiles: Sequence[float]) -> None:
         check_int("window", window, minimum=2, maximum=MAX_WINDOW)
-        self.window = LatencyWindow(window)
+        self.window: deque[float] = deque(maxlen=window)  # the latest step times (ms)
         self.percentiles = check_percentiles("percentiles", percentiles)
         self.interval = Totals()
         self.total = Totals()
@@ -104,7 +88,7 @@ class StepStats:
             flops: Model FLOPs of the step, if known.
             hardware_flops: Hardware FLOPs of the step (recomputation included), if known.
         """
-        self.window.add(step_ms)
+        self.window.append(step_ms)
         record = Totals(
             steps=1,
             batches=batches,
@@ -119,26 +103,14 @@ class StepStats:
         self.total.add(record)
 
     def add_between(self, *, wait_ms: float) -> None:
-        """Record the time between two steps (waiting for the next batch).
-
-        Args:
-            wait_ms: Milliseconds from one step's end to the next step's start.
-        """
+        """Record the milliseconds from one step's end to the next step's start (waiting for the next batch)."""
         record = Totals(between_ms=wait_ms, wait_ms=wait_ms)
         self.interval.add(record)
         self.total.add(record)
 
     @staticmethod
     def rates(totals: Totals) -> dict[str, float]:
-        """Per-second rates and the data-wait share of a stretch.
-
-        Args:
-            totals: The stretch.
-
-        Returns:
-            ``samples_per_sec``, ``batches_per_sec``, ``data_wait_frac``, plus ``tokens_per_sec`` and
-            ``flops_per_sec`` and ``hardware_flops_per_sec`` when non-zero; empty when no time has passed.
-        """
+        """``samples_per_sec``, ``batches_per_sec``, ``data_wait_frac``, token and FLOP rates if non-zero; {} at 0 s."""
         seconds = totals.wall_ms / 1000.0
         if seconds <= 0:
             return {}
@@ -147,32 +119,21 @@ class StepStats:
             "batches_per_sec": totals.batches / seconds,
             "data_wait_frac": totals.wait_ms / totals.wall_ms,
         }
-        if totals.tokens:
-            out["tokens_per_sec"] = totals.tokens / seconds
-        if totals.flops:
-            out["flops_per_sec"] = totals.flops / seconds
-        if totals.hardware_flops:
-            out["hardware_flops_per_sec"] = totals.hardware_flops / seconds
+        for name in ("tokens", "flops", "hardware_flops"):
+            if value := getattr(totals, name):
+                out[f"{name}_per_sec"] = value / seconds
         return out
 
     def latency_metrics(self) -> dict[str, float]:
-        """Step-time percentiles and maximum over the window, keyed ``step_ms_p50`` ... ``step_ms_max``.
-
-        Returns:
-            The values in milliseconds; empty when no step was recorded.
-        """
-        out = {f"step_ms_{percentile_suffix(p)}": v for p, v in self.window.percentiles(self.percentiles).items()}
-        largest = self.window.max()
-        if largest is not None:
-            out["step_ms_max"] = largest
+        """Step-time percentiles and maximum over the window, ``step_ms_p50`` ... ``step_ms_max``; empty at first."""
+        percentiles = window_percentiles(self.window, self.percentiles)
+        out = {f"step_ms_{percentile_suffix(p)}": v for p, v in percentiles.items()}
+        if self.window:
+            out["step_ms_max"] = max(self.window)
         return out
 
     def interval_metrics(self) -> dict[str, float]:
-        """Rates since the previous call and the window's percentiles; starts a new interval.
-
-        Returns:
-            Metric names (without prefix) to values.
-        """
+        """Rates since the previous call and the window's percentiles (keys without prefix); starts a new interval."""
         out = {**self.rates(self.interval), **self.latency_metrics()}
         self.interval = Totals()
         return out

@@ -1,9 +1,7 @@
 """What a step ran, as a callback that cuts each optimizer step into micro-batches publishes it for the monitor.
 
-The monitor counts a step from the batch Lightning hands over. When another callback runs that batch as several
-trimmed micro-batches (:class:`~lightning_tune.DynamicBatchSize`), only that callback knows how many ran, their shapes
-and their padding: it publishes them through :class:`StepRunSource`, and the monitor reads the record, never the
-callback's attributes.
+Only that callback (:class:`~lightning_tune.DynamicBatchSize`) knows how many micro-batches ran, their shapes and their
+padding; the monitor reads this record, never the callback's attributes.
 """
 
 from __future__ import annotations

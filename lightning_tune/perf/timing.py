@@ -1,11 +1,7 @@
 """Timestamps for step timing that never make the host wait for the device.
 
-A timer hands out opaque *marks*. :class:`HostTimer` marks are ``time.perf_counter()`` values. :class:`CudaTimer`
-marks are CUDA events recorded on the current stream, taken from a pool and given back once read: recording costs
-microseconds and never waits for the GPU. :class:`Timeline` numbers the marks in the order they were taken and turns
-them into times as the device completes them (``Event.query()``, which does not wait), so the monitor resolves the
-steps that have finished and carries the rest to its next log; only :meth:`Timeline.resolve` with ``wait=True`` (at
-the end of a fit or of a validation run) blocks.
+A timer hands out opaque *marks*: ``time.perf_counter()`` values, or CUDA events recorded on the current stream
+(microseconds, no wait for the GPU); only :meth:`Timeline.resolve` with ``wait=True`` (at the end of a run) blocks.
 """
 
 from __future__ import annotations
@@ -13,34 +9,15 @@ from __future__ import annotations
 import sys
 from collections import deque
 from time import perf_counter
-from typing import Any, Protocol
+from typing import Any, TypeAlias
 
 import torch
 
 from lightning_tune._validation import check_instance
 
 
-class Timer(Protocol):
-    """Source of marks and of the milliseconds between two of them."""
-
-    def mark(self) -> Any:
-        """Take a timestamp now (without waiting for the device)."""
-
-    def elapsed_ms(self, start: Any, end: Any) -> float:
-        """Milliseconds between two marks; only valid once both are :meth:`done`."""
-
-    def done(self, mark: Any) -> bool:
-        """Whether everything before ``mark`` has run (without waiting)."""
-
-    def wait(self, mark: Any) -> None:
-        """Block until everything before ``mark`` has run."""
-
-    def release(self, mark: Any) -> None:
-        """Give back a mark that will not be read again, for reuse."""
-
-
 class HostTimer:
-    """Host wall-clock marks from ``time.perf_counter`` (a :class:`Timer`): a mark is a time already taken.
+    """Host wall-clock marks from ``time.perf_counter``: a mark is a time already taken.
 
     Example:
         >>> timer = HostTimer()
@@ -69,11 +46,7 @@ class HostTimer:
 
 
 class CudaTimer:
-    """CUDA-event marks on the current stream of ``device`` (a :class:`Timer`), from a pool refilled by :meth:`release`.
-
-    Args:
-        device: The CUDA device whose stream is timed.
-    """
+    """CUDA-event marks on the current stream of ``device``, pooled: :meth:`release` refills."""
 
     def __init__(self, device: torch.device) -> None:
         self.device = device
@@ -102,16 +75,16 @@ class CudaTimer:
         self._pool.append(mark)
 
 
+#: A source of marks and of the milliseconds between two of them, read once :meth:`~CudaTimer.done`.
+Timer: TypeAlias = HostTimer | CudaTimer
+
+
 class Timeline:
     """Marks numbered in the order they were taken, turned into times as the device completes them.
 
-    :meth:`mark` returns the mark's number. :meth:`resolve` asks the oldest unresolved marks, in order, whether they
-    have completed, and stops at the first that has not (marks on one stream complete in order); each resolved mark's
-    time is the previous one's plus the milliseconds between the two, so every duration read is a difference of
-    nearby marks, and the older mark goes back to the timer's pool.
-
-    Args:
-        timer: The source of marks.
+    Marks on one stream complete in order, so :meth:`resolve` stops at the first that has not. A resolved mark's time
+    is the previous one's plus the milliseconds between the two (every duration read is a difference of nearby marks),
+    and the older mark goes back to the timer's pool.
 
     Example:
         >>> timeline = Timeline(HostTimer())
@@ -124,33 +97,17 @@ class Timeline:
         self.timer = timer
         self._unresolved: deque[Any] = deque()
         self._times: dict[int, float] = {}
-        self._resolved = 0  # marks numbered below this have a time
+        self.resolved = 0  # marks numbered below this have a time
         self._last: Any = None  # the newest resolved mark, the origin of the next difference
         self._now_ms = 0.0
 
     def mark(self) -> int:
-        """Take a mark now (without waiting).
-
-        Returns:
-            Its number: the count of marks taken before it.
-        """
+        """Take a mark now (without waiting); its number is the count of marks taken before it."""
         self._unresolved.append(self.timer.mark())
-        return self._resolved + len(self._unresolved) - 1
-
-    @property
-    def resolved(self) -> int:
-        """The number of marks resolved so far: every mark numbered below it has a time."""
-        return self._resolved
+        return self.resolved + len(self._unresolved) - 1
 
     def resolve(self, *, wait: bool = False) -> int:
-        """Resolve the marks that have completed: at most one non-blocking query each, or all after one wait.
-
-        Args:
-            wait: Block until the newest mark has completed first (for the end of a fit or a validation run).
-
-        Returns:
-            :attr:`resolved`.
-        """
+        """Resolve the completed marks (a non-blocking query each), or all after one ``wait``; :attr:`resolved`."""
         timer, unresolved = self.timer, self._unresolved
         if wait and unresolved:
             timer.wait(unresolved[-1])
@@ -163,28 +120,16 @@ class Timeline:
                 self._now_ms += timer.elapsed_ms(self._last, mark)
                 timer.release(self._last)
             self._last = mark
-            self._times[self._resolved] = self._now_ms
-            self._resolved += 1
-        return self._resolved
+            self._times[self.resolved] = self._now_ms
+            self.resolved += 1
+        return self.resolved
 
     def ms(self, start: int, end: int) -> float:
-        """Milliseconds between two resolved marks.
-
-        Args:
-            start: The earlier mark's number.
-            end: The later mark's number.
-
-        Returns:
-            The duration.
-        """
+        """Milliseconds between two resolved marks, by number."""
         return self._times[end] - self._times[start]
 
     def forget(self, before: int) -> None:
-        """Drop the times of the marks numbered below ``before`` (they will not be read again).
-
-        Args:
-            before: The oldest mark still to be read.
-        """
+        """Drop the times of the marks numbered below ``before``, the oldest mark still to be read."""
         for number in [n for n in self._times if n < before]:
             del self._times[number]
 
@@ -194,21 +139,13 @@ def timer_for(device: torch.device) -> Timer:
 
     Args:
         device: The device the model runs on.
-
-    Returns:
-        A timer.
     """
     check_instance("device", device, torch.device, "a torch.device")
     return CudaTimer(device) if device.type == "cuda" else HostTimer()
 
 
 def compiled_graphs() -> int:
-    """Graphs ``torch.compile`` has compiled in this process so far; a step during which it grows compiled.
-
-    Dynamo is never imported here: a process that has not imported it has compiled nothing.
-
-    Returns:
-        The count (0 without Dynamo).
+    """Graphs ``torch.compile`` has compiled in this process so far (0 if Dynamo was never imported, not imported here).
 
     Example:
         >>> compiled_graphs() >= 0

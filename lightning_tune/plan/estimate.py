@@ -1,8 +1,6 @@
-"""What a training run holds: :class:`MemoryEstimate`, and :func:`estimate_memory`, its analytic form.
+"""What a training run holds: :class:`MemoryEstimate`, and :func:`estimate_memory`, counted from a transformer's shape.
 
-:func:`estimate_memory` counts the bytes of a transformer from its shape alone (no model is built): weights,
-gradients, master weights and optimizer state per parameter, and the activations autograd keeps per sample after
-Korthikanti et al. 2022. ``docs/planner.md`` gives the arithmetic, the margins and the distance to a measured step.
+No model is built; activations follow Korthikanti et al. 2022 (``docs/planner.md`` gives the arithmetic).
 
 Example:
     >>> estimate = estimate_memory("llama-2-7b", sequence_length=2048, precision="bf16-mixed")
@@ -18,7 +16,7 @@ import math
 import os
 import re
 from collections.abc import Callable, Iterator, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from types import MappingProxyType
 from typing import Any, Final, Literal, get_args
 
@@ -37,18 +35,6 @@ from lightning_tune.vocab import (
     precision_bytes,
 )
 
-__all__ = [
-    "MARGINS",
-    "MARGIN_RESERVE",
-    "PLAN_PRECISIONS",
-    "Margin",
-    "MemoryEstimate",
-    "estimate_memory",
-    "format_bytes",
-    "lora_parameters",
-    "resolve_model",
-]
-
 #: The precisions a plan is made for: all but ``"auto"`` (it depends on the GPU) and transformer-engine's float8.
 PLAN_PRECISIONS: Final[tuple[str, ...]] = tuple(p for p in PRECISIONS if p != "auto" and "transformer" not in p)
 
@@ -59,8 +45,6 @@ MARGINS: Final[tuple[str, ...]] = get_args(Margin)
 #: Share of the budget each margin keeps back.
 MARGIN_RESERVE: Final[Mapping[str, float]] = MappingProxyType({"safe": 0.20, "optimal": 0.10, "aggressive": 0.05})
 
-_GIB = 2**30
-
 
 def format_bytes(n: int) -> str:
     """A byte count in GiB, MiB, KiB or bytes (binary units), as the planner prints it.
@@ -70,21 +54,18 @@ def format_bytes(n: int) -> str:
         ('12.55 GiB', '3.0 MiB', '512 B')
     """
     check_int("n", n, minimum=0)
-    if abs(n) >= _GIB:
-        return f"{n / _GIB:.2f} GiB"
-    if abs(n) >= 2**20:
-        return f"{n / 2**20:.1f} MiB"
-    return f"{n / 2**10:.1f} KiB" if abs(n) >= 2**10 else f"{n} B"
+    for unit, size, digits in (("GiB", 2**30, 2), ("MiB", 2**20, 1), ("KiB", 2**10, 1)):
+        if n >= size:
+            return f"{n / size:.{digits}f} {unit}"
+    return f"{n} B"
 
 
 @dataclass(frozen=True, kw_only=True)
 class MemoryEstimate:
     """Training memory of one model setting: a breakdown in bytes and a linear model of the peak.
 
-    ``fixed_bytes`` and ``bytes_per_sample`` are what the batch-size arithmetic uses. For an analytic estimate they
-    are the sums of the breakdown; for a measured one they come from peaks measured at two batch sizes, so they
-    may differ from the breakdown's sum (the peak holds temporaries, and gradients and activations are not all
-    alive at once).
+    ``fixed_bytes`` and ``bytes_per_sample`` are what the batch-size arithmetic uses: the sums of the breakdown for an
+    analytic estimate, a fit of peaks at two batch sizes for a measured one (which may differ from the sum).
 
     Args:
         parameters: All parameters, counted once.
@@ -101,10 +82,9 @@ class MemoryEstimate:
         sequence_length: Sequence length the activations were sized for, if any.
         source: ``"analytic"`` (from a shape) or ``"measured"`` (from a fake-tensor training step).
         notes: One line per assumption worth printing next to the figures.
-        mode: What the figures are for, one of :data:`PLAN_MODES`: ``"train"``, or ``"eval"``/``"predict"``, where
-            the breakdown is what ``trainer.validate``, ``test`` or ``predict`` holds (weights and buffers).
-        fit_fixed_bytes: With ``"eval"``/``"predict"``: the fixed bytes of evaluation inside ``fit``, where the
-            training state (gradients, master weights, optimizer state) stays resident; ``None`` when not planned.
+        mode: What the figures are for, one of :data:`PLAN_MODES` (``docs/planner.md``, Evaluation memory).
+        fit_fixed_bytes: With ``"eval"``/``"predict"``: the fixed bytes of evaluation inside ``fit`` (the training
+            state resident); ``None`` when not planned.
 
     Raises:
         TypeError: If a count is not an integer.
@@ -128,23 +108,12 @@ class MemoryEstimate:
     fit_fixed_bytes: int | None = None
 
     def __post_init__(self) -> None:
-        for name in (
-            "parameters",
-            "weight_bytes",
-            "fixed_bytes",
-            "gradient_bytes",
-            "master_weight_bytes",
-            "optimizer_bytes",
-            "buffer_bytes",
-        ):
-            check_int(name, getattr(self, name), minimum=0)
-        check_int("bytes_per_sample", self.bytes_per_sample, minimum=1)
-        check_int("trainable_parameters", self.trainable_parameters, minimum=0, allow_none=True)
-        check_int("largest_layer_parameters", self.largest_layer_parameters, minimum=0, allow_none=True)
-        check_int("sequence_length", self.sequence_length, minimum=1, allow_none=True)
+        for f in fields(self):  # the counts; None: filled in below, or not planned
+            if f.type in ("int", "int | None"):
+                minimum = 1 if f.name in ("bytes_per_sample", "sequence_length", "fit_fixed_bytes") else 0
+                check_int(f.name, getattr(self, f.name), minimum=minimum, allow_none=f.type != "int")
         check_choice("source", self.source, ("analytic", "measured"))
         check_choice("mode", self.mode, PLAN_MODES)
-        check_int("fit_fixed_bytes", self.fit_fixed_bytes, minimum=1, allow_none=True)
         if not isinstance(self.notes, tuple) or not all(isinstance(note, str) for note in self.notes):
             raise TypeError(f"`notes` must be a tuple of strings, got {self.notes!r} ({type(self.notes).__name__})")
         if self.trainable_parameters is None:
@@ -158,13 +127,10 @@ class MemoryEstimate:
         return self.weight_bytes + self.gradient_bytes + self.master_weight_bytes + self.optimizer_bytes
 
     def total_bytes(self, batch_size: int) -> int:
-        """Predicted peak memory at ``batch_size``: ``fixed_bytes + bytes_per_sample * batch_size``.
+        """Predicted peak memory in bytes at ``batch_size``: ``fixed_bytes + bytes_per_sample * batch_size``.
 
         Args:
             batch_size: Samples per micro-batch, >= 0.
-
-        Returns:
-            The number of bytes.
 
         Raises:
             TypeError: If ``batch_size`` is not an integer.
@@ -174,14 +140,11 @@ class MemoryEstimate:
         return self.fixed_bytes + self.bytes_per_sample * batch_size
 
     def usable_bytes(self, budget_bytes: int, margin: Margin = "optimal") -> int:
-        """The part of a budget a margin leaves to the model.
+        """The part of a budget a margin leaves to the model: ``floor(budget_bytes * (1 - reserve))``.
 
         Args:
             budget_bytes: Memory of one device, in bytes.
             margin: ``"safe"``, ``"optimal"`` or ``"aggressive"``.
-
-        Returns:
-            ``floor(budget_bytes * (1 - reserve))``.
 
         Raises:
             TypeError: If ``budget_bytes`` is not an integer.
@@ -192,14 +155,11 @@ class MemoryEstimate:
         return int(budget_bytes * (1.0 - MARGIN_RESERVE[margin]))
 
     def max_batch_size(self, budget_bytes: int, margin: Margin = "optimal") -> int:
-        """Largest batch whose predicted peak fits the budget after the margin.
+        """Largest batch whose predicted peak fits the budget after the margin; 0 when not even one sample fits.
 
         Args:
             budget_bytes: Memory of one device, in bytes.
             margin: ``"safe"``, ``"optimal"`` or ``"aggressive"``.
-
-        Returns:
-            The batch size; 0 when not even one sample fits.
 
         Raises:
             TypeError: If ``budget_bytes`` is not an integer.
@@ -209,13 +169,10 @@ class MemoryEstimate:
         return max(0, (usable - self.fixed_bytes) // self.bytes_per_sample)
 
     def batch_sizes(self, budget_bytes: int) -> dict[str, int]:
-        """:meth:`max_batch_size` at every margin.
+        """:meth:`max_batch_size` at every margin: ``{"safe": n, "optimal": n, "aggressive": n}``.
 
         Args:
             budget_bytes: Memory of one device, in bytes.
-
-        Returns:
-            ``{"safe": n, "optimal": n, "aggressive": n}``.
 
         Raises:
             TypeError: If ``budget_bytes`` is not an integer.
@@ -243,10 +200,6 @@ class _Tensor:
 
 def lora_parameters(shape: TransformerShape, rank: int) -> int:
     """Parameters of rank-``rank`` LoRA adapters on every block's q/k/v/o projections: ``A`` and ``B`` on each.
-
-    Raises:
-        TypeError: If ``shape`` is not a TransformerShape or ``rank`` not an integer.
-        ValueError: If ``rank`` < 1.
 
     Example:
         >>> lora_parameters(get_shape("llama-2-7b"), 8)  # 32 layers x 4 projections x 8 x (4096 + 4096)
@@ -282,17 +235,10 @@ def _optimizer_bytes(tensors: list[_Tensor], optimizer: str, update_bytes: int) 
 
 
 def _layer_activation_bytes(
-    shape: TransformerShape,
-    sequence_length: int,
-    e: int,
-    attention: str,
-    frozen: bool,
-    lora_rank: int | None,
-    cross_attention: bool = False,
+    shape: TransformerShape, s: int, e: int, attention: str, lora_rank: int | None, cross_attention: bool = False
 ) -> int:
     """Bytes one block keeps for backward, per token; a ``"t5"`` decoder block adds a cross-attention sub-block."""
     h, q, kv, i, a = shape.hidden_size, shape.q_size, shape.kv_size, shape.intermediate_size, shape.num_heads
-    s = sequence_length
     sublayers = 1 if shape.family == "phi" else 3 if cross_attention else 2  # Phi: attention and MLP in parallel
     blocks = 2 if cross_attention else 1
     values = sublayers * h + blocks * (h + q)  # norm inputs; per attention block its input and the o-proj input
@@ -305,7 +251,7 @@ def _layer_activation_bytes(
         if shape.dropout:
             values += blocks * a * s  # dropped-out probabilities
             extra += blocks * a * s  # dropout mask
-    mlp = (3 * i if shape.gated else i) if frozen else h + (4 * i if shape.gated else 2 * i)
+    mlp = (3 * i if shape.gated else i) if lora_rank is not None else h + (4 * i if shape.gated else 2 * i)
     values += max(shape.experts_per_token, 1) * mlp  # a token's activations in each expert it is routed to
     extra += 4 * shape.num_experts  # float32 router logits
     if shape.dropout:
@@ -316,28 +262,21 @@ def _layer_activation_bytes(
 
 
 def _activation_bytes_per_sample(
-    shape: TransformerShape,
-    sequence_length: int,
-    e: int,
-    attention: str,
-    gradient_checkpointing: bool,
-    frozen: bool,
-    lora_rank: int | None,
-    loss_swap: bool = False,
+    shape: TransformerShape, s: int, e: int, attention: str, checkpointing: bool, lora_rank: int | None, loss_swap: bool
 ) -> int:
     h, blocks = shape.hidden_size, shape.num_layers + shape.num_decoder_layers
-    layer = _layer_activation_bytes(shape, sequence_length, e, attention, frozen, lora_rank)
+    layer = _layer_activation_bytes(shape, s, e, attention, lora_rank)
     layers = shape.num_layers * layer
     if shape.num_decoder_layers:
-        decoder = _layer_activation_bytes(shape, sequence_length, e, attention, frozen, lora_rank, True)
+        decoder = _layer_activation_bytes(shape, s, e, attention, lora_rank, True)
         layers += shape.num_decoder_layers * decoder
         layer = max(layer, decoder)
-    if gradient_checkpointing:
+    if checkpointing:
         layers = blocks * h * e + layer
     # An encoder ("bert") has no vocabulary head: its pooler's input; the others: final norm, head, logits, loss.
     head = h * e if shape.family == "bert" else 2 * h * e + _logits_bytes_per_token(shape, e, loss_swap)
     inputs = 2 * 8 + (h if shape.dropout else 0)  # int64 ids and labels, embedding dropout mask
-    return sequence_length * (layers + head + inputs)
+    return s * (layers + head + inputs)
 
 
 def _eval_bytes_per_sample(
@@ -370,8 +309,6 @@ def _eval_bytes_per_sample(
 
 def _logits_bytes_per_token(shape: TransformerShape, e: int, loss_swap: bool) -> int:
     """The logits and the float32 loss over the vocabulary; under the loss swap, one chunk's (about ``h`` values)."""
-    if shape.family == "bert":
-        return 0
     return 2 * shape.hidden_size * 4 if loss_swap else shape.vocab_size * (e + 2 * 4)
 
 
@@ -428,29 +365,21 @@ def estimate_memory(
         model: A name from :data:`~lightning_tune.plan.shapes.MODEL_SHAPES`, a path to a Hugging Face
             ``config.json`` (or its directory), or a :class:`~lightning_tune.plan.shapes.TransformerShape`.
         sequence_length: Tokens per sample, >= 1.
-        precision: ``"32-true"``, ``"64-true"``, ``"bf16-true"``/``"16-true"`` (everything in that width) or
-            ``"bf16-mixed"``/``"16-mixed"`` (16-bit activations, float32 master weights and optimizer state), or an
-            alias (``"bf16"`` is ``"bf16-mixed"``); not ``"auto"`` (it depends on the GPU) nor transformer-engine's.
+        precision: One of :data:`PLAN_PRECISIONS` or an alias (``"bf16"`` is ``"bf16-mixed"``): ``-true`` holds
+            everything in that width, ``-mixed`` 16-bit activations with float32 master weights and optimizer state.
         optimizer: A name of :data:`~lightning_tune.vocab.OPTIMIZERS` or an alias (``"sgd"`` means with momentum).
-        master_weights: ``None``: float32 master weights and optimizer state under ``-mixed`` only; ``True`` adds
-            them to a 16-bit ``-true`` precision (DeepSpeed's bf16 mode), ``False`` drops them.
-        attention: ``"flash"`` (no ``s x s`` matrix kept) or ``"eager"``; ``"sdpa"`` and ``"auto"`` are planned as
-            ``"flash"``: on a GPU SDPA runs the fused kernels, which keep no ``s x s`` matrix either.
+        master_weights: ``None``: float32 master weights under ``-mixed`` only; ``True`` adds them to a 16-bit
+            ``-true`` precision (DeepSpeed's bf16 mode), ``False`` drops them.
+        attention: ``"flash"`` or ``"eager"``; ``"sdpa"`` and ``"auto"`` are planned as ``"flash"``.
         gradient_checkpointing: Recompute each block in backward, keeping only block inputs.
-        lora_rank: Train only rank-``r`` LoRA adapters on the attention's query, key, value and output projections;
-            the base weights are frozen (no gradients, no optimizer state). ``None`` trains every weight. At most the
-            smallest side of those projections (``hidden_size``, or the key/value width with grouped-query attention).
-        loss_swap: The loss is computed without the logits (``LossSwap``, ``TunePlugin(loss=...)``; in evaluation
-            ``LossSwap(eval=True)``).
-        mode: ``"train"``, ``"eval"`` (``validation_step``/``test_step`` with labels) or ``"predict"`` (no labels:
-            the logits are returned), as :data:`~lightning_tune.vocab.PLAN_MODES`.
+        lora_rank: Train only rank-``r`` LoRA adapters on the q/k/v/o projections, the base frozen; ``None`` trains
+            every weight. At most the smallest side of those projections.
+        loss_swap: The loss is computed without the logits (``LossSwap``, ``TunePlugin(loss=...)``).
+        mode: ``"train"``, ``"eval"`` (with labels) or ``"predict"`` (the logits returned), see ``docs/planner.md``.
 
     Returns:
-        The estimate; ``fixed_bytes`` is weights + gradients + master weights + optimizer state + buffers and
-        ``bytes_per_sample`` the activations of one sample. With ``"eval"``/``"predict"``: ``fixed_bytes`` is the
-        weights (float32 under ``-mixed`` with master weights, as Lightning holds them) and buffers of
-        ``trainer.validate``/``test``/``predict``, ``fit_fixed_bytes`` the training figure (validation inside
-        ``fit``), and ``bytes_per_sample`` the working set of one sample without autograd.
+        The estimate. With ``"eval"``/``"predict"``, ``fixed_bytes`` is what ``trainer.validate``/``test``/``predict``
+        holds and ``fit_fixed_bytes`` the training figure (validation inside ``fit``).
 
     Raises:
         TypeError: If an argument has the wrong type.
@@ -492,8 +421,7 @@ def estimate_memory(
     master = precision.endswith("-mixed") if master_weights is None else master_weights
     update_bytes = 4 if master else e
 
-    frozen = lora_rank is not None
-    tensors = [_Tensor(numel, not frozen, embedding, count) for numel, embedding, count in shape.tensors()]
+    tensors = [_Tensor(numel, lora_rank is None, embedding, count) for numel, embedding, count in shape.tensors()]
     if lora_rank is not None:
         tensors += list(_lora_tensors(shape, lora_rank))
     parameters = sum(t.numel * t.count for t in tensors)
@@ -504,7 +432,7 @@ def estimate_memory(
     optimizer_bytes = _optimizer_bytes(tensors, optimizer, update_bytes)
     buffer_bytes = shape.buffer_bytes()
     per_sample = _activation_bytes_per_sample(
-        shape, sequence_length, e, attention, gradient_checkpointing, frozen, lora_rank, loss_swap
+        shape, sequence_length, e, attention, gradient_checkpointing, lora_rank, loss_swap
     )
     notes = [
         f"{shape.name or shape.family}: {precision}, "
@@ -518,13 +446,12 @@ def estimate_memory(
         logits = sequence_length * shape.vocab_size * e
         notes.append(f"logits: {format_bytes(logits)} per sample, returned (no labels: no loss to swap)")
     elif shape.family != "bert":
-        logits = sequence_length * _logits_bytes_per_token(shape, e, False)
-        left = sequence_length * _logits_bytes_per_token(shape, e, True)
-        notes.append(
-            f"logits and loss: {format_bytes(left if loss_swap else logits)} per sample"
-            + (f" with the loss swap ({format_bytes(logits)} without)" if loss_swap else "")
-            + ("" if loss_swap else f" (the loss swap leaves {format_bytes(left)})")
-        )
+        full = format_bytes(sequence_length * _logits_bytes_per_token(shape, e, False))
+        left = format_bytes(sequence_length * _logits_bytes_per_token(shape, e, True))
+        if loss_swap:
+            notes.append(f"logits and loss: {left} per sample with the loss swap ({full} without)")
+        else:
+            notes.append(f"logits and loss: {full} per sample (the loss swap leaves {left})")
     fixed_bytes = weight_bytes + gradient_bytes + master_bytes + optimizer_bytes + buffer_bytes
     if mode != "train":
         weight_bytes = (4 if master and precision.endswith("-mixed") else e) * parameters
@@ -546,7 +473,6 @@ def estimate_memory(
         bytes_per_sample=per_sample,
         largest_layer_parameters=shape.largest_layer_parameters(),
         sequence_length=sequence_length,
-        source="analytic",
         notes=tuple(notes),
         mode=mode,
         fit_fixed_bytes=fixed_bytes if mode == "eval" else None,

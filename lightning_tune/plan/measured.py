@@ -1,8 +1,7 @@
 """Measured memory estimate: one training step of a real module on fake tensors, so no memory of its size is used.
 
-Every op of the forward pass, the backward pass and ``optimizer.step()`` runs for real on tensors without data; a
-dispatch mode counts the live storages, and its peak at two batch sizes gives the fixed and per-sample costs
-(``docs/planner.md`` says how, and what a CPU-only machine planning a GPU run sees).
+Every op of the step runs for real on tensors without data; a dispatch mode counts the live storages, and their peak at
+two batch sizes gives the fixed and per-sample costs (``docs/planner.md``).
 
 Example:
     >>> from torch import nn
@@ -19,7 +18,6 @@ import reprlib
 import warnings
 import weakref
 from collections.abc import Callable, Iterator, Mapping
-from contextlib import nullcontext
 from typing import Any, Literal
 
 import torch
@@ -29,8 +27,6 @@ from torch.optim import Optimizer
 from lightning_tune._validation import check_choice, check_int
 from lightning_tune.plan.estimate import PLAN_PRECISIONS, MemoryEstimate
 from lightning_tune.vocab import PLAN_MODES, PlanMode, Precision, canonical_precision, precision_dtype
-
-__all__ = ["measure_memory"]
 
 LossFn = Callable[[nn.Module, Any], Tensor]
 OptimizerFactory = Callable[[list[nn.Parameter]], Optimizer]
@@ -80,11 +76,8 @@ class LiveBytes:
 def _tensors(value: Any) -> Iterator[Tensor]:
     if isinstance(value, Tensor):
         yield value
-    elif isinstance(value, (tuple, list)):
-        for item in value:
-            yield from _tensors(item)
-    elif isinstance(value, Mapping):
-        for item in value.values():
+    elif isinstance(value, (tuple, list, Mapping)):
+        for item in value.values() if isinstance(value, Mapping) else value:
             yield from _tensors(item)
 
 
@@ -92,10 +85,10 @@ def _fake_modes(counter: LiveBytes) -> tuple[Any, Any]:
     """A fake-tensor mode and a dispatch mode that reports every op's outputs to ``counter``.
 
     With ``TrackedMemory``'s (which also reads an op's schema to tell an aliasing output) these are the only private
-    torch APIs of the package, checked on torch 2.13: ``FakeTensorMode`` (tensors with
-    metadata and no data; torch has no public way to run a module without allocating its activations) and
-    ``TorchDispatchMode`` (the hook that sees each op's outputs; ``torch.cuda`` memory statistics do not exist for
-    fake tensors). ``tests/test_plan_measured.py`` fails if either changes what this relies on.
+    torch APIs of the package, checked on torch 2.13: ``FakeTensorMode`` (tensors with metadata and no data; torch has
+    no public way to run a module without allocating its activations) and ``TorchDispatchMode`` (the hook that sees each
+    op's outputs; ``torch.cuda`` memory statistics do not exist for fake tensors). ``tests/plan/test_plan_measured.py``
+    fails if either changes what this relies on.
     """
     from torch._subclasses.fake_tensor import FakeTensorMode
     from torch.utils._python_dispatch import TorchDispatchMode
@@ -121,41 +114,28 @@ class _Step(nn.Module):
         return self.loss_fn(self.module, batch)
 
 
-def _call(module: nn.Module, batch: Any) -> Any:
-    """Call the module on the batch (``*`` a tuple/list, ``**`` a mapping); an evaluation step keeps what it returns."""
-    if isinstance(batch, Mapping):
-        return module(**batch)
-    if isinstance(batch, (tuple, list)):
-        return module(*batch)
-    return module(batch)
+def _step(module: nn.Module, batch: Any, *, hook: str | None, train: bool) -> Any:
+    """What ``module.<hook>(batch, 0)`` returns, or the module on the batch (``*`` a tuple/list, ``**`` a mapping).
 
-
-def _default_loss(module: nn.Module, batch: Any) -> Tensor:
-    """:func:`_call`, what it returns reduced to a scalar."""
-    return _scalar(_call(module, batch), "the module's output")
-
-
-def _lightning_loss(module: nn.Module, batch: Any) -> Tensor:
-    return _scalar(module.training_step(batch, 0), "training_step")  # type: ignore[operator]
-
-
-def _lightning_eval(module: nn.Module, batch: Any, *, hook: str) -> Any:
-    return getattr(module, hook)(batch, 0)
-
-
-#: the LightningModule hook an evaluation step of each mode runs
-_EVAL_STEPS = {"eval": "validation_step", "predict": "predict_step"}
-
-
-def _scalar(out: Any, what: str) -> Tensor:
-    loss = getattr(out, "loss", None)
-    if isinstance(out, Mapping):
-        loss = out.get("loss")
+    A training step's output is reduced to a scalar loss: its ``loss`` tensor, or its first tensor, summed.
+    """
+    if hook is not None:
+        out = getattr(module, hook)(batch, 0)
+    elif isinstance(batch, Mapping):
+        out = module(**batch)
+    elif isinstance(batch, (tuple, list)):
+        out = module(*batch)
+    else:
+        out = module(batch)
+    if not train:
+        return out
+    loss = out.get("loss") if isinstance(out, Mapping) else getattr(out, "loss", None)
     if isinstance(loss, Tensor):
         out = loss
     if isinstance(out, (tuple, list)) and out and isinstance(out[0], Tensor):
         out = out[0]
     if not isinstance(out, Tensor):
+        what = hook or "the module's output"
         raise TypeError(
             f"{what} must return a Tensor, a mapping or output with a 'loss' tensor, got {type(out).__name__}"
         )
@@ -184,13 +164,6 @@ def _lightning_optimizer(model: nn.Module) -> Optimizer:
             f"{type(config).__name__}; pass `optimizer=`"
         )
     return config
-
-
-def _rebuild(template: Optimizer, fakes: Mapping[int, nn.Parameter]) -> Optimizer:
-    """The same optimizer class and parameter groups as ``template``, over the fake parameters."""
-    groups = [{**group, "params": [fakes[id(p)] for p in group["params"]]} for group in template.param_groups]
-    factory: Callable[[list[dict[str, Any]]], Optimizer] = type(template)  # torch optimizers take groups alone
-    return factory(groups)
 
 
 def _check_batch(batch: Any, what: str) -> None:
@@ -236,7 +209,9 @@ def _optimizer(
 ) -> Optimizer:
     """The step's optimizer over the fake parameters: ``optimizer``'s class and groups, its factory's, or AdamW."""
     if isinstance(optimizer, Optimizer):
-        opt = _rebuild(optimizer, fakes)
+        groups = [{**group, "params": [fakes[id(p)] for p in group["params"]]} for group in optimizer.param_groups]
+        factory: Callable[[list[dict[str, Any]]], Optimizer] = type(optimizer)  # torch optimizers take groups alone
+        opt = factory(groups)
     elif optimizer is not None:
         opt = optimizer(params)
     else:
@@ -260,24 +235,20 @@ def _run(
     foreach: bool,
     train: bool = True,
 ) -> dict[str, int]:
-    """Two training steps on fake tensors at one batch size; the second step's phase peaks and breakdown.
-
-    Without ``train``, one forward pass under ``torch.no_grad()`` (the module in eval mode), its peak and breakdown.
-    """
+    """Two training steps (else one no-grad forward) on fake tensors at one batch size: the last one's figures."""
     counter = LiveBytes()
     fake_mode, tracker = _fake_modes(counter)
     step = _Step(model, loss_fn)
     mixed = precision.endswith("-mixed")  # float32 weights, autocast to the 16-bit dtype
     dtype = torch.float32 if mixed else precision_dtype(precision)
-    autocast = precision_dtype(precision) if mixed else None
+    half = precision_dtype(precision) if mixed else None  # autocast's dtype
     with fake_mode, tracker:
         fakes: dict[int, nn.Parameter] = {}
         state: dict[str, Tensor] = {}
         for name, param in step.named_parameters(remove_duplicate=False):
             if id(param) not in fakes:
-                empty = torch.empty(
-                    param.shape, dtype=dtype if param.is_floating_point() else param.dtype, device=device
-                )
+                kind = dtype if param.is_floating_point() else param.dtype
+                empty = torch.empty(param.shape, dtype=kind, device=device)
                 fakes[id(param)] = nn.Parameter(empty, requires_grad=param.requires_grad)
             state[name] = fakes[id(param)]
         for name, buffer in step.named_buffers(remove_duplicate=False):
@@ -285,19 +256,15 @@ def _run(
             state[name] = torch.empty(buffer.shape, dtype=buffer_dtype, device=device)
         params = [p for p in fakes.values() if p.requires_grad]
         record: dict[str, int] = {"gradient_bytes": 0, "optimizer_bytes": 0, "optimizer_step_peak": 0}
-        if not train:
+        opt = _optimizer(optimizer, fakes, params, foreach) if train else None
+        for index in range(2 if train else 1):
             counter.reset_peak()
             inputs = _make_batch(batch, batch_size, device)
-            with torch.no_grad(), torch.autocast(device.type, dtype=autocast, enabled=autocast is not None):
-                torch.func.functional_call(step, state, (inputs,))
-            record["forward_backward_peak"] = counter.peak
-        for index in range(2 if train else 0):
-            if index == 0:
-                opt = _optimizer(optimizer, fakes, params, foreach)
-            counter.reset_peak()
-            inputs = _make_batch(batch, batch_size, device)
-            with torch.autocast(device.type, dtype=autocast) if autocast is not None else nullcontext():
+            with torch.set_grad_enabled(train), torch.autocast(device.type, dtype=half, enabled=half is not None):
                 loss = torch.func.functional_call(step, state, (inputs,))
+            if opt is None:  # an evaluation step: its forward pass alone
+                record["forward_backward_peak"] = counter.peak
+                break
             loss.backward()
             record["forward_backward_peak"] = counter.peak
             record["gradient_bytes"] = _storage_bytes(p.grad for p in params if p.grad is not None)
@@ -307,9 +274,7 @@ def _run(
             opt.zero_grad(set_to_none=True)
             del loss, inputs
             if index == 0:
-                record["optimizer_bytes"] = _storage_bytes(
-                    t for s in opt.state.values() for t in _tensors(dict(s)) if isinstance(t, Tensor)
-                )
+                record["optimizer_bytes"] = _storage_bytes(t for s in opt.state.values() for t in _tensors(dict(s)))
         record["weight_bytes"] = _storage_bytes(iter(fakes.values()))
         record["buffer_bytes"] = _storage_bytes(t for k, t in state.items() if id(t) not in map(id, fakes.values()))
     return record
@@ -332,30 +297,24 @@ def measure_memory(
     ``torch.device("meta")`` to plan it on a laptop).
 
     Args:
-        model: The module. A LightningModule runs ``training_step(batch, 0)`` with the optimizer its
-            ``configure_optimizers()`` returns; any other module is called on the batch (``*batch`` for a
-            tuple/list, ``**batch`` for a mapping) and its output summed, or its ``loss`` used when it has one.
-        batch: An example batch (tensors whose first dimension is the batch; their values are never read), or a
-            function ``fn(batch_size) -> batch`` (called under fake-tensor mode, so the tensors it makes are fake;
-            what it returns is moved to the step's device as the Trainer moves a batch, nested collections too).
-        precision: Lightning precision to reproduce, or its alias (``"bf16"`` is ``"bf16-mixed"``): ``"32-true"``,
-            ``"64-true"``, ``"16-mixed"``, ``"bf16-mixed"`` (float32 weights, autocast), ``"16-true"`` or
-            ``"bf16-true"`` (16-bit weights). Not ``"auto"`` (it depends on the GPU) nor transformer-engine's.
-        optimizer: ``fn(params) -> Optimizer`` over the trainable parameters; default: the LightningModule's own,
-            else ``torch.optim.AdamW``. Only torch optimizers run on fake tensors (not bitsandbytes).
+        model: The module. A LightningModule runs ``training_step(batch, 0)`` with its ``configure_optimizers()``;
+            any other module is called on the batch (``*`` a tuple/list, ``**`` a mapping), its output summed (or
+            its ``loss`` used).
+        batch: An example batch (first dimension: the batch; values never read), or a function
+            ``fn(batch_size) -> batch``, called under fake-tensor mode, what it returns moved to the step's device.
+        precision: One of :data:`~lightning_tune.plan.estimate.PLAN_PRECISIONS` or an alias, reproduced (autocast
+            under ``-mixed``, else weights of that width).
+        optimizer: ``fn(params) -> Optimizer``; default: the LightningModule's own, else ``torch.optim.AdamW``.
+            Only torch optimizers run on fake tensors (not bitsandbytes).
         loss_fn: ``fn(module, batch) -> loss`` replacing the default call described under ``model``.
-        for_device: The device the plan is for. ``"cuda"`` makes the optimizer take its multi-tensor path as on a
-            GPU; the step itself runs on fake CUDA tensors where CUDA is present, else on fake CPU tensors.
+        for_device: ``"cuda"`` makes the optimizer take its multi-tensor path as on a GPU.
         batch_sizes: Two distinct batch sizes the step is measured at, to separate fixed and per-sample costs.
-        mode: ``"train"``; or ``"eval"``/``"predict"``: one forward pass under ``torch.no_grad()`` with the module
-            in eval mode (its modes are given back), no optimizer. A LightningModule runs ``validation_step`` /
-            ``predict_step(batch, 0)``, any other module the call described under ``model`` (or ``loss_fn``), what
-            it returns held until the step ends.
+        mode: ``"train"``; or ``"eval"``/``"predict"``: one forward pass under ``torch.no_grad()`` in eval mode, no
+            optimizer; a LightningModule runs ``validation_step`` / ``predict_step(batch, 0)``.
 
     Returns:
-        A ``"measured"`` estimate; weights, gradients, optimizer state and buffers are exact byte counts. In an
-        evaluation mode there are no gradients or optimizer state, and ``fit_fixed_bytes`` is ``None``: inside
-        ``fit`` add the training estimate's ``state_bytes`` less its weights.
+        A ``"measured"`` estimate; weights, gradients, optimizer state and buffers are exact byte counts.
+        ``fit_fixed_bytes`` is ``None``: inside ``fit`` add the training estimate's ``state_bytes`` less its weights.
 
     Raises:
         TypeError: If ``model`` is not an ``nn.Module``, ``optimizer``/``loss_fn`` are not callable, ``batch`` (or
@@ -393,31 +352,19 @@ def measure_memory(
     template: OptimizerFactory | Optimizer | None = optimizer
     if template is None and lightning and train:
         template = _lightning_optimizer(model)
-    step_loss = loss_fn or (_lightning_loss if lightning else _default_loss)
-    if not train and loss_fn is None:
-        step_loss = functools.partial(_lightning_eval, hook=_EVAL_STEPS[mode]) if lightning else _call
+    hook = {"train": "training_step", "eval": "validation_step", "predict": "predict_step"}[mode] if lightning else None
+    step_loss: LossFn = loss_fn or functools.partial(_step, hook=hook, train=train)
     what = "a training step" if train else f"an evaluation step ({mode})"
     device = torch.device("cuda" if for_device == "cuda" and torch.cuda.is_available() else "cpu")
     modes = {m: m.training for m in model.modules()}
+    run = functools.partial(_run, model, batch, precision=precision, loss_fn=step_loss, optimizer=template)
     records = []
     for size in (small, large):
         with warnings.catch_warnings():
             warnings.filterwarnings("ignore", message=".*self.log.*")  # training_step logs; no Trainer is attached
             try:
                 model.train(train)
-                records.append(
-                    _run(
-                        model,
-                        batch,
-                        size,
-                        precision=precision,
-                        loss_fn=step_loss,
-                        optimizer=template,
-                        device=device,
-                        foreach=for_device == "cuda",
-                        train=train,
-                    )
-                )
+                records.append(run(size, device=device, foreach=for_device == "cuda", train=train))
             except (TypeError, ValueError):
                 raise
             except Exception as err:
@@ -439,7 +386,7 @@ def measure_memory(
     intercept = low["forward_backward_peak"] - per_sample * small
     params = {id(p): p for p in model.parameters()}.values()
     largest = max((sum(p.numel() for p in m.parameters(recurse=False)) for m in model.modules()), default=0)
-    name = type(model).__name__
+    step_peak = max(low["optimizer_step_peak"], high["optimizer_step_peak"])
     return MemoryEstimate(
         parameters=sum(p.numel() for p in params),
         trainable_parameters=sum(p.numel() for p in params if p.requires_grad),
@@ -447,15 +394,10 @@ def measure_memory(
         gradient_bytes=low["gradient_bytes"],
         optimizer_bytes=low["optimizer_bytes"],
         buffer_bytes=low["buffer_bytes"],
-        fixed_bytes=max(
-            intercept,
-            low["optimizer_step_peak"],
-            high["optimizer_step_peak"],
-            low["weight_bytes"] + low["buffer_bytes"],
-        ),
+        fixed_bytes=max(intercept, step_peak, low["weight_bytes"] + low["buffer_bytes"]),
         bytes_per_sample=per_sample,
         largest_layer_parameters=largest,
         source="measured",
-        notes=(f"{name}: {what} on fake {device.type} tensors, {precision}",),
+        notes=(f"{type(model).__name__}: {what} on fake {device.type} tensors, {precision}",),
         mode=mode,
     )

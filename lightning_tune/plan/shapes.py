@@ -1,10 +1,7 @@
 """Transformer shapes as data: the numbers a memory plan needs, a table of common models and a Hugging Face reader.
 
-A :class:`TransformerShape` holds what decides a transformer's parameter count and activation sizes, for five
-families: ``"llama"`` (with Mixtral's experts), ``"gpt2"``, ``"phi"``, the ``"bert"`` encoders and ``"t5"``
-(``docs/planner.md`` says what each assumes). :data:`MODEL_SHAPES` holds common models by name, :func:`get_shape`
-looks a name up and :func:`from_hf_config` reads a ``config.json``. Parameter counts are exact: the tests compare
-each with the model ``transformers`` builds from the same config.
+A :class:`TransformerShape` covers five families (``docs/planner.md`` says what each assumes). Parameter counts are
+exact: the tests compare each with the model ``transformers`` builds from the same config.
 
 Example:
     >>> shape = get_shape("llama-2-7b")
@@ -17,15 +14,13 @@ from __future__ import annotations
 import difflib
 import json
 import os
-from collections.abc import Callable, Iterator, Mapping
-from dataclasses import dataclass
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass, fields
 from pathlib import Path
 from types import MappingProxyType
 from typing import Any, Final, Literal, get_args
 
 from lightning_tune._validation import check_bool, check_choice, check_float, check_instance, check_int, check_str
-
-__all__ = ["FAMILIES", "HF_MODEL_TYPES", "MODEL_SHAPES", "Family", "TransformerShape", "from_hf_config", "get_shape"]
 
 #: Architecture families a shape can describe.
 Family = Literal["llama", "gpt2", "phi", "bert", "t5"]
@@ -34,18 +29,19 @@ FAMILIES: Final[tuple[str, ...]] = get_args(Family)
 #: ``model_type`` values of a Hugging Face ``config.json`` that :func:`from_hf_config` reads, and their family.
 HF_MODEL_TYPES: Final[Mapping[str, Family]] = MappingProxyType(
     {
-        "bert": "bert",
-        "gemma": "llama",
+        **dict.fromkeys(("gemma", "llama", "mistral", "mixtral", "qwen2"), "llama"),
+        **dict.fromkeys(("bert", "roberta"), "bert"),
         "gpt2": "gpt2",
-        "llama": "llama",
-        "mistral": "llama",
-        "mixtral": "llama",
         "phi": "phi",
-        "qwen2": "llama",
-        "roberta": "bert",
         "t5": "t5",
     }
 )
+
+#: The fields of one family only, and that family.
+_FAMILY_FIELDS: Final = {
+    **dict.fromkeys(("num_decoder_layers", "relative_attention_buckets", "gated_mlp"), "t5"),
+    "type_vocab_size": "bert",
+}
 
 
 @dataclass(frozen=True)
@@ -109,21 +105,12 @@ class TransformerShape:
 
     def __post_init__(self) -> None:
         check_choice("family", self.family, FAMILIES)
-        for field in ("vocab_size", "hidden_size", "num_layers", "num_heads", "intermediate_size"):
-            check_int(field, getattr(self, field), minimum=1)
-        check_int("num_kv_heads", self.num_kv_heads, minimum=1, allow_none=True)
-        check_int("head_dim", self.head_dim, minimum=1, allow_none=True)
-        for field in (
-            "max_position_embeddings",
-            "num_experts",
-            "experts_per_token",
-            "num_decoder_layers",
-            "type_vocab_size",
-            "relative_attention_buckets",
-        ):
-            check_int(field, getattr(self, field), minimum=0)
-        for field in ("tie_word_embeddings", "qkv_bias", "output_bias", "mlp_bias", "dropout", "gated_mlp"):
-            check_bool(field, getattr(self, field))
+        for f in fields(self):  # sizes >= 1 (None: derived); the counts that default to 0 (none) >= 0
+            value = getattr(self, f.name)
+            if f.type == "bool":
+                check_bool(f.name, value)
+            elif f.type in ("int", "int | None"):
+                check_int(f.name, value, minimum=0 if f.default == 0 else 1, allow_none=f.type != "int")
         check_float("partial_rotary_factor", self.partial_rotary_factor, low=0.0, high=1.0, low_inclusive=False)
         check_instance("name", self.name, str, "a string")
         if self.num_heads % self.kv_heads:
@@ -148,18 +135,12 @@ class TransformerShape:
                 f"`experts_per_token` must be an integer from 1 to num_experts={self.num_experts} with experts, and "
                 f"0 without, got {self.experts_per_token!r}"
             )
-        t5 = self.family == "t5"
-        for field, ok in (
-            ("num_decoder_layers", t5),
-            ("relative_attention_buckets", t5),
-            ("gated_mlp", t5),
-            ("type_vocab_size", self.family == "bert"),
-        ):
-            if getattr(self, field) and not ok:
+        for field, family in _FAMILY_FIELDS.items():
+            if getattr(self, field) and self.family != family:
                 raise ValueError(
                     f"`{field}` is not a field of the {self.family!r} family, got {getattr(self, field)!r}"
                 )
-        if t5 and (self.num_decoder_layers < 1 or self.relative_attention_buckets < 1):
+        if self.family == "t5" and (self.num_decoder_layers < 1 or self.relative_attention_buckets < 1):
             raise ValueError(
                 "`num_decoder_layers` and `relative_attention_buckets` must be integers >= 1 for the 't5' family, "
                 f"got {self.num_decoder_layers!r} and {self.relative_attention_buckets!r}"
@@ -223,9 +204,8 @@ class TransformerShape:
     def tensors(self) -> Iterator[tuple[int, bool, int]]:
         """Every parameter tensor as ``(numel, is_embedding_table, count)``: ``count`` tensors of that kind.
 
-        A block's tensors come once with the number of blocks as their count, so a shape of a million layers is
-        as quick to count as one of two. A tied head is counted once (as the embedding); GPT-2's fused query, key
-        and value projection (``c_attn``) is one tensor, as its optimizer sees it.
+        A block's tensors come once, counted by the number of blocks; a tied head is counted once (as the embedding)
+        and GPT-2's fused query, key and value projection (``c_attn``) is one tensor, as its optimizer sees it.
 
         Example:
             >>> sum(n * count for n, _, count in get_shape("gpt2").tensors())
@@ -259,9 +239,8 @@ class TransformerShape:
     def largest_layer_parameters(self) -> int:
         """Parameters of the largest single module, its own and not its children's: ZeRO-3 gathers them one at a time.
 
-        The token embedding or head, the largest linear layer (GPT-2's fused QKV one included) or, with experts, one
-        block's experts (``transformers`` holds them in one module), counted as DeepSpeed's estimators count the
-        largest layer (``model.modules()``, ``parameters(recurse=False)``).
+        With experts, one block's experts are one module (as ``transformers`` holds them); DeepSpeed's estimators
+        count the largest layer the same way (``model.modules()``, ``parameters(recurse=False)``).
         """
         h, i, q, kv, v = self.hidden_size, self.intermediate_size, self.q_size, self.kv_size, self.vocab_size
         mlp = sum(self._mlp_sizes()[1:]) if self.num_experts else h * i + (i if self.mlp_bias else 0)
@@ -298,25 +277,11 @@ _ALIASES: Final[Mapping[str, str]] = MappingProxyType(
 )
 
 
-def _normalise(name: str) -> str:
-    key = name.strip().lower().rsplit("/", 1)[-1]  # "meta-llama/Llama-2-7b-hf" -> "llama-2-7b-hf"
-    for suffix in ("-hf", "-instruct", "-chat"):
-        key = key.removesuffix(suffix)
-    key = key.replace("meta-llama-", "llama-").replace("_", "-")
-    return _ALIASES.get(key, key)
-
-
 def get_shape(name: str) -> TransformerShape:
     """Look a model up in :data:`MODEL_SHAPES`.
 
     Case, an organisation prefix and a ``-hf``/``-chat``/``-instruct`` suffix are ignored, so
     ``"meta-llama/Llama-2-7b-hf"`` finds ``"llama-2-7b"``; ``"llama-3.1-8b"`` has the shape of ``"llama-3-8b"``.
-
-    Args:
-        name: The model's name.
-
-    Returns:
-        Its shape.
 
     Raises:
         TypeError: If ``name`` is not a string.
@@ -327,7 +292,11 @@ def get_shape(name: str) -> TransformerShape:
         'llama-2-7b'
     """
     check_str("name", name)
-    key = _normalise(name)
+    key = name.strip().lower().rsplit("/", 1)[-1]  # "meta-llama/Llama-2-7b-hf" -> "llama-2-7b-hf"
+    for suffix in ("-hf", "-instruct", "-chat"):
+        key = key.removesuffix(suffix)
+    key = key.replace("meta-llama-", "llama-").replace("_", "-")
+    key = _ALIASES.get(key, key)
     if key in MODEL_SHAPES:
         return MODEL_SHAPES[key]
     close = difflib.get_close_matches(key, [*MODEL_SHAPES, *_ALIASES], n=3, cutoff=0.6)
@@ -349,9 +318,6 @@ def from_hf_config(config: str | os.PathLike[str] | Mapping[str, Any], *, name: 
     Args:
         config: Path to ``config.json`` or to its directory, or the parsed config.
         name: Label for the shape; defaults to ``_name_or_path``, the directory name or the model type.
-
-    Returns:
-        The shape.
 
     Raises:
         TypeError: If ``config`` is neither a path nor a mapping, or ``name`` not a string.
@@ -395,123 +361,81 @@ def from_hf_config(config: str | os.PathLike[str] | Mapping[str, Any], *, name: 
             raise ValueError(f"`config`: the {model_type!r} config has no {key!r} field")
         return data[key]
 
-    if HF_MODEL_TYPES[model_type] == "gpt2":
+    def dropout(default: float, *keys: str) -> bool:
+        """Whether a dropout probability of ``keys`` is above 0, each checked until one is (null: no dropout)."""
+        for key in keys:
+            value = data.get(key, default)
+            check_float(f"config.{key}", value, low=0.0, high=1.0, allow_none=True)
+            if value:
+                return True
+        return False
+
+    family = HF_MODEL_TYPES[model_type]
+    keys = ("vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads", "intermediate_size")
+    biases = {"qkv_bias": True, "output_bias": True, "mlp_bias": True}
+    kwargs: dict[str, Any]
+    if family == "gpt2":
         hidden = need("n_embd")
-        return TransformerShape(
-            "gpt2",
-            data.get("vocab_size", 50257),
-            hidden,
-            need("n_layer"),
-            need("n_head"),
-            data.get("n_inner") or 4 * hidden,
-            tie_word_embeddings=data.get("tie_word_embeddings", True),
-            max_position_embeddings=data.get("n_positions", 1024),
-            qkv_bias=True,
-            output_bias=True,
-            mlp_bias=True,
-            dropout=any(_probability(data, k, 0.1) > 0 for k in ("attn_pdrop", "resid_pdrop", "embd_pdrop")),
-            name=label,
-        )
-    if HF_MODEL_TYPES[model_type] in ("bert", "t5", "phi"):
-        return _READERS[HF_MODEL_TYPES[model_type]](data, need, label)
-    heads = need("num_attention_heads")
-    attention_bias = bool(data.get("attention_bias", False))
-    experts = data.get("num_local_experts", 0) if model_type == "mixtral" else 0
-    return TransformerShape(
-        "llama",
-        need("vocab_size"),
-        need("hidden_size"),
-        need("num_hidden_layers"),
-        heads,
-        need("intermediate_size"),
-        num_kv_heads=data.get("num_key_value_heads") or heads,
-        head_dim=data.get("head_dim"),
-        tie_word_embeddings=bool(data.get("tie_word_embeddings", model_type == "gemma")),
-        qkv_bias=model_type == "qwen2" or attention_bias,
-        output_bias=model_type != "qwen2" and attention_bias,
-        mlp_bias=bool(data.get("mlp_bias", False)),
-        dropout=_probability(data, "attention_dropout", 0.0) > 0,
-        name=label,
-        num_experts=experts,
-        experts_per_token=data.get("num_experts_per_tok", 2) if experts else 0,
-    )
-
-
-def _bert(data: dict[str, Any], need: Callable[[str], Any], label: str) -> TransformerShape:
-    return TransformerShape(
-        "bert",
-        need("vocab_size"),
-        need("hidden_size"),
-        need("num_hidden_layers"),
-        need("num_attention_heads"),
-        need("intermediate_size"),
-        max_position_embeddings=data.get("max_position_embeddings", 512),
-        qkv_bias=True,
-        output_bias=True,
-        mlp_bias=True,
-        dropout=any(_probability(data, k, 0.1) > 0 for k in ("hidden_dropout_prob", "attention_probs_dropout_prob")),
-        name=label,
-        type_vocab_size=data.get("type_vocab_size", 2),
-    )
-
-
-def _t5(data: dict[str, Any], need: Callable[[str], Any], label: str) -> TransformerShape:
-    projection = data.get("feed_forward_proj", "relu")
-    if projection not in ("relu", "gated-gelu", "gated-relu", "gelu"):
-        raise ValueError(f"`config`: feed_forward_proj {projection!r} is not one of 'relu', 'gelu', 'gated-gelu'")
-    layers = need("num_layers")
-    return TransformerShape(
-        "t5",
-        need("vocab_size"),
-        need("d_model"),
-        layers,
-        need("num_heads"),
-        need("d_ff"),
-        head_dim=need("d_kv"),
-        tie_word_embeddings=bool(data.get("tie_word_embeddings", True)),
-        dropout=_probability(data, "dropout_rate", 0.1) > 0,
-        name=label,
-        num_decoder_layers=data.get("num_decoder_layers") or layers,
-        gated_mlp=projection.startswith("gated-"),
-        relative_attention_buckets=data.get("relative_attention_num_buckets", 32),
-    )
-
-
-def _phi(data: dict[str, Any], need: Callable[[str], Any], label: str) -> TransformerShape:
-    if data.get("qk_layernorm"):
-        raise ValueError("`config`: a 'phi' config with qk_layernorm=true is not supported")
-    heads = need("num_attention_heads")
-    rope = data.get("rope_parameters") or {}
-    return TransformerShape(
-        "phi",
-        need("vocab_size"),
-        need("hidden_size"),
-        need("num_hidden_layers"),
-        heads,
-        need("intermediate_size"),
-        num_kv_heads=data.get("num_key_value_heads") or heads,
-        tie_word_embeddings=bool(data.get("tie_word_embeddings", False)),
-        qkv_bias=True,
-        output_bias=True,
-        mlp_bias=True,
-        dropout=any(_probability(data, k, 0.0) > 0 for k in ("resid_pdrop", "embd_pdrop", "attention_dropout")),
-        name=label,
-        partial_rotary_factor=rope.get("partial_rotary_factor", data.get("partial_rotary_factor", 0.5)),
-    )
-
-
-_READERS: Final[Mapping[str, Callable[[dict[str, Any], Callable[[str], Any], str], TransformerShape]]] = (
-    MappingProxyType({"bert": _bert, "t5": _t5, "phi": _phi})
-)
-
-
-def _probability(data: dict[str, Any], key: str, default: float) -> float:
-    """A dropout probability from a Hugging Face config, checked and named by its key."""
-    value = data.get(key, default)
-    if value is None:
-        return 0.0  # some configs write null for "no dropout"
-    check_float(f"config.{key}", value, low=0.0, high=1.0)
-    return float(value)
+        inner = data.get("n_inner") or 4 * hidden
+        sizes = [data.get("vocab_size", 50257), hidden, need("n_layer"), need("n_head"), inner]
+        kwargs = {
+            "tie_word_embeddings": data.get("tie_word_embeddings", True),
+            "max_position_embeddings": data.get("n_positions", 1024),
+            "dropout": dropout(0.1, "attn_pdrop", "resid_pdrop", "embd_pdrop"),
+            **biases,
+        }
+    elif family == "bert":
+        sizes = [need(key) for key in keys]
+        kwargs = {
+            "max_position_embeddings": data.get("max_position_embeddings", 512),
+            "dropout": dropout(0.1, "hidden_dropout_prob", "attention_probs_dropout_prob"),
+            "type_vocab_size": data.get("type_vocab_size", 2),
+            **biases,
+        }
+    elif family == "t5":
+        projection = data.get("feed_forward_proj", "relu")
+        if projection not in ("relu", "gated-gelu", "gated-relu", "gelu"):
+            raise ValueError(f"`config`: feed_forward_proj {projection!r} is not one of 'relu', 'gelu', 'gated-gelu'")
+        layers = need("num_layers")
+        sizes = [need(key) for key in ("vocab_size", "d_model", "num_layers", "num_heads", "d_ff")]
+        kwargs = {
+            "head_dim": need("d_kv"),
+            "tie_word_embeddings": bool(data.get("tie_word_embeddings", True)),
+            "dropout": dropout(0.1, "dropout_rate"),
+            "num_decoder_layers": data.get("num_decoder_layers") or layers,
+            "gated_mlp": projection.startswith("gated-"),
+            "relative_attention_buckets": data.get("relative_attention_num_buckets", 32),
+        }
+    elif family == "phi":
+        if data.get("qk_layernorm"):
+            raise ValueError("`config`: a 'phi' config with qk_layernorm=true is not supported")
+        heads = need("num_attention_heads")
+        sizes = [need(key) for key in keys]
+        rope = data.get("rope_parameters") or {}
+        kwargs = {
+            "num_kv_heads": data.get("num_key_value_heads") or heads,
+            "tie_word_embeddings": bool(data.get("tie_word_embeddings", False)),
+            "dropout": dropout(0.0, "resid_pdrop", "embd_pdrop", "attention_dropout"),
+            "partial_rotary_factor": rope.get("partial_rotary_factor", data.get("partial_rotary_factor", 0.5)),
+            **biases,
+        }
+    else:
+        heads = need("num_attention_heads")
+        sizes = [need(key) for key in keys]
+        attention_bias = bool(data.get("attention_bias", False))
+        experts = data.get("num_local_experts", 0) if model_type == "mixtral" else 0
+        kwargs = {
+            "num_kv_heads": data.get("num_key_value_heads") or heads,
+            "head_dim": data.get("head_dim"),
+            "tie_word_embeddings": bool(data.get("tie_word_embeddings", model_type == "gemma")),
+            "qkv_bias": model_type == "qwen2" or attention_bias,
+            "output_bias": model_type != "qwen2" and attention_bias,
+            "mlp_bias": bool(data.get("mlp_bias", False)),
+            "dropout": dropout(0.0, "attention_dropout"),
+            "num_experts": experts,
+            "experts_per_token": data.get("num_experts_per_tok", 2) if experts else 0,
+        }
+    return TransformerShape(family, *sizes, **{**kwargs, "name": label})
 
 
 # built last: the GPT-2 shapes are read as configs by from_hf_config

@@ -1,8 +1,7 @@
 """Choose a DeepSpeed ZeRO configuration from a memory plan: the least sharding that fits.
 
-Per-GPU bytes follow the ZeRO paper (Rajbhandari et al. 2020) and DeepSpeed's own estimators, with the byte counts
-of a :class:`~lightning_tune.plan.estimate.MemoryEstimate`; ``docs/planner.md`` has the table of configurations, tried
-in order (sharding before offloading, no sharding on one GPU), the first that fits after the margin chosen.
+Per-GPU bytes follow the ZeRO paper (Rajbhandari et al. 2020) and DeepSpeed's own estimators; ``docs/planner.md`` has
+the table of configurations, tried in order (sharding before offloading), the first that fits after the margin chosen.
 
 Example:
     >>> from lightning_tune.plan.estimate import estimate_memory
@@ -18,19 +17,17 @@ Example:
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Final
 
-from lightning_tune._validation import check_bool, check_choice, check_instance, check_int, check_str
-from lightning_tune.plan.estimate import MARGINS, Margin, MemoryEstimate, format_bytes
-
-__all__ = ["ZeroPlan", "plan_zero"]
+from lightning_tune._validation import check_bool, check_instance, check_int, check_str
+from lightning_tune.plan.estimate import Margin, MemoryEstimate, format_bytes
 
 
 @dataclass(frozen=True)
 class ZeroPlan:
     """A DeepSpeed ZeRO configuration and what it needs per GPU.
 
-    The first four fields are the arguments of Lightning's ``DeepSpeedStrategy`` of the same names
-    (``stage``, ``offload_optimizer``, ``offload_parameters``).
+    The first three fields are the arguments of Lightning's ``DeepSpeedStrategy`` of the same names.
 
     Attributes:
         stage: ZeRO stage, 0-3 (0: no sharding, plain data parallel).
@@ -71,22 +68,8 @@ class ZeroPlan:
             )
 
 
-_CONFIGS: tuple[tuple[int, bool, bool], ...] = (
-    (0, False, False),
-    (1, False, False),
-    (2, False, False),
-    (3, False, False),
-    (2, True, False),
-    (3, True, False),
-    (3, True, True),
-)
-
-
-def _describe(stage: int, offload_optimizer: bool, offload_parameters: bool) -> str:
-    text = "no ZeRO sharding" if stage == 0 else f"ZeRO stage {stage}"
-    if offload_parameters:
-        return text + " with optimizer and weights offloaded to CPU"
-    return text + (" with the optimizer offloaded to CPU" if offload_optimizer else "")
+#: (stage, offload_optimizer, offload_parameters), in the order tried: every stage, then offloading.
+_CONFIGS: Final = [(stage, False, False) for stage in range(4)] + [(2, True, False), (3, True, False), (3, True, True)]
 
 
 def zero_bytes(
@@ -145,8 +128,7 @@ def plan_zero(
     check_int("gpu_memory_bytes", gpu_memory_bytes, minimum=1)
     check_int("num_gpus", num_gpus, minimum=1)
     check_int("batch_size", batch_size, minimum=1)
-    check_choice("margin", margin, MARGINS)
-    usable = estimate.usable_bytes(gpu_memory_bytes, margin)
+    usable = estimate.usable_bytes(gpu_memory_bytes, margin)  # checks the margin
     gpus = "1 GPU" if num_gpus == 1 else f"{num_gpus} GPUs"
     where = f"{format_bytes(usable)} usable ({margin} margin) at batch {batch_size} on {gpus}"
     needed: list[str] = []
@@ -154,26 +136,19 @@ def plan_zero(
         if num_gpus == 1 and stage in (1, 2, 3) and not offload_optimizer:
             continue  # nothing to shard over
         per_gpu = zero_bytes(estimate, stage, offload_optimizer, offload_parameters, num_gpus, batch_size)
-        label = _describe(stage, offload_optimizer, offload_parameters)
+        label = "no ZeRO sharding" if stage == 0 else f"ZeRO stage {stage}"
+        if offload_parameters:
+            label += " with optimizer and weights offloaded to CPU"
+        elif offload_optimizer:
+            label += " with the optimizer offloaded to CPU"
         if per_gpu <= usable:
             before = f"; {'; '.join(needed)}" if needed else ""
-            return ZeroPlan(
-                stage,
-                offload_optimizer,
-                offload_parameters,
-                per_gpu,
-                f"{label} needs {format_bytes(per_gpu)} per GPU of {where}{before}",
-                num_gpus=num_gpus,
-                batch_size=batch_size,
-            )
+            reason = f"{label} needs {format_bytes(per_gpu)} per GPU of {where}{before}"
+            break
         needed.append(f"{label} would need {format_bytes(per_gpu)}")
+    else:  # the last configuration, the most memory-saving one
+        reason = f"nothing fits: {label} still needs {format_bytes(per_gpu)} per GPU of {where}"
+    fits = per_gpu <= usable
     return ZeroPlan(
-        3,
-        True,
-        True,
-        per_gpu,
-        f"nothing fits: {label} still needs {format_bytes(per_gpu)} per GPU of {where}",
-        fits=False,
-        num_gpus=num_gpus,
-        batch_size=batch_size,
+        stage, offload_optimizer, offload_parameters, per_gpu, reason, fits, num_gpus=num_gpus, batch_size=batch_size
     )

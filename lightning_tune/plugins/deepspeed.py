@@ -1,15 +1,7 @@
-"""A DeepSpeed ZeRO strategy from a memory plan or from explicit stage and offload choices.
+"""A DeepSpeed ZeRO strategy from a memory plan or from explicit stage and offload choices (docs/presets.md).
 
-:class:`DeepSpeedSettings` is the plain, checked choice (ZeRO stage, what is offloaded to CPU memory) and the keyword
-arguments it gives Lightning's ``DeepSpeedStrategy``; :func:`deepspeed_strategy` builds the strategy from them.
-Lightning itself turns those arguments into DeepSpeed's config dict (``strategy.config["zero_optimization"]``), so
-the pack does not restate DeepSpeed's defaults.
-
-A plan is the :class:`~lightning_tune.plan.zero.ZeroPlan` that ``plan_zero`` returns (any object with its fields
-``stage``, ``offload_optimizer`` and ``offload_parameters`` works too).
-
-DeepSpeed needs the optional package (``pip install 'lightning-tune[deepspeed]'``) and, under Lightning, CUDA GPUs:
-Lightning refuses the strategy on CPU when the run starts.
+:class:`DeepSpeedSettings` is the checked choice and the arguments it gives Lightning's ``DeepSpeedStrategy``, which
+turns them into DeepSpeed's config itself, so the pack does not restate DeepSpeed's defaults.
 """
 
 from __future__ import annotations
@@ -22,14 +14,12 @@ from types import MappingProxyType
 from typing import TYPE_CHECKING, Any, Final
 
 from lightning_tune import _imports
-from lightning_tune._validation import check_bool, check_int
+from lightning_tune._validation import check_bool, check_instance, check_int
 
 if TYPE_CHECKING:
     from lightning.pytorch.strategies import DeepSpeedStrategy
 
     from lightning_tune.plan.zero import ZeroPlan
-
-__all__ = ["ZERO_STAGES", "DeepSpeedSettings", "build_strategy", "deepspeed_settings", "deepspeed_strategy"]
 
 #: ZeRO stages: 0 none, 1 optimizer state sharded, 2 and gradients, 3 and parameters.
 ZERO_STAGES: Final[tuple[int, ...]] = (0, 1, 2, 3)
@@ -37,12 +27,6 @@ ZERO_STAGES: Final[tuple[int, ...]] = (0, 1, 2, 3)
 _OWNED: Final[frozenset[str]] = frozenset(
     {"self", "stage", "offload_optimizer", "offload_parameters", "pin_memory", "zero_optimization", "config"}
 )
-
-
-def _strategy_parameters() -> list[str]:
-    from lightning.pytorch.strategies import DeepSpeedStrategy
-
-    return [name for name in inspect.signature(DeepSpeedStrategy.__init__).parameters if name not in _OWNED]
 
 
 @dataclass(frozen=True)
@@ -89,12 +73,11 @@ class DeepSpeedSettings:
             raise ValueError(
                 f"`offload_parameters` needs ZeRO stage 3 (only stage 3 shards parameters), got stage {self.stage}"
             )
-        if not isinstance(self.extra, Mapping):
-            raise TypeError(
-                f"`extra` must be a mapping of DeepSpeedStrategy arguments, got {type(self.extra).__name__}"
-            )
+        check_instance("extra", self.extra, Mapping, "a mapping of DeepSpeedStrategy arguments")
         if self.extra:
-            allowed = _strategy_parameters()
+            from lightning.pytorch.strategies import DeepSpeedStrategy
+
+            allowed = [n for n in inspect.signature(DeepSpeedStrategy.__init__).parameters if n not in _OWNED]
             for name in self.extra:
                 if not isinstance(name, str):
                     raise TypeError(f"`extra` must have argument names (strings) as keys, got {name!r}")
@@ -111,11 +94,7 @@ class DeepSpeedSettings:
         object.__setattr__(self, "extra", MappingProxyType(dict(self.extra)))
 
     def strategy_kwargs(self) -> dict[str, Any]:
-        """Keyword arguments for ``lightning.pytorch.strategies.DeepSpeedStrategy``.
-
-        Returns:
-            ``stage``, the offload flags, ``pin_memory`` and the extra arguments.
-        """
+        """Keyword arguments for ``lightning.pytorch.strategies.DeepSpeedStrategy``: the fields and the extra ones."""
         return {f.name: getattr(self, f.name) for f in fields(self) if f.name != "extra"} | dict(self.extra)
 
     def describe(self) -> str:
@@ -145,9 +124,6 @@ def deepspeed_settings(
         offload_parameters: Offload parameters (default ``False``) when no plan is given.
         pin_memory: Pin offloaded CPU memory.
         **strategy_kwargs: Further ``DeepSpeedStrategy`` arguments.
-
-    Returns:
-        The checked settings.
 
     Raises:
         TypeError: If the plan lacks a field or has one of the wrong type, an argument has the wrong type, or a
@@ -208,13 +184,7 @@ def deepspeed_strategy(
 ) -> DeepSpeedStrategy:
     """Lightning's ``DeepSpeedStrategy`` for a plan or explicit choices: ``build_strategy(deepspeed_settings(...))``.
 
-    Args:
-        plan: A ``ZeroPlan``, or ``None`` to use the explicit arguments.
-        stage: ZeRO stage (default 2) when no plan is given.
-        offload_optimizer: Offload optimizer state (default ``False``) when no plan is given.
-        offload_parameters: Offload parameters (default ``False``) when no plan is given.
-        pin_memory: Pin offloaded CPU memory.
-        **strategy_kwargs: Further ``DeepSpeedStrategy`` arguments.
+    The arguments are :func:`deepspeed_settings`'s.
 
     Returns:
         The strategy, for ``Trainer(strategy=...)`` (CUDA only).
@@ -222,21 +192,14 @@ def deepspeed_strategy(
     Raises:
         TypeError: As :func:`deepspeed_settings`.
         ValueError: As :func:`deepspeed_settings`.
-        ModuleNotFoundError: If deepspeed is not installed; the message names
-            ``pip install 'lightning-tune[deepspeed]'``.
+        ModuleNotFoundError: If deepspeed is not installed; the message names the extra.
     """
     offload = {"offload_optimizer": offload_optimizer, "offload_parameters": offload_parameters}
     return build_strategy(deepspeed_settings(plan, stage=stage, **offload, pin_memory=pin_memory, **strategy_kwargs))
 
 
 def build_strategy(settings: DeepSpeedSettings) -> DeepSpeedStrategy:
-    """Build Lightning's ``DeepSpeedStrategy`` from checked settings.
-
-    Args:
-        settings: The settings.
-
-    Returns:
-        The strategy.
+    """Build Lightning's ``DeepSpeedStrategy`` from checked ``settings``.
 
     Raises:
         TypeError: If ``settings`` is not a :class:`DeepSpeedSettings`.

@@ -1,17 +1,8 @@
-"""``TunePlugin``: the pack's swaps through the ``Trainer(plugins=[...])`` flag users already know.
+"""``TunePlugin``: the pack's swaps as the one ``Precision`` plugin a Trainer takes (docs/plugin.md).
 
-Lightning accepts a single ``Precision`` plugin and refuses one together with ``Trainer(precision=...)``, so the
-plugin *is* the precision plugin: it wraps the plugin Lightning itself would build for the precision and the strategy
-(``MixedPrecision``/``HalfPrecision``/``DoublePrecision``/``Precision``, ``FSDPPrecision`` under ``FSDPStrategy``,
-``DeepSpeedPrecision`` under ``DeepSpeedStrategy``) and delegates every precision hook to it, adding the attention
-swap in ``convert_module`` (before the strategy wraps the model) and the optimizer swap in ``connect`` (after the
-optimizers exist, where Lightning supports replacing them).
-
-``FSDPStrategy`` accepts only ``FSDPPrecision`` instances (Lightning #20855), so ``TunePlugin`` subclasses it; under
-every strategy the work is done by the wrapped plugin, chosen at ``convert_module``, the first hook that sees the
-Trainer's strategy and device. ``precision="auto"`` is resolved there too (or at the first read of
-:attr:`TunePlugin.precision`, in the training process) by :func:`~lightning_tune.vocab.auto_precision`, so building
-the plugin never initialises CUDA.
+It wraps the plugin Lightning would build for the precision and the strategy, chosen at ``convert_module`` (the first
+hook that sees them, so building it never initialises CUDA), and subclasses ``FSDPPrecision`` because
+``FSDPStrategy`` accepts nothing else (Lightning #20855).
 """
 
 from __future__ import annotations
@@ -40,12 +31,13 @@ from torch.optim import Optimizer
 from typing_extensions import override
 
 from lightning_tune import _imports
-from lightning_tune._validation import check_bool, check_choice, check_int
+from lightning_tune._validation import check_bool, check_choice
 from lightning_tune.vocab import (
     PRECISIONS,
     Attention,
     LossBackend,
     OptimizerName,
+    Precision as PrecisionName,
     auto_precision,
     canonical_attention,
     canonical_loss,
@@ -54,7 +46,6 @@ from lightning_tune.vocab import (
     check_precision_device,
     precision_dtype,
 )
-from lightning_tune.vocab import Precision as PrecisionName
 
 if TYPE_CHECKING:
     import lightning.pytorch as pl
@@ -106,38 +97,22 @@ def _trainer_of(module: Module) -> pl.Trainer | None:
         return None
 
 
-def _strategy_name(strategy: Strategy | None) -> str | None:
-    for cls in (ModelParallelStrategy, FSDPStrategy, DeepSpeedStrategy):
-        if isinstance(strategy, cls):
-            return cls.__name__
-    return None
-
-
 class TunePlugin(FSDPPrecision):
-    """One ``Precision`` plugin that applies the pack's optimizer and attention swaps, under any strategy.
+    """One ``Precision`` plugin that applies the pack's optimizer, attention and loss swaps, under any strategy.
 
-    It wraps the precision plugin Lightning would build for ``Trainer(precision=...)`` and the strategy in use, and
-    is accepted where Lightning requires ``FSDPPrecision`` (``FSDPStrategy``). See ``docs/multi_gpu.md`` for what
-    works under DDP, FSDP, FSDP2 (``ModelParallelStrategy``) and DeepSpeed.
+    See ``docs/multi_gpu.md`` for what works under DDP, FSDP, FSDP2 (``ModelParallelStrategy``) and DeepSpeed.
 
     Args:
-        precision: The precision to train in (pass it here, not to ``Trainer(precision=...)``), a Lightning name or
-            an alias of :mod:`lightning_tune.vocab` (``"bf16"`` is ``"bf16-mixed"``): ``"auto"`` (bf16-mixed where
-            supported, else 16-mixed on CUDA, else 32-true; decided in the training process once the device is
-            known), ``"32-true"``, ``"16-mixed"``, ``"bf16-mixed"``, ``"16-true"``, ``"bf16-true"`` or ``"64-true"``.
-        optimizer: Replace the module's optimizers with this one (see :class:`~lightning_tune.OptimizerSwap`:
-            ``"adamw8bit"``, ``"adam8bit"``, ``"lion8bit"``, ``"sgd8bit"``, the paged variants, ``"adamw_fused"``, or
-            an alias such as ``"adamw_8bit"``); ``None`` keeps them. It reports as ``OptimizerSwap`` does (the swap's
-            tables, then the state after the first step and ``tune/optimizer_state_bytes``); the two together are
-            refused.
-        attention: Route attention through this backend (see :class:`~lightning_tune.AttentionSwap`: ``"auto"``,
-            ``"flash"``, ``"sdpa"``, ``"eager"``, or an alias such as ``"flash_attention_2"``); ``None`` leaves
-            attention alone.
-        loss: Compute causal language models' training loss without their logits (see
-            :class:`~lightning_tune.LossSwap`: ``"auto"``, ``"chunked"`` or ``"liger"``); ``None`` leaves it alone.
-        loss_eval: With ``loss``, swap evaluation too, as ``LossSwap(eval=True)``: in eval mode (validation, test,
-            predict) a call with labels gives the loss, ``token_accuracy`` and ``predictions`` and no ``logits``. Off
-            by default: a ``validation_step`` reading ``outputs.logits`` would get an error.
+        precision: The precision to train in (here, not in ``Trainer(precision=...)``): ``"auto"`` (decided in the
+            training process once the device is known), ``"32-true"``, ``"16-mixed"``, ``"bf16-mixed"``,
+            ``"16-true"``, ``"bf16-true"``, ``"64-true"``, or an alias of :mod:`lightning_tune.vocab` (``"bf16"``).
+        optimizer: Replace the module's optimizers with this one, as :class:`~lightning_tune.OptimizerSwap` does (the
+            two together are refused); ``None`` keeps them.
+        attention: Route attention through this backend, as :class:`~lightning_tune.AttentionSwap` does; ``None``
+            leaves attention alone.
+        loss: Compute causal language models' training loss without their logits, as
+            :class:`~lightning_tune.LossSwap` does; ``None`` leaves it alone.
+        loss_eval: With ``loss``, swap evaluation too, as ``LossSwap(eval=True)``.
         keep_32bit: With an 8-bit optimizer, which parameters keep 32-bit state (``"embeddings"``, ``"none"`` or
             ``fn(name, param) -> bool``).
         min_8bit_size: With an 8-bit optimizer, tensors with fewer elements keep 32-bit state.
@@ -166,7 +141,7 @@ class TunePlugin(FSDPPrecision):
         device: Literal["cuda", "cpu"] | None = None,
     ) -> None:
         # FSDPPrecision.__init__ is not called: the wrapped plugin holds the precision state under every strategy
-        from lightning_tune.swaps.optimizer import TARGETS, check_keep_32bit
+        from lightning_tune.swaps.optimizer import TARGETS, check_state_options
 
         if device is not None:
             check_choice("device", device, ("cuda", "cpu"))
@@ -182,8 +157,7 @@ class TunePlugin(FSDPPrecision):
         check_bool("loss_eval", loss_eval)
         if loss_eval and loss is None:
             raise ValueError("`loss_eval=True` swaps the evaluation loss and needs `loss` (e.g. loss='auto'), got None")
-        check_int("min_8bit_size", min_8bit_size, minimum=1)
-        check_keep_32bit(keep_32bit)
+        check_state_options(keep_32bit, min_8bit_size)
         self._explicit_device = device is not None
         self._device: str | None = device
         self._precision: str | None = None if self.requested_precision == "auto" else self.requested_precision
@@ -227,8 +201,7 @@ class TunePlugin(FSDPPrecision):
     def device(self) -> str:
         """Where mixed precision autocasts: the explicit ``device``, else the strategy's once known, else a GPU if any.
 
-        ``torch.cuda.device_count()`` asks NVML where it can and, unlike ``is_available()``, leaves a later fork of
-        this process usable.
+        ``torch.cuda.device_count()``, unlike ``is_available()``, leaves a later fork of this process usable.
         """
         if self._device is None:
             self._device = "cuda" if torch.cuda.device_count() > 0 else "cpu"
@@ -276,12 +249,11 @@ class TunePlugin(FSDPPrecision):
             self._device, self._inner = device, None  # a guess made before the strategy was known gives way
             if self.requested_precision == "auto":
                 self._precision = None
-        name = _strategy_name(strategy)
+        sharded = (ModelParallelStrategy, FSDPStrategy, DeepSpeedStrategy)
+        name = next((cls.__name__ for cls in sharded if isinstance(strategy, cls)), None)
         if self._inner is None or name != self._inner_strategy:
             self._inner = _inner_plugin(self.precision, self.device, name)
             self._inner_strategy = name
-
-    # ------------------------------------------------------------------ the swaps
 
     @override
     def convert_module(self, module: Module) -> Module:
@@ -351,11 +323,7 @@ class TunePlugin(FSDPPrecision):
         return model, optimizers, lr_schedulers
 
     def _follow_model_device(self, model: Module) -> None:
-        """Autocast where the model actually is (``connect`` runs after the strategy moved it to its device).
-
-        A model the strategy placed on the CPU autocasts on the CPU, as ``Trainer(precision=...)`` would, even where
-        a GPU exists.
-        """
+        """Autocast where the strategy put the model (``connect`` runs after the move), as Trainer's precision does."""
         if self._explicit_device or not isinstance(self.inner, MixedPrecision):
             return
         parameter = next(model.parameters(), None)
@@ -366,14 +334,15 @@ class TunePlugin(FSDPPrecision):
     @override
     def teardown(self) -> None:
         self.inner.teardown()
-        if self.attention_swap is not None:
-            self.attention_swap.restore()
-            self.attention_swap = None
-        if self.loss_swap is not None:
-            self.loss_swap.restore()
-            self.loss_swap = None
+        for swap in (self.attention_swap, self.loss_swap):
+            if swap is not None:
+                swap.restore()
+        self.attention_swap = None
+        self.loss_swap = None
 
-    # ------------------------------------------------------------------ delegation to Lightning's plugin
+    # Delegated to the wrapped plugin. post_backward, unscale_gradients, main_params and the *_step_context hooks are
+    # inherited instead: no plugin wrapped here overrides them (Lightning 2.6.6; tests/swaps/test_plugin.py checks it),
+    # and the step contexts enter forward_context, which is delegated.
 
     @override
     def tensor_init_context(self) -> AbstractContextManager:
@@ -407,10 +376,6 @@ class TunePlugin(FSDPPrecision):
         self.inner.backward(tensor, model, optimizer, *args, **kwargs)
 
     @override
-    def post_backward(self, tensor: Tensor, module: pl.LightningModule) -> Tensor:  # type: ignore[override]
-        return self.inner.post_backward(tensor, module)
-
-    @override
     def optimizer_step(  # type: ignore[override]
         self, optimizer: Any, model: pl.LightningModule, closure: Callable[[], Any], **kwargs: Any
     ) -> Any:
@@ -432,30 +397,6 @@ class TunePlugin(FSDPPrecision):
         self.inner.clip_gradients(optimizer, clip_val, gradient_clip_algorithm)
 
     @override
-    def unscale_gradients(self, optimizer: Optimizer) -> None:
-        self.inner.unscale_gradients(optimizer)
-
-    @override
-    def main_params(self, optimizer: Optimizer) -> Any:
-        return self.inner.main_params(optimizer)
-
-    @override
-    def train_step_context(self) -> AbstractContextManager:  # type: ignore[override]
-        return self.inner.train_step_context()
-
-    @override
-    def val_step_context(self) -> AbstractContextManager:  # type: ignore[override]
-        return self.inner.val_step_context()
-
-    @override
-    def test_step_context(self) -> AbstractContextManager:  # type: ignore[override]
-        return self.inner.test_step_context()
-
-    @override
-    def predict_step_context(self) -> AbstractContextManager:  # type: ignore[override]
-        return self.inner.predict_step_context()
-
-    @override
     def state_dict(self) -> dict[str, Any]:
         return self.inner.state_dict()
 
@@ -470,8 +411,7 @@ class TunePlugin(FSDPPrecision):
     @override
     def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
         self.inner.on_save_checkpoint(checkpoint)
-        state = self.inner.state_dict()
-        if state:
+        if state := self.inner.state_dict():
             checkpoint[type(self.inner).__qualname__] = state
 
     @override

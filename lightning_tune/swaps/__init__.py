@@ -1,9 +1,6 @@
 """Swaps engine: module surgery, by instance and undoable, with no Trainer in it (the callbacks wire the hooks).
 
-Attention kernels, the optimizer, activation checkpointing of the transformer blocks, ``torch.compile`` in place, and
-the causal-LM loss computed without logits (:func:`linear_cross_entropy`, :func:`swap_loss`). The engines of the
-attention and optimizer swaps stay in their modules (:mod:`lightning_tune.swaps.attention`,
-:mod:`lightning_tune.swaps.optimizer`).
+The attention and optimizer swaps are imported from their modules, ``swaps.attention`` and ``swaps.optimizer``.
 """
 
 from lightning_tune.swaps.checkpointing import checkpoint_blocks

@@ -1,10 +1,7 @@
 """Route a model's attention through a chosen kernel: flash-attn, PyTorch SDPA's fused kernels, or the math path.
 
-:func:`swap_attention` changes only module *instances* (never a class, nor a function of torch or transformers): each
-``nn.MultiheadAttention`` (and its ``nn.TransformerEncoderLayer``), each outermost Hugging Face ``PreTrainedModel``
-(through its own attention-implementation switch), and any other module whose class source calls
-``scaled_dot_product_attention``. The kinds and backends are described in docs/attention_swap.md.
-:meth:`AttentionSwapResult.restore` undoes everything; swapping a swapped module again does not wrap it twice.
+:func:`swap_attention` changes module *instances* and configs only, never a class nor a function of torch or
+transformers; docs/attention_swap.md describes the kinds it detects, the backends and the undo.
 """
 
 from __future__ import annotations
@@ -16,7 +13,7 @@ import warnings
 import weakref
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
-from typing import Any, Literal, get_args
+from typing import Any, Literal, cast, get_args
 
 import torch
 import torch.nn.functional as F
@@ -37,22 +34,6 @@ from lightning_tune._surgery import (
 from lightning_tune._validation import check_choice, check_instance
 from lightning_tune.vocab import canonical_attention
 
-__all__ = [
-    "AttentionSite",
-    "AttentionSwapResult",
-    "FLASH_MAX_HEAD_DIM",
-    "FlashEngine",
-    "ResolvedBackend",
-    "SWAP_KINDS",
-    "SwapEntry",
-    "SwapKind",
-    "find_attention",
-    "fused_problem",
-    "resolve_backend",
-    "sdpa_backends",
-    "swap_attention",
-]
-
 #: What ``"auto"`` resolves to: every backend but ``"auto"``.
 ResolvedBackend = Literal["flash", "sdpa", "eager"]
 _RESOLVED: tuple[str, ...] = get_args(ResolvedBackend)
@@ -64,13 +45,6 @@ SWAP_KINDS: tuple[str, ...] = get_args(SwapKind)
 #: The largest head dimension flash-attn supports.
 FLASH_MAX_HEAD_DIM = 256
 
-# attention implementation names of transformers for each resolved backend
-_HF_IMPLEMENTATION: dict[str, str] = {"flash": "flash_attention_2", "sdpa": "sdpa", "eager": "eager"}
-_KERNEL_NAMES: dict[SDPBackend, str] = {
-    SDPBackend.FLASH_ATTENTION: "flash",
-    SDPBackend.EFFICIENT_ATTENTION: "efficient",
-    SDPBackend.MATH: "math",
-}
 # classes of these packages are never "sdpa-call" modules: torch's attention is nn.MultiheadAttention, transformers'
 # is switched through its own API, and Lightning's base classes hold no attention
 _LIBRARY_PREFIXES = ("torch.", "lightning.", "lightning_fabric.", "pytorch_lightning.", "transformers.")
@@ -88,9 +62,7 @@ def sdpa_backends(backend: ResolvedBackend, device: torch.device | str) -> list[
         device: Device of the call's tensors.
 
     Returns:
-        FLASH_ATTENTION and EFFICIENT_ATTENTION on CUDA; FLASH_ATTENTION and MATH on CPU, the kernels PyTorch has there
-        (its CPU flash kernel declines some calls, attention dropout for one); both fused kernels and MATH on other
-        devices; MATH alone for ``"eager"``.
+        MATH alone for ``"eager"``; else the fused kernels the device has, plus MATH off CUDA (docs/attention_swap.md).
 
     Raises:
         ValueError: If ``backend`` is not one of the resolved backends.
@@ -110,7 +82,7 @@ def sdpa_backends(backend: ResolvedBackend, device: torch.device | str) -> list[
 
 
 def _kernel_text(backend: ResolvedBackend, device: torch.device) -> str:
-    return "SDPA " + ", ".join(_KERNEL_NAMES[kernel] for kernel in sdpa_backends(backend, device))
+    return "SDPA " + ", ".join(kernel.name.partition("_")[0].lower() for kernel in sdpa_backends(backend, device))
 
 
 #: FlashAttention packages, newest first: flash-attn-4 (``flash_attn.cute``) on Hopper and Blackwell, flash-attn 2 on
@@ -165,29 +137,18 @@ def resolve_backend(
     head_dim: int | None = None,
     notify: Callable[[str], object] | None = None,
 ) -> ResolvedBackend:
-    """Pick the backend that will run: ``"flash"`` where FlashAttention can, else ``"sdpa"``, as requested.
-
-    ``"sdpa"`` and ``"eager"`` are returned as they are. ``"flash"`` needs FlashAttention on a CUDA device with
-    float16/bfloat16 and ``head_dim <= 256``: flash-attn-4 (``flash_attn.cute``) on compute capability 9.x-11.x
-    (Hopper, Blackwell), else flash-attn 2 on 8.0 or newer. ``"auto"`` is ``"flash"`` when all of that holds and
-    ``"sdpa"`` otherwise, with one message through ``notify`` saying why.
+    """Pick the backend that will run: ``"auto"`` is ``"flash"`` where FlashAttention can (docs/attention_swap.md).
 
     Args:
         requested: One of :data:`~lightning_tune.vocab.ATTENTIONS`, or an alias.
         device: Device the attention will run on.
         dtype: Dtype attention computes in (see :func:`lightning_tune.vocab.precision_dtype`).
         head_dim: Largest head dimension of the model's attention, if known.
-        notify: Receives the message when ``"auto"`` does not pick FlashAttention; ``None`` issues it as a
-            ``UserWarning``.
-
-    Returns:
-        ``"flash"``, ``"sdpa"`` or ``"eager"``.
+        notify: Receives the message when ``"auto"`` does not pick FlashAttention; ``None``: a ``UserWarning``.
 
     Raises:
-        ValueError: If ``requested`` names no attention backend, or ``"flash"`` is requested where it cannot run
-            (the message names the unmet condition).
-        ModuleNotFoundError: If ``"flash"`` is requested and no FlashAttention is installed; the message names the
-            extras.
+        ValueError: If ``requested`` names no attention backend, or ``"flash"`` cannot run here (naming why).
+        ModuleNotFoundError: If ``"flash"`` is requested and no FlashAttention is installed.
 
     Example:
         >>> resolve_backend("sdpa", device="cpu", dtype=torch.float32)
@@ -195,51 +156,36 @@ def resolve_backend(
     """
     requested = canonical_attention(requested, arg="backend")
     if requested in ("sdpa", "eager"):
-        return "sdpa" if requested == "sdpa" else "eager"
+        return cast(ResolvedBackend, requested)
     device = torch.device(device)
     say = _warn if notify is None else notify
-    sdpa_text = _kernel_text("sdpa", device)
     engine, problem = _choose_flash(device, dtype, head_dim)
-    if engine is None and problem is None:
-        if requested == "flash":
-            raise ModuleNotFoundError(
-                f"backend='flash' needs FlashAttention, which is not installed. Install it with: {_FLASH_EXTRAS}"
-                + ("" if device.type == "cuda" else f". It also needs a CUDA GPU, got device {str(device)!r}"),
-                name="flash_attn",
-            )
-        say(
-            "backend='auto': flash-attn is not installed, so attention runs through PyTorch SDPA "
-            f"({sdpa_text}). For FlashAttention: {_FLASH_EXTRAS}"
+    if engine is None and requested == "flash" and problem is None:
+        raise ModuleNotFoundError(
+            f"backend='flash' needs FlashAttention, which is not installed. Install it with: {_FLASH_EXTRAS}"
+            + ("" if device.type == "cuda" else f". It also needs a CUDA GPU, got device {str(device)!r}"),
+            name="flash_attn",
         )
-        return "sdpa"
+    if engine is None and requested == "flash":
+        raise ValueError(f"backend='flash' cannot run here: {problem}. Use backend='auto' to fall back to SDPA.")
     if engine is None:
-        if requested == "flash":
-            raise ValueError(f"backend='flash' cannot run here: {problem}. Use backend='auto' to fall back to SDPA.")
-        say(f"backend='auto': {problem}, so attention runs through PyTorch SDPA ({sdpa_text})")
+        why = problem or "flash-attn is not installed"
+        advice = "" if problem else f". For FlashAttention: {_FLASH_EXTRAS}"
+        say(f"backend='auto': {why}, so attention runs through PyTorch SDPA ({_kernel_text('sdpa', device)}){advice}")
         return "sdpa"
-    if requested == "flash":
-        _imports.require(_ENGINE_MODULE[engine], feature="backend='flash'")
-        return "flash"
     try:
-        _imports.require(_ENGINE_MODULE[engine], feature="backend='auto'")
+        _imports.require(_ENGINE_MODULE[engine], feature=f"backend={requested!r}")
     except ImportError as err:  # installed but broken (e.g. built against another torch)
+        if requested == "flash":
+            raise
         say(f"backend='auto': {engine} is installed but does not import ({err}), so attention runs through SDPA")
         return "sdpa"
     return "flash"
 
 
-# ---------------------------------------------------------------------------------------------------------- detection
-
-
 @dataclass(frozen=True, eq=False)
 class AttentionSite:
-    """One attention module :func:`find_attention` found.
-
-    Args:
-        path: Qualified name of the module inside the model (``""`` for the model itself).
-        kind: One of :data:`SWAP_KINDS`.
-        module: The module.
-    """
+    """One attention module :func:`find_attention` found: its qualified name, kind and the module."""
 
     path: str
     kind: SwapKind
@@ -263,14 +209,10 @@ def _calls_sdpa(cls: type) -> bool:
 
 
 def find_attention(module: nn.Module) -> list[AttentionSite]:
-    """Find the attention :func:`swap_attention` would route, without changing anything.
+    """Find the attention :func:`swap_attention` would route, in module order, without changing anything.
 
     Args:
         module: The model.
-
-    Returns:
-        The sites in module order: every ``nn.MultiheadAttention``, every outermost transformers ``PreTrainedModel``
-        and, outside those, every module whose class source mentions ``scaled_dot_product_attention``.
 
     Raises:
         TypeError: If ``module`` is not a ``torch.nn.Module``.
@@ -309,13 +251,6 @@ def _head_dim(site: AttentionSite) -> int | None:
     return head_dim if isinstance(head_dim, int) and not isinstance(head_dim, bool) else None
 
 
-# ------------------------------------------------------------------------------------------------------ forward wraps
-
-
-def _call_device(args: tuple[Any, ...], kwargs: Mapping[str, Any]) -> torch.device | None:
-    return next((v.device for v in (*args, *kwargs.values()) if isinstance(v, torch.Tensor)), None)
-
-
 def _routes(device: torch.device) -> bool:
     """Whether SDPA calls on ``device`` go through the router (CUDA, where the kernel list has no MATH)."""
     return device.type == "cuda"
@@ -331,16 +266,7 @@ def _sdpa_call(args: tuple[Any, ...], kwargs: Mapping[str, Any]) -> dict[str, An
 
 
 def fused_problem(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor) -> str | None:
-    """Why neither fused SDPA kernel (flash, memory-efficient) on CUDA takes a call, when that is known beforehand.
-
-    Args:
-        query: The call's query.
-        key: Its key.
-        value: Its value.
-
-    Returns:
-        The reason, or ``None`` when a fused kernel may take it (PyTorch has the last word: a call it still refuses
-        is run by the MATH kernel too, see :func:`swap_attention`).
+    """Why neither fused SDPA kernel (flash, memory-efficient) on CUDA takes a call, or ``None`` when one may.
 
     Example:
         >>> q = torch.zeros(2, 4, 8, dtype=torch.float64)
@@ -397,9 +323,7 @@ class _SdpaRouter(TorchFunctionMode):
 class _KernelForward(InstanceForward):
     """An instance-level ``forward`` that runs the module's own forward under ``sdpa_kernel``.
 
-    On CUDA its SDPA calls go through :class:`_SdpaRouter`: to flash-attn-4 when the backend is ``"flash"`` on a GPU
-    it runs on and the call suits it, else to the fused kernels, and to the MATH kernel (with one warning) for a call
-    neither fused kernel takes. (flash-attn 2 serves transformers models only, which reshape their own inputs.)
+    On CUDA its SDPA calls go through :class:`_SdpaRouter` to :meth:`attend` (flash-attn-4, fused SDPA, else MATH).
     """
 
     def __init__(
@@ -418,9 +342,18 @@ class _KernelForward(InstanceForward):
         self.warned_math = False
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        if isinstance(self.module, nn.MultiheadAttention) and not self.warned_weights:
-            self._check_need_weights(args, kwargs)
-        device = _call_device(args, kwargs) or self.fallback
+        mha = isinstance(self.module, nn.MultiheadAttention) and not self.warned_weights
+        if mha and kwargs.get("need_weights", args[4] if len(args) > 4 else True):
+            self.warned_weights = True
+            warnings.warn(
+                "nn.MultiheadAttention was called with need_weights=True (its default): it then computes the "
+                "attention weights explicitly instead of calling scaled_dot_product_attention, so the attention "
+                "swap does not change it. Pass need_weights=False where the weights are not used.",
+                UserWarning,
+                stacklevel=2,
+            )
+        tensors = (v for v in (*args, *kwargs.values()) if isinstance(v, torch.Tensor))
+        device = next((t.device for t in tensors), self.fallback)
         with sdpa_kernel(sdpa_backends(self.backend, device)):
             if self.backend == "eager" or not _routes(device):
                 return self.call_original(*args, **kwargs)
@@ -428,7 +361,7 @@ class _KernelForward(InstanceForward):
                 return self.call_original(*args, **kwargs)
 
     def attend(self, args: tuple[Any, ...], kwargs: Mapping[str, Any]) -> Any:
-        """Run one SDPA call of the wrapped forward (see the class docstring)."""
+        """Run one SDPA call: on flash-attn-4 where it suits, else a fused kernel, else MATH with one warning."""
         call = _sdpa_call(args, kwargs)
         if self.engine == "flash-attn-4":
             out = _flash4_call(call)
@@ -453,18 +386,6 @@ class _KernelForward(InstanceForward):
         with sdpa_kernel([SDPBackend.MATH]):
             return F.scaled_dot_product_attention(*args, **kwargs)
 
-    def _check_need_weights(self, args: tuple[Any, ...], kwargs: Mapping[str, Any]) -> None:
-        need_weights = kwargs.get("need_weights", args[4] if len(args) > 4 else True)
-        if need_weights:
-            self.warned_weights = True
-            warnings.warn(
-                "nn.MultiheadAttention was called with need_weights=True (its default): it then computes the "
-                "attention weights explicitly instead of calling scaled_dot_product_attention, so the attention "
-                "swap does not change it. Pass need_weights=False where the weights are not used.",
-                UserWarning,
-                stacklevel=3,
-            )
-
 
 def _wrap_forward(
     module: nn.Module, backend: ResolvedBackend, device: torch.device, engine: FlashEngine | None = None
@@ -479,9 +400,6 @@ def _wrap_forward(
     return lambda: remove_forward(module, _KernelForward)
 
 
-# ------------------------------------------------------------------------------------------------------- transformers
-
-
 def _hf_configs(model: nn.Module, pretrained: type) -> Iterator[Any]:
     seen: set[int] = set()
     pending: list[Any] = [getattr(child, "config", None) for child in model.modules() if isinstance(child, pretrained)]
@@ -492,13 +410,6 @@ def _hf_configs(model: nn.Module, pretrained: type) -> Iterator[Any]:
         seen.add(id(config))
         yield config
         pending.extend(getattr(config, key, None) for key in getattr(config, "sub_configs", None) or {})
-
-
-def _hf_snapshot(model: nn.Module, pretrained: type) -> list[tuple[Any, str, Any]]:
-    names = ("_attn_implementation_internal", "_attn_implementation_autoset")
-    return [
-        (config, name, vars(config).get(name, _MISSING)) for config in _hf_configs(model, pretrained) for name in names
-    ]
 
 
 def _hf_apply_snapshot(snapshot: list[tuple[Any, str, Any]]) -> None:
@@ -525,17 +436,9 @@ def _hf_switchable(model: nn.Module) -> bool:
     return source_module is not None and "ALL_ATTENTION_FUNCTIONS" in _source(source_module)
 
 
-def _hf_set(model: nn.Module, implementation: str) -> None:
-    setter = getattr(model, "set_attn_implementation", None)
-    if callable(setter):
-        setter(implementation)
-    else:
-        model.config._attn_implementation = implementation  # type: ignore[union-attr]
-
-
 def _hf_name(backend: ResolvedBackend, engine: FlashEngine | None) -> str:
-    """Transformers' attention implementation for a backend: flash-attn-4 is ``"flash_attention_4"``."""
-    return "flash_attention_4" if backend == "flash" and engine == "flash-attn-4" else _HF_IMPLEMENTATION[backend]
+    """Transformers' attention implementation for a backend: ``"sdpa"`` and ``"eager"`` keep their names."""
+    return backend if backend != "flash" else "flash_attention_4" if engine == "flash-attn-4" else "flash_attention_2"
 
 
 def _switch_transformers(
@@ -559,7 +462,9 @@ def _switch_transformers(
         )
         return None
     if model not in _HF_ORIGINALS:
-        _HF_ORIGINALS[model] = _hf_snapshot(model, pretrained)
+        names = ("_attn_implementation_internal", "_attn_implementation_autoset")
+        configs = _hf_configs(model, pretrained)
+        _HF_ORIGINALS[model] = [(c, name, vars(c).get(name, _MISSING)) for c in configs for name in names]
     original = _HF_ORIGINALS[model]
     first = original[0][2] if original else _MISSING  # the model's own config comes first
     shown = _hf_current(model) if first is _MISSING or first is None else first
@@ -567,8 +472,12 @@ def _switch_transformers(
     candidates = list(dict.fromkeys([backend, *fallbacks]))  # "auto" walks down to what the model supports
     for candidate in candidates:
         target = _hf_name(candidate, engine)
+        setter = getattr(model, "set_attn_implementation", None)
         try:
-            _hf_set(model, target)
+            if callable(setter):
+                setter(target)
+            else:
+                model.config._attn_implementation = target  # type: ignore[union-attr]
         except (ValueError, ImportError) as err:
             _hf_apply_snapshot(original)
             if requested != "auto" or candidate == candidates[-1]:
@@ -582,8 +491,7 @@ def _switch_transformers(
         if actual == target or (candidate == "flash" and actual is not None and "flash" in actual):
             return candidate, f"attn_implementation {shown!r} -> {actual!r}"
         break
-    _hf_apply_snapshot(original)
-    del _HF_ORIGINALS[model]
+    _restore_transformers(model)
     warnings.warn(
         f"{name} did not take attn_implementation={_hf_name(backend, engine)!r} (it stays "
         f"{_hf_current(model)!r}); see transformers' log for why.",
@@ -597,20 +505,9 @@ def _restore_transformers(model: nn.Module) -> None:
     _hf_apply_snapshot(_HF_ORIGINALS.pop(model, []))  # nothing to restore when another result restored it first
 
 
-# ------------------------------------------------------------------------------------------------------------ results
-
-
 @dataclass(frozen=True)
 class SwapEntry:
-    """One swapped attention module.
-
-    Args:
-        path: Qualified name inside the model (``""`` for the model itself).
-        kind: One of :data:`SWAP_KINDS`.
-        module_type: Class name of the module.
-        backend: Backend its attention now uses.
-        detail: What runs: the SDPA kernels allowed, or the transformers implementation before and after.
-    """
+    """One swapped attention module; ``detail`` is what runs (SDPA kernels, or the transformers implementation)."""
 
     path: str
     kind: SwapKind
@@ -621,17 +518,7 @@ class SwapEntry:
 
 @dataclass
 class AttentionSwapResult(SurgeryResult):
-    """What :func:`swap_attention` changed, and how to undo it.
-
-    :meth:`restore` puts back each module's original ``forward`` and attention implementation. Usable as a context
-    manager: leaving the ``with`` block restores the model. After a module was swapped twice, restoring either result
-    returns it to its state before the first swap.
-
-    Args:
-        requested: The backend asked for.
-        backend: The backend it resolved to, ``None`` when nothing was swapped.
-        entries: One entry per swapped attention module.
-    """
+    """What :func:`swap_attention` changed (``backend`` is ``None`` when nothing was); :meth:`restore` undoes it."""
 
     requested: str
     backend: ResolvedBackend | None
@@ -646,9 +533,6 @@ class AttentionSwapResult(SurgeryResult):
         return f"{title}\n{table([['Module', 'Class', 'Kind', 'Backend', 'Kernel'], *rows])}"
 
 
-# ---------------------------------------------------------------------------------------------------------- the swap
-
-
 def swap_attention(
     module: nn.Module,
     backend: str = "auto",
@@ -657,26 +541,18 @@ def swap_attention(
     dtype: torch.dtype | None = None,
     notify: Callable[[str], object] | None = None,
 ) -> AttentionSwapResult:
-    """Route every attention module of ``module`` through ``backend``; the model is changed in place.
-
-    docs/attention_swap.md says what is detected and changed. Call it on the bare model, before DDP/FSDP wrap it.
+    """Route every attention module of ``module`` through ``backend`` (docs/attention_swap.md), in place.
 
     Args:
-        module: The model (a LightningModule is fine).
+        module: The model, not wrapped in DDP/FSDP (a LightningModule is fine).
         backend: One of :data:`~lightning_tune.vocab.ATTENTIONS`, or an alias (``"flash_attention_2"``).
-        device: Device attention will run on; ``None`` means the device of the model's first parameter.
-        dtype: Dtype attention computes in (``lightning_tune.vocab.precision_dtype(trainer.precision)``); ``None``
-            means the dtype of the model's first floating-point parameter.
-        notify: Receives informative messages (why ``"auto"`` did not pick flash-attn); ``None`` issues them as
-            ``UserWarning``.
-
-    Returns:
-        The swapped entries, with :meth:`~AttentionSwapResult.restore` and :meth:`~AttentionSwapResult.describe`.
+        device: Device attention will run on; ``None``: that of the model's first parameter.
+        dtype: Dtype attention computes in; ``None``: that of the model's first floating-point parameter.
+        notify: Receives informative messages (why ``"auto"`` did not pick flash-attn); ``None``: ``UserWarning``.
 
     Raises:
         TypeError: If ``module`` is not an ``nn.Module``, or is (or holds) a DataParallel, DDP or FSDP wrapper.
-        ValueError: If ``backend`` is unknown, ``"flash"`` cannot run (the message names the unmet condition), or a
-            transformers model refuses the requested implementation.
+        ValueError: If ``backend`` is unknown or cannot run, or a transformers model refuses the implementation.
         ModuleNotFoundError: If ``backend="flash"`` and flash-attn is not installed.
 
     Example:
@@ -707,13 +583,11 @@ def swap_attention(
     run_device = torch.device(device) if device is not None else next((t.device for t in tensors), torch.device("cpu"))
     floats = (p.dtype for p in module.parameters() if p.is_floating_point())
     run_dtype = dtype if dtype is not None else next(floats, torch.get_default_dtype())
-    head_dims = [dim for dim in map(_head_dim, sites) if dim is not None]
+    head_dim = max((dim for dim in map(_head_dim, sites) if dim is not None), default=None)
     say = _warn if notify is None else notify
-    resolved = resolve_backend(
-        backend, device=run_device, dtype=run_dtype, head_dim=max(head_dims, default=None), notify=say
-    )
+    resolved = resolve_backend(backend, device=run_device, dtype=run_dtype, head_dim=head_dim, notify=say)
     result = AttentionSwapResult(requested=backend, backend=resolved)
-    engine = _choose_flash(run_device, run_dtype, max(head_dims, default=None))[0] if resolved == "flash" else None
+    engine = _choose_flash(run_device, run_dtype, head_dim)[0] if resolved == "flash" else None
     pretrained = pretrained_model_class()
     modules = dict(module.named_modules())
     try:

@@ -1,22 +1,12 @@
-"""Activation checkpointing for the repeated blocks of an unmodified model.
+"""Activation checkpointing for the repeated blocks of an unmodified model: :func:`checkpoint_blocks` (docs/presets.md).
 
-:func:`checkpoint_blocks` finds the transformer blocks of a model and makes each one recompute its activations in the
-backward pass instead of keeping them (``torch.utils.checkpoint``, non-reentrant), by giving each block instance a
-``forward`` of its own. The classes, the parameters and the module tree are untouched, so optimizers and checkpoints
-stay valid, and the returned :class:`CheckpointResult` undoes it.
-:class:`~lightning_tune.callbacks.surgery.ActivationCheckpointing` does it for the duration of each Trainer run.
-
-Blocks found, in this order, when no ``block_types`` are given:
-
-1. Hugging Face ``PreTrainedModel``s that support it: their own switch (``activation_checkpointing_enable()``, or
-   ``gradient_checkpointing_enable()`` before transformers 5), non-reentrant.
-2. ``nn.TransformerEncoderLayer`` and ``nn.TransformerDecoderLayer`` instances outside those models.
-3. Failing both, the children of the largest ``nn.ModuleList`` (most parameters) whose children, at least two, are
-   all of one class: the ``blocks``/``layers``/``h`` list of a hand-written transformer.
+Each block instance gets its own ``forward`` that recomputes its activations in the backward pass; classes,
+parameters and the module tree are untouched, and the returned :class:`CheckpointResult` undoes it.
 """
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Final, Literal
@@ -33,16 +23,7 @@ from lightning_tune._surgery import (
     refuse_wrapped,
     remove_forward,
 )
-from lightning_tune._validation import check_bool
-
-__all__ = [
-    "BlockTypes",
-    "CheckpointEntry",
-    "CheckpointResult",
-    "CheckpointedForward",
-    "checkpoint_blocks",
-    "type_matcher",
-]
+from lightning_tune._validation import check_bool, check_instance
 
 #: Blocks to checkpoint: module classes, or class names (``"Block"``) / qualified names (``"torch.nn.X"``) for YAML.
 BlockTypes = type[nn.Module] | str | Sequence[type[nn.Module] | str]
@@ -53,14 +34,7 @@ _TORCH_LAYERS: Final[tuple[type[nn.Module], ...]] = (nn.TransformerEncoderLayer,
 
 @dataclass(frozen=True)
 class CheckpointEntry:
-    """One checkpointed block (or Hugging Face model).
-
-    Args:
-        path: Qualified name inside the model (``""`` for the model itself).
-        module_type: Class name of the module.
-        method: ``"forward"`` (its ``forward`` runs under ``torch.utils.checkpoint``) or ``"transformers"`` (the
-            model's own ``activation_checkpointing_enable()``/``gradient_checkpointing_enable()``).
-    """
+    """One checkpointed block (or Hugging Face model): its qualified name, class name and how it was checkpointed."""
 
     path: str
     module_type: str
@@ -69,13 +43,7 @@ class CheckpointEntry:
 
 @dataclass
 class CheckpointResult(SurgeryResult):
-    """What :func:`checkpoint_blocks` changed, and how to undo it. Leaving a ``with`` block restores the model.
-
-    :meth:`restore` gives every block back the ``forward`` it had and switches Hugging Face checkpointing back off.
-
-    Args:
-        entries: One entry per checkpointed block or Hugging Face model.
-    """
+    """What :func:`checkpoint_blocks` changed; :meth:`restore` (or leaving a ``with`` block) undoes it."""
 
     entries: list[CheckpointEntry] = field(default_factory=list)
 
@@ -106,13 +74,6 @@ class CheckpointedForward(InstanceForward):
         return checkpoint(
             self.call_original, *args, use_reentrant=False, preserve_rng_state=self.preserve_rng_state, **kwargs
         )
-
-
-def _wrap(module: nn.Module, preserve_rng_state: bool) -> Callable[[], None]:
-    current = module.__dict__.get("forward")
-    if not isinstance(current, CheckpointedForward):
-        setattr(module, "forward", CheckpointedForward(module, current, preserve_rng_state))  # noqa: B010
-    return lambda: remove_forward(module, CheckpointedForward)
 
 
 def _outermost(module: nn.Module, match: Callable[[nn.Module], bool]) -> Iterator[tuple[str, nn.Module]]:
@@ -166,13 +127,12 @@ def checkpoint_blocks(
     """Make the repeated blocks of ``module`` recompute their activations in the backward pass.
 
     Each block's ``forward`` runs under ``torch.utils.checkpoint.checkpoint(..., use_reentrant=False)`` whenever
-    gradients are enabled, so only its inputs are kept for backward; with ``preserve_rng_state`` the recomputation
-    replays the same dropout masks, and gradients equal those of the unchanged model.
+    gradients are enabled.
 
     Args:
         module: The model (not wrapped in DDP/FSDP).
         block_types: Classes (or class names) of the blocks to checkpoint; the outermost instances are wrapped.
-            ``None`` finds them as described in the module docstring.
+            ``None`` finds them (docs/presets.md).
         preserve_rng_state: Restore the RNG state for the recomputation (needed for equal gradients with dropout).
 
     Returns:
@@ -191,12 +151,10 @@ def checkpoint_blocks(
         ['layers.0', 'layers.1', 'layers.2']
         >>> result.restore()
     """
-    if not isinstance(module, nn.Module):
-        raise TypeError(f"`module` must be a torch.nn.Module, got {type(module).__name__}")
+    check_instance("module", module, nn.Module, "a torch.nn.Module")
     check_bool("preserve_rng_state", preserve_rng_state)
     refuse_wrapped(module, surgery="checkpoint_blocks", callback="ActivationCheckpointing")
     result = CheckpointResult()
-    blocks: list[tuple[str, nn.Module]] = []
     if block_types is not None:
         blocks = list(_outermost(module, type_matcher(block_types)))
         if not blocks:
@@ -226,20 +184,18 @@ def checkpoint_blocks(
                 "with `block_types=` (classes or class names)."
             )
     for path, block in blocks:
-        result._undo.append(_wrap(block, preserve_rng_state))
+        current = block.__dict__.get("forward")
+        if not isinstance(current, CheckpointedForward):
+            setattr(block, "forward", CheckpointedForward(block, current, preserve_rng_state))  # noqa: B010
+        result._undo.append(functools.partial(remove_forward, block, CheckpointedForward))
         result.entries.append(CheckpointEntry(path, type(block).__name__, "forward"))
     return result
 
 
 def _enable_transformers(model: Any, result: CheckpointResult) -> None:
-    kwargs = {"use_reentrant": False}
-    if hasattr(model, "activation_checkpointing_enable"):  # transformers >= 5 (the old names warn there)
-        was_on = bool(model.is_activation_checkpointing)
-        model.activation_checkpointing_enable(activation_checkpointing_kwargs=kwargs)
-        disable = model.activation_checkpointing_disable
-    else:
-        was_on = bool(model.is_gradient_checkpointing)
-        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs=kwargs)
-        disable = model.gradient_checkpointing_disable
+    # transformers 5 renamed gradient_checkpointing_* to activation_checkpointing_* (the old names warn there)
+    kind = "activation" if hasattr(model, "activation_checkpointing_enable") else "gradient"
+    was_on = bool(getattr(model, f"is_{kind}_checkpointing"))
+    getattr(model, f"{kind}_checkpointing_enable")(**{f"{kind}_checkpointing_kwargs": {"use_reentrant": False}})
     if not was_on:
-        result._undo.append(disable)
+        result._undo.append(getattr(model, f"{kind}_checkpointing_disable"))

@@ -1,14 +1,7 @@
-"""``torch.compile`` of an unmodified model, in place and undoably.
+"""``torch.compile`` of an unmodified model, in place and undoably: :func:`compile_modules` (docs/presets.md).
 
-:func:`compile_modules` gives each chosen submodule an instance ``forward`` compiled by ``torch.compile``. The module
-object and its parameters stay, so the optimizers the LightningModule built, its checkpoints and its ``state_dict``
-keys (no ``_orig_mod.`` prefix, as ``torch.compile(module)`` would add) all stay as they were. The returned
-:class:`CompileResult` undoes it. :class:`~lightning_tune.callbacks.surgery.TorchCompile` does it in ``setup`` and
-undoes it in ``teardown``.
-
-Which modules, by default: every direct child of the LightningModule that holds parameters (its network), since a
-``training_step`` may call ``self.net(x)`` rather than ``self(x)``; children without parameters (losses, metrics)
-stay eager.
+Each chosen submodule gets an instance ``forward`` compiled by ``torch.compile``; the module objects and parameters
+stay, so optimizers, checkpoints and ``state_dict`` keys do too.
 """
 
 from __future__ import annotations
@@ -18,12 +11,11 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Final, Literal, get_args
 
+import torch
 from torch import nn
 
 from lightning_tune._surgery import SurgeryResult
 from lightning_tune._validation import check_bool, check_choice, check_keys, check_mapping, check_strings
-
-__all__ = ["COMPILE_MODES", "CompileMode", "CompileResult", "check_compile_options", "compile_modules", "is_compiled"]
 
 #: ``torch.compile`` modes.
 CompileMode = Literal["default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs"]
@@ -34,11 +26,7 @@ _INSTALLED: weakref.WeakSet[Callable[..., Any]] = weakref.WeakSet()
 
 @dataclass
 class CompileResult(SurgeryResult):
-    """Which modules :func:`compile_modules` compiled, and how to undo it (:meth:`restore` makes them eager again).
-
-    Args:
-        paths: Qualified names of the compiled modules (``""``: the model itself).
-    """
+    """The qualified names of the modules :func:`compile_modules` compiled; :meth:`restore` makes them eager again."""
 
     paths: list[str] = field(default_factory=list)
 
@@ -50,10 +38,8 @@ class CompileResult(SurgeryResult):
 def is_compiled(module: nn.Module) -> bool:
     """Whether ``module`` already runs compiled: by ``nn.Module.compile()`` or by a compiled instance ``forward``."""
     # `nn.Module.compile()` stores its compiled `_call_impl` in this instance attribute (read only, never written)
-    if module.__dict__.get("_compiled_call_impl") is not None:
-        return True
-    forward = module.__dict__.get("forward")
-    return forward is not None and forward in _INSTALLED
+    compiled_call = module.__dict__.get("_compiled_call_impl") is not None
+    return compiled_call or module.__dict__.get("forward") in _INSTALLED  # `None in` a WeakSet is False
 
 
 def _compile_forward(module: nn.Module, kwargs: Mapping[str, Any]) -> Callable[[], None]:
@@ -62,8 +48,6 @@ def _compile_forward(module: nn.Module, kwargs: Mapping[str, Any]) -> Callable[[
     Not ``nn.Module.compile()``: that compiles ``_call_impl``, and TorchDynamo does not start tracing in torch's own
     files, so on torch's module classes (``nn.Sequential``, ``nn.Linear``, ...) it compiled nothing (torch 2.13).
     """
-    import torch
-
     previous = module.__dict__.get("forward")
     compiled = torch.compile(module.forward, **kwargs)
     _INSTALLED.add(compiled)
@@ -83,28 +67,13 @@ def _compile_forward(module: nn.Module, kwargs: Mapping[str, Any]) -> Callable[[
 def check_compile_options(
     *, mode: str | None, fullgraph: bool, dynamic: bool | None, backend: str | Callable[..., Any], options: Any
 ) -> None:
-    """Check ``torch.compile`` arguments before anything is compiled.
-
-    Args:
-        mode: One of :data:`COMPILE_MODES`, or ``None``.
-        fullgraph: Whether a graph break is an error.
-        dynamic: ``None`` (detect), ``True`` or ``False``.
-        backend: A registered backend name (``torch.compiler.list_backends(exclude_tags=())``) or a callable.
-        options: ``None`` or a mapping of backend options; not together with ``mode``.
-
-    Raises:
-        TypeError: If an argument has the wrong type.
-        ValueError: If ``mode``, ``backend`` or an inductor option is unknown, or both ``mode`` and ``options`` are
-            given.
-    """
+    """Raise ``TypeError``/``ValueError`` for ``torch.compile`` arguments that :func:`compile_modules` refuses."""
     if mode is not None:
         check_choice("mode", mode, COMPILE_MODES)
     check_bool("fullgraph", fullgraph)
     if dynamic is not None:
         check_bool("dynamic", dynamic)
     if isinstance(backend, str):
-        import torch
-
         check_choice("backend", backend, torch.compiler.list_backends(exclude_tags=()))
     elif not callable(backend):
         raise TypeError(f"`backend` must be a backend name or a callable, got {backend!r} ({type(backend).__name__})")
@@ -113,9 +82,9 @@ def check_compile_options(
         if mode is not None:
             raise ValueError(f"give `mode` or `options`, not both (torch.compile refuses both), got mode={mode!r}")
         if backend == "inductor":  # torch.compile checks them only when it compiles
-            import torch._inductor
+            from torch._inductor import list_options
 
-            check_keys("options", options, torch._inductor.list_options())
+            check_keys("options", options, list_options())
 
 
 def compile_modules(
@@ -128,9 +97,7 @@ def compile_modules(
     backend: str | Callable[..., Any] = "inductor",
     options: Mapping[str, Any] | None = None,
 ) -> CompileResult:
-    """Compile submodules of ``module`` in place: each gets an instance ``forward`` compiled by ``torch.compile``.
-
-    Compilation itself happens lazily, at each module's first call.
+    """Compile submodules of ``module`` in place (compilation itself happens at each module's first call).
 
     Args:
         module: The model.
@@ -139,7 +106,7 @@ def compile_modules(
         mode: ``torch.compile`` mode, one of :data:`COMPILE_MODES`; ``None`` is torch's default.
         fullgraph: Make a graph break an error.
         dynamic: Shape dynamism: ``None`` detects it, ``True``/``False`` force it.
-        backend: Backend name or callable.
+        backend: A name from ``torch.compiler.list_backends(exclude_tags=())``, or a callable.
         options: Backend options (not together with ``mode``).
 
     Returns:
@@ -175,11 +142,8 @@ def compile_modules(
                     f"`modules` names {name!r}, which is not a submodule of {type(module).__name__} "
                     f"(its children: {children}; '' is the module itself)"
                 ) from None
-    kwargs: dict[str, Any] = {"fullgraph": fullgraph, "dynamic": dynamic, "backend": backend}
-    if mode is not None:
-        kwargs["mode"] = mode
-    if options is not None:
-        kwargs["options"] = dict(options)
+    kwargs: dict[str, Any] = {"fullgraph": fullgraph, "dynamic": dynamic, "backend": backend, "mode": mode}
+    kwargs["options"] = None if options is None else dict(options)  # torch.compile's defaults are None too
     result = CompileResult()
     for name, target in targets:
         if is_compiled(target):

@@ -1,10 +1,8 @@
 """Cross-entropy of a linear head without the logits: :func:`linear_cross_entropy`.
 
-For a language model the head's logits are the largest activation of training: ``tokens x vocabulary`` values, upcast
-to float32 for the loss, with a gradient of the same size and ``log_softmax``'s copy beside them. Here the hidden
-states are multiplied by the head's weight a chunk of tokens at a time, each chunk reduced to its log-sum-exp and
-target logit in float32 and dropped; the backward pass recomputes each chunk's logits and turns them straight into
-the chunk's share of the gradients. So at most one chunk of logits exists at a time, forward or backward.
+The hidden states are multiplied by the head's weight a chunk of tokens at a time, each chunk reduced to its
+log-sum-exp and target logit in float32 and dropped; the backward pass recomputes each chunk's logits. So at most one
+chunk of logits exists at a time, forward or backward (docs/loss_swap.md has the arithmetic).
 """
 
 from __future__ import annotations
@@ -16,17 +14,6 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from lightning_tune._validation import check_bool, check_choice, check_float, check_instance, check_int
-
-__all__ = [
-    "CHUNK_LOGITS_BYTES",
-    "MIN_CHUNK_TOKENS",
-    "REDUCTIONS",
-    "LinearCrossEntropyOutput",
-    "Reduction",
-    "check_loss_options",
-    "default_chunk_size",
-    "linear_cross_entropy",
-]
 
 #: How :func:`linear_cross_entropy` reduces the per-token losses.
 Reduction = Literal["mean", "sum", "none"]
@@ -48,9 +35,6 @@ def default_chunk_size(tokens: int, vocab: int, *, itemsize: int = 4) -> int:
         vocab: Vocabulary size (rows of the head's weight).
         itemsize: Bytes of a reduced logit (4 for float32, 8 for float64).
 
-    Returns:
-        ``min(tokens, max(MIN_CHUNK_TOKENS, CHUNK_LOGITS_BYTES // (vocab * itemsize)))``, at least 1.
-
     Example:
         >>> default_chunk_size(16_384, 128_256), default_chunk_size(16_384, 32_000), default_chunk_size(100, 32_000)
         (261, 1048, 100)
@@ -64,13 +48,7 @@ def default_chunk_size(tokens: int, vocab: int, *, itemsize: int = 4) -> int:
 def check_loss_options(
     label_smoothing: float, ce_weight: Tensor | None, lse_square_scale: float, *, vocab: int | None = None
 ) -> None:
-    """Check :func:`linear_cross_entropy`'s ``label_smoothing``, ``ce_weight`` and ``lse_square_scale``.
-
-    Args:
-        label_smoothing: Must be in [0, 1].
-        ce_weight: ``None``, or a floating-point tensor of shape ``[vocab]`` (any length when ``vocab`` is ``None``).
-        lse_square_scale: Must be at least 0.
-        vocab: The vocabulary size, when known.
+    """Check :func:`linear_cross_entropy`'s loss options; ``ce_weight`` must have ``vocab`` rows where given.
 
     Raises:
         TypeError: If an option has the wrong type, or ``ce_weight`` is not floating-point.
@@ -90,16 +68,26 @@ def check_loss_options(
         )
 
 
+def head_inputs(
+    hidden: Tensor, weight: Tensor, labels: Tensor, *, shift: bool, ignore_index: int
+) -> tuple[Tensor, Tensor, Tensor]:
+    """Hidden states and labels by token (``shift``: labels moved left), ``weight`` in the dtype the head runs in."""
+    if shift:
+        labels = F.pad(labels, (0, 1), value=ignore_index)[..., 1:]
+    hidden = hidden.reshape(-1, hidden.shape[-1])
+    if torch.is_autocast_enabled(hidden.device.type):  # the product in the autocast dtype, as nn.Linear runs it
+        hidden = hidden.to(torch.get_autocast_dtype(hidden.device.type))
+    return hidden, weight.to(hidden.dtype), labels.reshape(-1).to(hidden.device)
+
+
 class LinearCrossEntropyOutput(NamedTuple):
-    """What :func:`linear_cross_entropy` returns when a ``return_*`` flag is set.
+    """What :func:`linear_cross_entropy` returns when a ``return_*`` flag is set (``None`` for those not set).
 
     Args:
         loss: The loss, z-loss included.
-        z_loss: Its z-loss part (``None`` unless ``return_z_loss``).
-        token_accuracy: The share of tokens with a label whose largest logit is the label's (``None`` unless
-            ``return_token_accuracy``); per token (1 or 0, 0 where ignored) for ``reduction="none"``.
-        predictions: Each position's largest logit's class, ``logits.argmax(-1)``: int64, in the shape of ``labels``,
-            at every position, ignored ones included (``None`` unless ``return_predictions``).
+        z_loss: Its z-loss part.
+        token_accuracy: The share of labelled tokens whose largest logit is the label's; per token for ``"none"``.
+        predictions: Each position's ``logits.argmax(-1)`` (int64, the shape of ``labels``).
     """
 
     loss: Tensor
@@ -273,13 +261,7 @@ def linear_cross_entropy(
     return_token_accuracy: bool = False,
     return_predictions: bool = False,
 ) -> Tensor | LinearCrossEntropyOutput:
-    """``F.cross_entropy(hidden @ weight.T + bias, labels)`` without ever holding all the logits.
-
-    The result and the gradients of ``hidden``, ``weight`` and ``bias`` are those of the unchunked loss (the logits
-    are reduced in float32, as Hugging Face's loss upcasts them). Under autocast the matrix products run in the
-    autocast dtype, as the head's ``nn.Linear`` would, and the gradients come back in the inputs' dtypes. A weight
-    that does not require grad (a frozen head under LoRA) gets no gradient computed. ``label_smoothing``,
-    ``ce_weight`` and ``lse_square_scale`` are Liger-Kernel's fused linear cross-entropy options, with its meaning.
+    """``F.cross_entropy(hidden @ weight.T + bias, labels)`` without ever holding all the logits (docs/loss_swap.md).
 
     Args:
         hidden: Hidden states ``[..., hidden]`` (e.g. ``[batch, seq, hidden]``).
@@ -287,27 +269,16 @@ def linear_cross_entropy(
         labels: Target ids of shape ``hidden.shape[:-1]``; ``ignore_index`` marks tokens without a loss.
         bias: The head's bias ``[vocab]``, if it has one.
         ignore_index: Label value that contributes neither loss nor gradient.
-        reduction: ``"mean"`` over the tokens whose label is not ``ignore_index`` (``nan`` when there are none, as
-            ``F.cross_entropy`` and Hugging Face give), ``"sum"``, or ``"none"`` (one loss per token, 0 where
-            ignored, in the shape of ``labels``).
-        shift: Position ``t`` predicts label ``t + 1``, as Hugging Face's causal-LM loss shifts: the labels are moved
-            left by one along the last dimension and the last position gets ``ignore_index``.
-        chunk_size: Tokens per chunk; ``None``: :func:`default_chunk_size` (float32 logits of
-            :data:`CHUNK_LOGITS_BYTES`, at least :data:`MIN_CHUNK_TOKENS` tokens).
-        softcap: Apply ``softcap * tanh(logits / softcap)`` to the logits first (Gemma 2's
-            ``final_logit_softcapping``).
-        label_smoothing: In [0, 1], as ``F.cross_entropy``'s: the target mixes the label with the uniform
-            distribution.
-        ce_weight: Class weights ``[vocab]``, as ``F.cross_entropy``'s ``weight``: a token's loss is scaled by its
-            label's weight, and ``"mean"`` divides by the sum of the weights of the labelled tokens.
-        lse_square_scale: Adds the z-loss ``lse_square_scale * logsumexp(logits) ** 2`` of each labelled token
-            (PaLM's; Liger-Kernel's ``lse_square_scale``), unweighted, reduced as the loss (``"mean"``: over the
-            labelled tokens).
+        reduction: ``"mean"`` over the labelled tokens (``nan`` when none), ``"sum"``, or ``"none"`` (0 where ignored).
+        shift: Position ``t`` predicts label ``t + 1``, as Hugging Face's causal-LM loss shifts.
+        chunk_size: Tokens per chunk; ``None``: :func:`default_chunk_size`.
+        softcap: Apply ``softcap * tanh(logits / softcap)`` first (Gemma 2's ``final_logit_softcapping``).
+        label_smoothing: In [0, 1], as ``F.cross_entropy``'s.
+        ce_weight: Class weights ``[vocab]``, as ``F.cross_entropy``'s ``weight``.
+        lse_square_scale: Adds the z-loss ``lse_square_scale * logsumexp(logits) ** 2`` of each labelled token.
         return_z_loss: Return a :class:`LinearCrossEntropyOutput` with the z-loss part of the loss.
-        return_token_accuracy: Return a :class:`LinearCrossEntropyOutput` with the token accuracy (one argmax per
-            chunk; for metrics, no gradient).
-        return_predictions: Return a :class:`LinearCrossEntropyOutput` with each position's argmax, as
-            ``logits.argmax(-1)`` gives it (int64, the shape of ``labels``, taken per chunk; no gradient).
+        return_token_accuracy: Return a :class:`LinearCrossEntropyOutput` with the token accuracy (no gradient).
+        return_predictions: Return a :class:`LinearCrossEntropyOutput` with each position's argmax (no gradient).
 
     Returns:
         The loss, a float32 scalar (``"mean"``, ``"sum"``) or a float32 tensor of ``labels``' shape (``"none"``); a
@@ -315,8 +286,7 @@ def linear_cross_entropy(
 
     Raises:
         TypeError: If an argument has the wrong type.
-        ValueError: If the shapes do not match, or ``reduction``, ``chunk_size``, ``softcap``, ``label_smoothing``
-            or ``lse_square_scale`` is invalid.
+        ValueError: If the shapes do not match, or an argument's value is not allowed.
 
     Example:
         >>> hidden, weight = torch.randn(2, 5, 8), torch.randn(11, 8)
@@ -327,8 +297,7 @@ def linear_cross_entropy(
         True
     """
     for name, value in (("hidden", hidden), ("weight", weight), ("labels", labels)):
-        if not isinstance(value, Tensor):
-            raise TypeError(f"`{name}` must be a torch.Tensor, got {type(value).__name__}")
+        check_instance(name, value, Tensor, "a torch.Tensor")
     check_choice("reduction", reduction, REDUCTIONS)
     if weight.ndim != 2 or hidden.shape[-1] != weight.shape[1]:
         raise ValueError(
@@ -340,8 +309,7 @@ def linear_cross_entropy(
             f"`labels` must have shape {tuple(hidden.shape[:-1])} (that of `hidden` without its last dimension), "
             f"got shape {tuple(labels.shape)}"
         )
-    if bias is not None and not isinstance(bias, Tensor):
-        raise TypeError(f"`bias` must be a torch.Tensor or None, got {type(bias).__name__}")
+    check_instance("bias", bias, Tensor, "a torch.Tensor", allow_none=True)
     if bias is not None and bias.shape != weight.shape[:1]:
         raise ValueError(f"`bias` must have shape {tuple(weight.shape[:1])}, got shape {tuple(bias.shape)}")
     check_loss_options(label_smoothing, ce_weight, lse_square_scale, vocab=weight.shape[0])
@@ -354,14 +322,7 @@ def linear_cross_entropy(
     check_bool("return_z_loss", return_z_loss)
     check_bool("return_token_accuracy", return_token_accuracy)
     check_bool("return_predictions", return_predictions)
-    if shift:
-        labels = F.pad(labels, (0, 1), value=ignore_index)[..., 1:]
-    flat_hidden, flat_labels = hidden.reshape(-1, hidden.shape[-1]), labels.reshape(-1).to(hidden.device)
-    if torch.is_autocast_enabled(hidden.device.type):  # the head's matmul runs in the autocast dtype, as nn.Linear's
-        dtype = torch.get_autocast_dtype(hidden.device.type)
-        flat_hidden, weight = flat_hidden.to(dtype), weight.to(dtype)
-    else:
-        weight = weight.to(flat_hidden.dtype)
+    flat_hidden, weight, flat_labels = head_inputs(hidden, weight, labels, shift=shift, ignore_index=ignore_index)
     reduced = _reduced(flat_hidden.dtype)
     class_weight = None if ce_weight is None else ce_weight.detach().to(flat_hidden.device, reduced)
     chunk = chunk_size or default_chunk_size(flat_hidden.shape[0], weight.shape[0], itemsize=reduced.itemsize)

@@ -1,9 +1,7 @@
-"""Compute a causal language model's training loss without its logits: :func:`swap_loss`.
+"""Compute a causal language model's training loss without its logits: :func:`swap_loss` (docs/loss_swap.md).
 
-Each Hugging Face ``*ForCausalLM`` (or a module whose ``forward`` takes ``targets`` and whose output layer is ``head``)
-gets an instance-level ``forward`` that, while training with labels, turns the hidden states straight into Hugging
-Face's ``ForCausalLMLoss`` so the ``tokens x vocabulary`` logits are never made (docs/loss_swap.md). Backends
-(:data:`lightning_tune.vocab.LOSS_BACKENDS`): ``"chunked"`` (:func:`linear_cross_entropy`), ``"liger"`` and ``"auto"``.
+Each causal LM gets an instance-level ``forward`` that, called with labels, has its LM head turn the hidden states
+straight into Hugging Face's ``ForCausalLMLoss``, so the ``tokens x vocabulary`` logits are never made.
 """
 
 from __future__ import annotations
@@ -22,10 +20,8 @@ from torch import Tensor, nn
 from lightning_tune import _imports
 from lightning_tune._surgery import InstanceForward, SurgeryResult, pretrained_model_class, remove_forward, table
 from lightning_tune._validation import check_bool, check_instance, check_int
-from lightning_tune.swaps.cross_entropy import LinearCrossEntropyOutput, check_loss_options, linear_cross_entropy
+from lightning_tune.swaps.cross_entropy import check_loss_options, head_inputs, linear_cross_entropy
 from lightning_tune.vocab import canonical_loss
-
-__all__ = ["LossSwapEntry", "LossSwapResult", "find_causal_lms", "swap_loss"]
 
 ResolvedLoss = Literal["chunked", "liger"]
 _LossFn = Callable[..., Any]  # the loss, or a LinearCrossEntropyOutput in eval mode
@@ -37,7 +33,7 @@ def _resolve_loss_backend(
     requested: str, *, device: torch.device, notify: Callable[[str], object] | None
 ) -> ResolvedLoss:
     """The backend that will run for a canonical ``requested``: ``"liger"`` only on CUDA with Liger-Kernel installed."""
-    cuda = torch.device(device).type == "cuda"
+    cuda = device.type == "cuda"
     if requested == "chunked":
         return "chunked"
     if requested == "liger":
@@ -50,7 +46,7 @@ def _resolve_loss_backend(
         return "liger"
     resolved: ResolvedLoss = "liger" if cuda and _imports.is_available("liger_kernel") else "chunked"
     if notify is not None:
-        why = f"the device is {torch.device(device).type}, not CUDA"
+        why = f"the device is {device.type}, not CUDA"
         if cuda:
             why = "Liger-Kernel on CUDA" if resolved == "liger" else "Liger-Kernel is not installed"
         notify(f"Loss swap: backend 'auto' chose {resolved!r} ({why})")
@@ -71,8 +67,8 @@ def _liger_loss(
     ce_weight: Tensor | None = None,
     lse_square_scale: float = 0.0,
 ) -> Tensor:
-    _imports.require("liger_kernel", feature="LossSwap(backend='liger')")
     fused = importlib.import_module("liger_kernel.transformers.fused_linear_cross_entropy")
+    hidden, weight, labels = head_inputs(hidden, weight, labels, shift=shift, ignore_index=ignore_index)
     loss_fn = fused.LigerFusedLinearCrossEntropyLoss(
         ignore_index=ignore_index,
         reduction=reduction,
@@ -81,14 +77,8 @@ def _liger_loss(
         ce_weight=None if ce_weight is None else ce_weight.to(hidden.device, torch.float32),
         lse_square_scale=lse_square_scale,
     )
-    if shift:
-        labels = torch.nn.functional.pad(labels, (0, 1), value=ignore_index)[..., 1:]
-    if torch.is_autocast_enabled(hidden.device.type):  # the head's product in the autocast dtype, as nn.Linear's
-        dtype = torch.get_autocast_dtype(hidden.device.type)
-        hidden, weight = hidden.to(dtype), weight.to(dtype)
-    hidden = hidden.reshape(-1, hidden.shape[-1])
     with torch.autocast(hidden.device.type, enabled=False):
-        return loss_fn(weight.to(hidden.dtype), hidden, labels.reshape(-1).to(hidden.device), bias)
+        return loss_fn(weight, hidden, labels, bias)
 
 
 _NO_LOGITS = (
@@ -139,14 +129,9 @@ def _without_logits(output: Any, loss: Tensor, metrics: dict[str, Tensor | None]
 class _HeadLoss(InstanceForward):
     """The LM head's ``forward`` while its model is swapped: the loss, in the calls its model's forward arms.
 
-    Unarmed it is the head's own product. Armed with labels by :class:`_LossForward`, it computes the loss from the
-    hidden states (kept in :attr:`loss`) and returns an empty ``[..., 0]`` tensor in place of the logits. It is
-    installed once, with the swap, and armed through plain attributes, so a compiled forward that calls the head
-    (``TorchCompile`` before ``LossSwap``, or ``TunePlugin(loss=...)``) meets the same object at every call and is
-    not compiled again. The empty tensor is computed from the loss, and the loss is taken through it, so the backward
-    pass reaches the head's output before the loss: hooks on that output run first, as before the head's matrix
-    product. FSDP2 relies on that when the head is sharded on its own: it gathers the head's weight again there,
-    after having freed it at the end of the head's forward.
+    Armed with labels by :class:`_LossForward`, it keeps the loss in :attr:`loss` and returns an empty ``[..., 0]``
+    tensor for the logits, through which the loss is taken so that FSDP2's hook on the head's output runs in backward.
+    Armed through attributes, so a compiled forward that calls the head is not compiled again.
     """
 
     def __init__(
@@ -173,7 +158,7 @@ class _HeadLoss(InstanceForward):
             shift=self.shift,
             softcap=self.softcap,
         )
-        if isinstance(loss, LinearCrossEntropyOutput):  # eval mode: the metrics too
+        if self.evaluating:  # a LinearCrossEntropyOutput: the metrics too
             self.metrics = {"token_accuracy": loss.token_accuracy, "predictions": loss.predictions}
             loss = loss.loss
         if items is not None:
@@ -186,9 +171,7 @@ class _HeadLoss(InstanceForward):
 class _LossForward(InstanceForward):
     """A causal LM's ``forward`` that, called with labels in training (or eval mode, with ``eval``), takes its loss.
 
-    ``transformers``: labels are ``labels``, shifted here, and the output a ``ModelOutput`` without logits (in eval
-    mode with ``token_accuracy`` and ``predictions``). A ``targets`` model (the demo GPT): its ``targets`` are already
-    aligned with the positions, and it returns the loss.
+    ``transformers`` labels are shifted here; a ``targets`` model's are already aligned, and it returns the loss.
     """
 
     def __init__(self, module: nn.Module, original: Any, head: _HeadLoss, kind: str, *, eval: bool) -> None:
@@ -200,8 +183,7 @@ class _LossForward(InstanceForward):
         evaluating = not self.module.training
         if evaluating and not self.eval:
             return self.call_original(*args, **kwargs)
-        bound = self.signature.bind(*args, **kwargs)
-        arguments = dict(bound.arguments)
+        arguments = dict(self.signature.bind(*args, **kwargs).arguments)
         for name, parameter in self.signature.parameters.items():
             if parameter.kind is inspect.Parameter.VAR_KEYWORD:
                 arguments.update(arguments.pop(name, {}))
@@ -249,9 +231,7 @@ def _kind(module: nn.Module, pretrained: type | None) -> str | None:
 def find_causal_lms(module: nn.Module) -> list[tuple[str, nn.Module, str]]:
     """The outermost causal LMs in ``module`` the loss swap knows, with their qualified names and kinds.
 
-    Kinds: ``"transformers"``, a Hugging Face ``*ForCausalLM`` or ``GPT2LMHeadModel``; ``"targets"``, a module whose
-    ``forward`` takes ``targets`` (aligned with the positions, ``-100`` ignored) and then returns the mean cross-entropy
-    of its output layer ``head``, an ``nn.Linear`` (the demo GPT).
+    Kinds: ``"transformers"`` (``*ForCausalLM``, ``GPT2LMHeadModel``) and ``"targets"`` (the demo GPT's kind).
 
     Example:
         >>> find_causal_lms(nn.Linear(2, 2))
@@ -299,14 +279,7 @@ def _check_model(path: str, model: nn.Module, kind: str) -> float | None:
 
 @dataclass(frozen=True)
 class LossSwapEntry:
-    """One swapped causal LM.
-
-    Args:
-        path: Qualified name inside the model (``""`` for the model itself).
-        module_type: Its class name.
-        vocab: Rows of its LM head.
-        softcap: Its final logit softcap, if any.
-    """
+    """One swapped causal LM: qualified name, class name, rows of its LM head, and final logit softcap if any."""
 
     path: str
     module_type: str
@@ -316,14 +289,7 @@ class LossSwapEntry:
 
 @dataclass
 class LossSwapResult(SurgeryResult):
-    """What :func:`swap_loss` changed; :meth:`restore` puts back each model's ``forward``.
-
-    Args:
-        requested: The backend asked for.
-        backend: The backend that runs.
-        eval: Whether evaluation (eval mode) is swapped too.
-        entries: One entry per swapped model.
-    """
+    """What :func:`swap_loss` changed; :meth:`restore` puts back each model's ``forward``."""
 
     requested: str
     backend: ResolvedLoss
@@ -356,27 +322,17 @@ def swap_loss(
         module: The model (a LightningModule, a peft model or a ``*ForCausalLM``).
         backend: ``"auto"``, ``"chunked"`` or ``"liger"``.
         device: Device the loss runs on; ``None``: that of the model's first parameter.
-        chunk_size: Tokens per chunk of the ``"chunked"`` backend; ``None`` chooses
-            (:func:`~lightning_tune.swaps.cross_entropy.default_chunk_size`).
-        label_smoothing: Label smoothing of the loss, as ``F.cross_entropy``'s (Hugging Face's loss has none).
-        ce_weight: Class weights ``[vocab]`` of the loss, as ``F.cross_entropy``'s ``weight``.
-        lse_square_scale: Adds Liger-Kernel's z-loss, ``lse_square_scale * logsumexp(logits) ** 2`` per labelled
-            token (see :func:`~lightning_tune.swaps.cross_entropy.linear_cross_entropy`).
-        eval: Also in eval mode (validation, test, predict), a call with labels gives the loss without logits, plus
-            the output's ``token_accuracy`` and ``predictions``, chunked by ``linear_cross_entropy`` whatever the
-            backend (no backward pass to fuse). Off by default: code that reads ``outputs.logits`` in evaluation
-            would get an error.
+        chunk_size: Tokens per chunk of the ``"chunked"`` backend; ``None`` chooses.
+        label_smoothing: As :func:`~lightning_tune.swaps.cross_entropy.linear_cross_entropy`'s.
+        ce_weight: As :func:`~lightning_tune.swaps.cross_entropy.linear_cross_entropy`'s.
+        lse_square_scale: As :func:`~lightning_tune.swaps.cross_entropy.linear_cross_entropy`'s.
+        eval: Swap evaluation too (docs/loss_swap.md's "Evaluation", always the ``"chunked"`` backend).
         notify: Receives the message saying what ``"auto"`` chose.
 
-    Returns:
-        The swapped models, with :meth:`~LossSwapResult.restore` and :meth:`~LossSwapResult.describe`.
-
     Raises:
-        TypeError: If ``module`` is not an ``nn.Module``, a causal LM's head is not an ``nn.Linear``, or a loss
-            option has the wrong type.
-        ValueError: If ``backend`` is unknown or cannot run here, ``module`` holds no causal LM the swap knows (see
-            :func:`find_causal_lms`), a model scales its logits or defines another loss, or a loss option's value
-            (or ``ce_weight``'s length against a model's vocabulary) is not allowed.
+        TypeError: If an argument has the wrong type, or a causal LM's head is not an ``nn.Linear``.
+        ValueError: If an argument is not allowed, ``backend`` cannot run here, or ``module`` holds no causal LM the
+            swap can compute right (docs/loss_swap.md lists what it refuses).
 
     Example:
         >>> from lightning_tune.demos import GPT, GPTConfig
@@ -393,15 +349,11 @@ def swap_loss(
     check_bool("eval", eval)
     requested = canonical_loss(backend, arg="backend")
     first = next(module.parameters(), None)
-    run_device = (
-        torch.device(device) if device is not None else (torch.device("cpu") if first is None else first.device)
-    )
+    run_device = torch.device(device if device is not None else "cpu" if first is None else first.device)
     resolved = _resolve_loss_backend(requested, device=run_device, notify=notify)
-    options: dict[str, Any] = {
-        "label_smoothing": label_smoothing,
-        "ce_weight": ce_weight,
-        "lse_square_scale": lse_square_scale,
-    }
+    options: dict[str, Any] = dict(
+        label_smoothing=label_smoothing, ce_weight=ce_weight, lse_square_scale=lse_square_scale
+    )
     chunked = functools.partial(linear_cross_entropy, chunk_size=chunk_size, **options)
     loss_fn: _LossFn = functools.partial(_liger_loss, **options) if resolved == "liger" else chunked
     eval_fn = functools.partial(chunked, return_token_accuracy=True, return_predictions=True)

@@ -1,11 +1,7 @@
 """Replace a configured optimizer with a memory-saving one over the same parameters: the swap engine.
 
-The new optimizer (bitsandbytes 8-bit, or torch's fused AdamW) is built over the *same* parameter objects with every
-group and hyperparameter carried over, and learning-rate schedulers are re-pointed to it. Embedding parameters keep
-32-bit state through a manager private to the new optimizer (docs/optimizer_swap.md has the rules).
-
-Nothing here needs a Trainer; :class:`~lightning_tune.callbacks.optimizer_swap.OptimizerSwap` is the Lightning adapter,
-and :func:`swap_optimizers` is the entry point for a precision plugin's ``connect`` hook.
+The new optimizer (bitsandbytes 8-bit, or torch's fused AdamW) keeps every group and hyperparameter, and schedulers
+are re-pointed to it (docs/optimizer_swap.md). ``OptimizerSwap`` and ``TunePlugin`` call :func:`swap_optimizers`.
 """
 
 from __future__ import annotations
@@ -21,31 +17,13 @@ from typing import Any, Final, Literal, get_args
 
 import torch
 from torch import Tensor, nn
-from torch.optim import Optimizer
-from torch.optim import optimizer as torch_optimizer
+from torch.optim import Optimizer, optimizer as torch_optimizer
 
 from lightning_tune._imports import require
 from lightning_tune._surgery import SurgeryResult, table
 from lightning_tune._validation import check_choice, check_instance, check_int
 from lightning_tune.lr.scheduler import configured_lr
 from lightning_tune.vocab import OptimizerName, canonical_optimizer
-
-__all__ = [
-    "KEEP_32BIT",
-    "TARGETS",
-    "Keep32bit",
-    "Keep32bitName",
-    "OptimizerSwapResult",
-    "check_keep_32bit",
-    "estimate_state_bytes",
-    "name_lr_configs",
-    "optimizer_state_bytes",
-    "replaced_state_bytes",
-    "repoint_schedulers",
-    "state_summary",
-    "swap_optimizer",
-    "swap_optimizers",
-]
 
 #: Named rules for which parameters keep 32-bit optimizer state.
 Keep32bitName = Literal["embeddings", "none"]
@@ -54,7 +32,6 @@ KEEP_32BIT: Final[tuple[str, ...]] = get_args(Keep32bitName)
 #: A named rule, or ``fn(name, param) -> bool`` called with the names of ``module.named_parameters()``.
 Keep32bit = Keep32bitName | Callable[[str, nn.Parameter], bool]
 
-_FEATURE = "OptimizerSwap"
 _FROZEN = "no state (frozen)"
 _EMBEDDINGS = (nn.Embedding, nn.EmbeddingBag)
 #: Switches that choose a kernel, not the maths: never carried over (the target picks its own).
@@ -113,10 +90,8 @@ class OptimizerSwapResult(SurgeryResult):
         old: The optimizer that was replaced (left untouched).
         new: The optimizer that replaces it, over the same parameter objects.
         optimizer: The name it was built from, one of :data:`TARGETS`.
-        kept_32bit: Names of the parameters kept in 32-bit state by ``keep_32bit`` (every alias of a tied parameter),
-            empty for ``"adamw_fused"``, whose state is all 32-bit.
-        changes: One line per setting that a swap across algorithm families dropped or filled in; empty when the
-            new optimizer runs the same update rule.
+        kept_32bit: Names of the parameters ``keep_32bit`` kept in 32-bit state (every alias of a tied parameter).
+        changes: One line per setting a swap across algorithm families dropped or filled in.
         min_8bit_size: Tensors with fewer elements keep 32-bit state.
     """
 
@@ -138,10 +113,8 @@ class OptimizerSwapResult(SurgeryResult):
             values = {**group, "lr": configured_lr(group)}
             if target.family == "sgd":
                 values["momentum"] = group["betas"][0]  # bitsandbytes keeps SGD's momentum there
-            rows.append(
-                [str(index), str(len(group["params"])), f"{_numel(group['params']):,}"]
-                + [_fmt(values.get(key)) for key in keys]
-            )
+            counts = [str(index), str(len(group["params"])), f"{_numel(group['params']):,}"]
+            rows.append(counts + [_fmt(values.get(key)) for key in keys])
         buckets = self.state_buckets()
         state = [["state", "tensors", "elements", ""]]
         for label, members in buckets.items():
@@ -151,15 +124,7 @@ class OptimizerSwapResult(SurgeryResult):
         return "\n".join([title, table(rows), table(state), changes])
 
     def state_buckets(self) -> dict[str, list[Tensor]]:
-        """The new optimizer's parameters by the state they get: the rows of :meth:`describe`'s state table.
-
-        Frozen parameters (``requires_grad=False``) that the module still passed to its optimizer get no state at
-        all and have a row of their own.
-
-        Returns:
-            Row label -> parameters: ``"8-bit"``, ``"32-bit (kept)"``, ``"32-bit (< min_8bit_size)"`` and
-            ``"no state (frozen)"`` for a bitsandbytes target; ``"32-bit (...AdamW)"`` and the frozen row otherwise.
-        """
+        """The new optimizer's parameters by the row label of :meth:`describe`'s state table (``"8-bit"``, ...)."""
         kept = {id(p) for p in self.kept_params}
         small = f"32-bit (< {self.min_8bit_size:,})"
         if _TARGETS[self.optimizer].bnb:
@@ -186,25 +151,17 @@ class OptimizerSwapResult(SurgeryResult):
         return "8-bit" in buckets and not buckets["8-bit"] and trainable > 0
 
 
-def check_keep_32bit(value: Any) -> None:
-    """Check a ``keep_32bit`` argument.
-
-    Args:
-        value: The value given.
-
-    Raises:
-        TypeError: If it is neither a string nor a callable.
-        ValueError: If it is a string other than those of :data:`KEEP_32BIT`.
-    """
-    if callable(value):
-        return
-    if not isinstance(value, str):
+def check_state_options(keep_32bit: Any, min_8bit_size: Any) -> None:
+    """Raise ``TypeError``/``ValueError`` for a ``keep_32bit`` or ``min_8bit_size`` that a swap does not take."""
+    if not callable(keep_32bit) and not isinstance(keep_32bit, str):
         allowed = ", ".join(repr(c) for c in KEEP_32BIT)
         raise TypeError(
             f"`keep_32bit` must be one of {allowed} or a callable (name, param) -> bool, "
-            f"got {value!r} ({type(value).__name__})"
+            f"got {keep_32bit!r} ({type(keep_32bit).__name__})"
         )
-    check_choice("keep_32bit", value, KEEP_32BIT)
+    if not callable(keep_32bit):
+        check_choice("keep_32bit", keep_32bit, KEEP_32BIT)
+    check_int("min_8bit_size", min_8bit_size, minimum=1)
 
 
 def swap_optimizer(
@@ -216,39 +173,20 @@ def swap_optimizer(
     keep_32bit: Keep32bit = "embeddings",
     min_8bit_size: int = 4096,
 ) -> OptimizerSwapResult:
-    """Build the optimizer named ``optimizer`` over the parameters and groups of ``old``.
-
-    Every parameter group keeps its parameter objects, its hyperparameters (``lr``, ``betas``, ``eps``,
-    ``weight_decay``, ``momentum``: what the target takes) and any other key it holds (``initial_lr`` and the other
-    keys schedulers add, a group ``name``). Kernel switches (``foreach``, ``fused``, ``capturable``) are the target's
-    own. ``old`` itself is not modified.
-
-    Settings the target cannot honour are a ``ValueError`` within one family of algorithms and one ``UserWarning``
-    across families (also in :attr:`OptimizerSwapResult.changes`); docs/optimizer_swap.md lists them.
+    """Build the optimizer named ``optimizer`` over the parameters and groups of ``old`` (left unmodified).
 
     Args:
         old: A torch optimizer that has not stepped yet (no state).
-        optimizer: What to build, one of :data:`TARGETS` or an alias (``"adamw_8bit"``); named as everywhere in the
-            package (``OptimizerSwap(optimizer=)``, ``TunePlugin(optimizer=)``, the ``optimizer`` config key).
-        module: The model owning the parameters; needed to find embeddings and parameter names (any bitsandbytes
-            target with ``keep_32bit`` other than ``"none"``).
-        keep_32bit: Which parameters keep 32-bit optimizer state: ``"embeddings"`` (every parameter owned by an
-            ``nn.Embedding``/``nn.EmbeddingBag`` in ``module``, tied ones included), ``"none"``, or a callable
-            ``fn(name, param) -> bool`` called for each name of ``module.named_parameters(remove_duplicate=False)``
-            (a parameter is kept if any of its names is). Ignored by ``"adamw_fused"``.
+        optimizer: What to build, one of :data:`TARGETS` or an alias (``"adamw_8bit"``).
+        module: The model owning the parameters; needed by a bitsandbytes target unless ``keep_32bit="none"``.
+        keep_32bit: Which parameters keep 32-bit optimizer state (docs/optimizer_swap.md's argument table).
         min_8bit_size: Tensors with fewer elements keep 32-bit state (bitsandbytes' own rule), >= 1.
 
-    Returns:
-        The :class:`OptimizerSwapResult`.
-
     Raises:
-        TypeError: If ``old``, ``optimizer``, ``module`` or ``keep_32bit`` has the wrong type, or ``min_8bit_size`` is
-            not an integer.
-        ValueError: If ``optimizer`` or ``keep_32bit`` is unknown, ``min_8bit_size < 1``, ``old`` is already
-            a bitsandbytes optimizer or has state, ``module`` is missing where needed, or a setting cannot be
-            honoured (above).
-        ModuleNotFoundError: If a bitsandbytes target is asked for and bitsandbytes is not installed; the message
-            names the ``bnb`` extra.
+        TypeError: If an argument has the wrong type.
+        ValueError: If ``optimizer``, ``keep_32bit`` or ``min_8bit_size`` is not allowed, ``old`` is already a
+            bitsandbytes optimizer or has state, ``module`` is missing where needed, or a setting cannot be honoured.
+        ModuleNotFoundError: If a bitsandbytes target is asked for and bitsandbytes is not installed.
         RuntimeError: If the installed bitsandbytes keeps no per-optimizer override manager (older than 0.50).
 
     Example:
@@ -264,8 +202,7 @@ def swap_optimizer(
     check_instance("old", old, Optimizer, "a torch.optim.Optimizer")
     name = canonical_optimizer(optimizer, allowed=TARGETS)
     check_instance("module", module, nn.Module, "a torch.nn.Module", allow_none=True)
-    check_keep_32bit(keep_32bit)
-    check_int("min_8bit_size", min_8bit_size, minimum=1)
+    check_state_options(keep_32bit, min_8bit_size)
     target = _TARGETS[name]
     old_name = type(old).__name__
     if type(old).__module__.split(".")[0] == "bitsandbytes":
@@ -291,7 +228,7 @@ def swap_optimizer(
             "only. Use 'adamw_fused' (torch's AdamW steps DTensors, and its state is sharded with the parameters, "
             "1/N per rank), or an 8-bit optimizer under DDP or FSDPStrategy"
         )
-    bnb = require("bitsandbytes", feature=_FEATURE) if target.bnb else None
+    bnb = require("bitsandbytes", feature="OptimizerSwap") if target.bnb else None
 
     groups, changes = _plan_groups(old, name, target)
     if changes:
@@ -301,41 +238,41 @@ def swap_optimizer(
             UserWarning,
             stacklevel=2,
         )
+    kept, kept_names = _kept_params(old, module, keep_32bit) if bnb is not None else ([], ())
     if bnb is None:
-        fused = _fused_adamw(groups, name)
-        _REPLACED[fused] = _REPLACED.get(old, old_name)
-        return OptimizerSwapResult(old, fused, name, (), tuple(changes), min_8bit_size)
-    kept, kept_names = _kept_params(old, module, keep_32bit)
-    new = _build_bnb(bnb, target, groups, min_8bit_size)
-    unverified = _install_overrides(bnb, new, kept)
-    if unverified:
-        shared = bnb.optim.GlobalOptimManager.get_instance()
-        warnings.warn(_unverified_overrides(unverified, module, shared), UserWarning, stacklevel=2)
+        new = _fused_adamw(groups, name)
+    elif target.family == "sgd":  # bitsandbytes keeps SGD's momentum in betas[0] (it ignores a group's "momentum")
+        for group in groups:
+            group["betas"] = (group.pop("momentum"), 0.0)
+            group["eps"] = 0.0
+        first = groups[0]["betas"][0] or 0.9  # constructor default only; every group sets its own
+        new = bnb.optim.SGD8bit(groups, lr=groups[0]["lr"], momentum=first, min_8bit_size=min_8bit_size)
+    else:
+        new = getattr(bnb.optim, target.class_name)(groups, min_8bit_size=min_8bit_size)
+    if bnb is not None:
+        _install_overrides(bnb, new, kept, module)
     _REPLACED[new] = _REPLACED.get(old, old_name)
     result = OptimizerSwapResult(old, new, name, kept_names, tuple(changes), min_8bit_size, tuple(kept))
     if result.saves_nothing:
-        warnings.warn(_nothing_saved(result), UserWarning, stacklevel=2)
+        buckets = result.state_buckets()
+        small = buckets[f"32-bit (< {min_8bit_size:,})"]
+        largest = max((p.numel() for p in small), default=0)
+        frozen = f" ({len(buckets[_FROZEN])} frozen tensor(s) get no state at all)" if buckets[_FROZEN] else ""
+        help_small = (
+            f"Trainable tensors this small are typical of LoRA adapters, whose optimizer state is tiny anyway: keep "
+            f"the module's own optimizer, or pass min_8bit_size={largest} (or lower) to quantise them too"
+            if small
+            else "Choose fewer parameters for keep_32bit"
+        )
+        warnings.warn(
+            f"{name!r} stores no optimizer state in 8 bits, so it saves no memory: of the "
+            f"{sum(len(v) for k, v in buckets.items() if k != _FROZEN)} trainable tensor(s), {len(small)} are under "
+            f"min_8bit_size={min_8bit_size:,} elements (the largest has {largest:,}) and "
+            f"{len(buckets['32-bit (kept)'])} are kept 32-bit{frozen}. {help_small}.",
+            UserWarning,
+            stacklevel=2,
+        )
     return result
-
-
-def _nothing_saved(result: OptimizerSwapResult) -> str:
-    """Why a bitsandbytes swap stores nothing in 8 bits, and what would help."""
-    buckets = result.state_buckets()
-    small = buckets[f"32-bit (< {result.min_8bit_size:,})"]
-    largest = max((p.numel() for p in small), default=0)
-    frozen = f" ({len(buckets[_FROZEN])} frozen tensor(s) get no state at all)" if buckets[_FROZEN] else ""
-    help_small = (
-        f"Trainable tensors this small are typical of LoRA adapters, whose optimizer state is tiny anyway: keep the "
-        f"module's own optimizer, or pass min_8bit_size={largest} (or lower) to quantise them too"
-        if small
-        else "Choose fewer parameters for keep_32bit"
-    )
-    return (
-        f"{result.optimizer!r} stores no optimizer state in 8 bits, so it saves no memory: of the "
-        f"{sum(len(v) for k, v in buckets.items() if k != _FROZEN)} trainable tensor(s), {len(small)} are under "
-        f"min_8bit_size={result.min_8bit_size:,} elements (the largest has {largest:,}) and "
-        f"{len(buckets['32-bit (kept)'])} are kept 32-bit{frozen}. {help_small}."
-    )
 
 
 def swap_optimizers(
@@ -351,16 +288,14 @@ def swap_optimizers(
 
     Args:
         optimizers: The optimizers, e.g. ``trainer.strategy.optimizers``.
-        lr_scheduler_configs: Lightning ``LRSchedulerConfig`` objects and/or bare torch schedulers; those driving one
-            of ``optimizers`` are re-pointed in place (:func:`repoint_schedulers`).
-        module: The model owning the parameters (see :func:`swap_optimizer`); a DDP wrapper works too.
-        optimizer: What to build, one of :data:`TARGETS` or an alias.
-        keep_32bit: Which parameters keep 32-bit state (see :func:`swap_optimizer`).
-        min_8bit_size: Tensors with fewer elements keep 32-bit state, >= 1.
+        lr_scheduler_configs: ``LRSchedulerConfig`` objects and/or torch schedulers, re-pointed in place.
+        module: The model owning the parameters; a DDP wrapper works too.
+        optimizer: As :func:`swap_optimizer`.
+        keep_32bit: As :func:`swap_optimizer`.
+        min_8bit_size: As :func:`swap_optimizer`.
 
     Returns:
-        ``(new optimizers, the scheduler configs (the same objects, re-pointed), one OptimizerSwapResult per
-        optimizer)``; restoring a result points its schedulers back to the old optimizer.
+        ``(new optimizers, the scheduler configs, one OptimizerSwapResult per optimizer)``.
 
     Raises:
         TypeError: If an argument has the wrong type.
@@ -386,20 +321,10 @@ def swap_optimizers(
 
 
 def name_lr_configs(configs: Iterable[Any]) -> list[Any]:
-    """Name the scheduler configs of swapped optimizers as ``LearningRateMonitor`` named them before the swap.
+    """Name each unnamed config of a swapped optimizer ``lr-<replaced class>``, numbered as ``LearningRateMonitor``.
 
-    Lightning's ``LearningRateMonitor`` logs the LR of an unnamed scheduler config under ``lr-<optimizer class>``
-    (``lr-AdamW``; ``-1``, ``-2``, ... when the class comes again; ``/pg1``, ... for further groups), so a swap would
-    move the curve to ``lr-AdamW8bit``. Each unnamed config (an object with ``name`` and ``scheduler``, as Lightning's
-    ``LRSchedulerConfig``) whose scheduler drives an optimizer built by :func:`swap_optimizer` is named after the class
-    that optimizer replaced, numbered as Lightning numbers; configs with a name of their own are left as they are. An
-    optimizer without any scheduler has no config to name: Lightning names its LR after the new class.
-
-    Args:
-        configs: The Trainer's scheduler configs, in order.
-
-    Returns:
-        The configs named here.
+    The monitor logs an unnamed config's LR under ``lr-<optimizer class>`` (``-1``, ``-2``, ... when the class comes
+    again), so without a name the curve would move to ``lr-AdamW8bit``. Returns the configs named here.
     """
     named: list[Any] = []
     seen: Counter[str] = Counter()
@@ -417,17 +342,10 @@ def name_lr_configs(configs: Iterable[Any]) -> list[Any]:
 
 
 def repoint_schedulers(configs_or_schedulers: Iterable[Any], old: Optimizer, new: Optimizer) -> int:
-    """Make the schedulers that drive ``old`` drive ``new`` instead.
+    """Make the schedulers that drive ``old`` drive ``new`` instead; their own state is unchanged.
 
-    Each scheduler whose ``optimizer`` is ``old`` (torch ``LRScheduler`` subclasses, ``ReduceLROnPlateau``, the
-    children of ``SequentialLR``/``ChainedScheduler``; a Lightning ``LRSchedulerConfig`` is looked through) gets
-    ``scheduler.optimizer = new``. Group keys that schedulers read back from the optimizer (``initial_lr``, and
-    ``max_lr``, ``min_lr``, ``base_momentum``, ``max_momentum`` from ``OneCycleLR``: any key of an ``old`` group
-    that is not one of its hyperparameters) are copied into the matching ``new`` group where missing. The
-    schedulers' own state (``base_lrs``, ``last_epoch``, ...) is unchanged, so the schedule continues where it was.
-
-    torch wraps ``optimizer.step`` when a scheduler is built, to warn when the scheduler steps before the optimizer;
-    ``new.step`` gets the same wrapper, so no spurious "``optimizer.step()`` has been overridden" warning appears.
+    Composite schedulers' children are looked through. Keys of ``old``'s groups that are no hyperparameter
+    (``initial_lr``, ``max_lr``...) are copied where missing, and ``new.step`` gets torch's scheduler wrapper.
 
     Args:
         configs_or_schedulers: Schedulers or objects with a ``scheduler`` attribute (``LRSchedulerConfig``).
@@ -459,18 +377,11 @@ def repoint_schedulers(configs_or_schedulers: Iterable[Any], old: Optimizer, new
 
 
 def optimizer_state_bytes(optimizer: Optimizer, params: Iterable[Tensor] | None = None) -> int:
-    """Exact bytes held by the optimizer's state tensors.
-
-    Tensors shared between parameters (bitsandbytes' quantization maps) are counted once; Python numbers (such as
-    bitsandbytes' ``step`` counter) hold no tensor memory and count 0.
-    DTensor state (FSDP2) counts this rank's shard: the memory this process holds.
+    """Exact bytes held by the optimizer's state tensors: shared ones once, DTensors (FSDP2) by this rank's shard.
 
     Args:
         optimizer: Any torch optimizer.
         params: Only count the state of these parameters; ``None`` for all.
-
-    Returns:
-        The number of bytes.
 
     Example:
         >>> w = torch.nn.Parameter(torch.zeros(1000))
@@ -496,17 +407,10 @@ def optimizer_state_bytes(optimizer: Optimizer, params: Iterable[Tensor] | None 
 
 
 def estimate_state_bytes(optimizer: Optimizer) -> int | None:
-    """Bytes of state a torch optimizer will hold once every parameter has stepped, from parameter shapes and dtypes.
-
-    Known: ``Adam``/``AdamW`` (``exp_avg`` and ``exp_avg_sq`` in the parameter's dtype, ``max_exp_avg_sq`` with
-    ``amsgrad``, and a scalar ``step`` tensor) and ``SGD`` (a ``momentum_buffer`` when ``momentum != 0``). Only
-    parameters with ``requires_grad`` are counted, DTensor parameters (FSDP2) by this rank's shard.
+    """State bytes of a torch ``Adam``/``AdamW``/``SGD`` once every trainable parameter stepped; else ``None``.
 
     Args:
         optimizer: The optimizer.
-
-    Returns:
-        The estimate, or ``None`` for an optimizer class it does not know.
 
     Example:
         >>> opt = torch.optim.AdamW([torch.nn.Parameter(torch.zeros(1000))])
@@ -534,24 +438,10 @@ def replaced_state_bytes(results: Sequence[OptimizerSwapResult]) -> int | None:
 
 
 def state_summary(owner: str, results: Sequence[OptimizerSwapResult], before: int | None, after: int | None) -> str:
-    """The line a swap prints after the first step: the state measured beside the estimate for the replaced optimizers.
-
-    ``OptimizerSwap`` and ``TunePlugin(optimizer=...)`` both print it (and log ``after`` as
-    ``tune/optimizer_state_bytes``).
-
-    Args:
-        owner: Who swapped (``"OptimizerSwap"``, ``"TunePlugin"``).
-        results: The swaps.
-        before: The replaced optimizers' estimated state (:func:`replaced_state_bytes`), ``None`` if unknown.
-        after: Bytes of the new optimizers' state after the first step (:func:`optimizer_state_bytes`), ``None``
-            before it.
-
-    Returns:
-        The line, e.g. ``"OptimizerSwap: optimizer state 0.81 MiB after the first step (AdamW: 3.09 MiB, 26.2%)"``.
-    """
-    measured = "not measured yet" if after is None else _mib(after)
+    """The line a swap prints after the first step: the state ``after`` it beside the estimate ``before`` the swap."""
+    measured = "not measured yet" if after is None else f"{after / 2**20:.2f} MiB"
     old = ", ".join(type(result.old).__name__ for result in results) or "the original optimizer"
-    text = f"{old}: {'unknown' if before is None else _mib(before)}"
+    text = f"{old}: {'unknown' if before is None else f'{before / 2**20:.2f} MiB'}"
     if after is not None and before:
         text += f", {after / before:.1%}"
     if any(result.saves_nothing for result in results):
@@ -559,39 +449,26 @@ def state_summary(owner: str, results: Sequence[OptimizerSwapResult], before: in
     return f"{owner}: optimizer state {measured} after the first step ({text})"
 
 
-def _mib(value: int) -> str:
-    return f"{value / 2**20:.2f} MiB"
-
-
-# --------------------------------------------------------------------------------------------------------- helpers
-
-
-def _source_family(optimizer: Optimizer) -> str | None:
-    if isinstance(optimizer, (torch.optim.Adam, torch.optim.AdamW)):
-        return "adam"
-    if isinstance(optimizer, torch.optim.SGD):
-        return "sgd"
-    return None
-
-
-def _source_decay(optimizer: Optimizer, group: Mapping[str, Any]) -> str | None:
+def _source(optimizer: Optimizer, group: Mapping[str, Any]) -> tuple[str | None, str | None]:
+    """The family and weight decay of a torch ``Adam``/``AdamW``/``SGD`` group; ``None`` for other optimizers."""
     if isinstance(optimizer, (torch.optim.Adam, torch.optim.AdamW)):
         decoupled = group.get("decoupled_weight_decay", isinstance(optimizer, torch.optim.AdamW))
-        return "decoupled" if decoupled else "coupled"
+        return "adam", "decoupled" if decoupled else "coupled"
     if isinstance(optimizer, torch.optim.SGD):
-        return "coupled"
-    return None
+        return "sgd", "coupled"
+    return None, None
 
 
 def _plan_groups(optimizer: Optimizer, name: str, target: _Target) -> tuple[list[dict[str, Any]], list[str]]:
     """New parameter groups for ``target``, and the changes of a cross-family swap; raises what cannot be honoured."""
     old_name = type(optimizer).__name__
-    same = _source_family(optimizer) == target.family
     hyper = set(target.hyper) | target.flags
     problems: list[str] = []
     changes: list[str] = []
     groups: list[dict[str, Any]] = []
     for index, group in enumerate(optimizer.param_groups):
+        family, decay = _source(optimizer, group)
+        same = family == target.family
         new_group: dict[str, Any] = {"params": group["params"]}
         dropped: list[str] = []
         for key, value in group.items():
@@ -613,7 +490,6 @@ def _plan_groups(optimizer: Optimizer, name: str, target: _Target) -> tuple[list
                 problems.append(f"group {index} has {key}={value!r}, which {target.class_name} has no setting for")
                 continue
             dropped.append(f"{key}={_fmt(value)}")
-        decay = _source_decay(optimizer, group)
         if group.get("weight_decay", 0) and decay is not None and decay != target.decay:
             if same:
                 problems.append(
@@ -630,7 +506,7 @@ def _plan_groups(optimizer: Optimizer, name: str, target: _Target) -> tuple[list
             )
         if target.bnb:
             for key in target.hyper:
-                if key in new_group and _has_tensor(new_group[key]):
+                if key in new_group and any(True for _ in _tensors(new_group[key])):
                     problems.append(
                         f"group {index} has a tensor {key} "
                         f"({target.class_name} reads hyperparameters as Python numbers)"
@@ -667,42 +543,24 @@ def _plan_groups(optimizer: Optimizer, name: str, target: _Target) -> tuple[list
 
 
 def _fused_adamw(groups: list[dict[str, Any]], name: str) -> Optimizer:
-    reason = _fused_unsupported(groups)
-    if reason is None:
+    """Fused AdamW, or the foreach implementation where torch's fused kernel would refuse a parameter."""
+    # torch checks this only when it steps; its list of devices with fused kernels is private, hence the fallback
+    supported = getattr(torch_optimizer, "_get_fused_kernels_supported_devices", lambda: ["cuda"])()
+    params = (p for group in groups for p in group["params"])
+    bad = next((p for p in params if p.device.type not in supported or not torch.is_floating_point(p)), None)
+    if bad is None:
         return torch.optim.AdamW(groups, fused=True)
     warnings.warn(
-        f"{name!r}: torch's fused AdamW cannot step these parameters ({reason}); using the foreach implementation "
-        "instead (same maths and state, without the fused kernel)",
+        f"{name!r}: torch's fused AdamW cannot step these parameters (a {bad.dtype} parameter on {bad.device.type}; "
+        f"fused kernels need floating point on {supported}); using the foreach implementation instead (same maths "
+        "and state, without the fused kernel)",
         UserWarning,
         stacklevel=3,
     )
     return torch.optim.AdamW(groups, foreach=True)
 
 
-def _fused_unsupported(groups: list[dict[str, Any]]) -> str | None:
-    """Why torch's fused AdamW would refuse these parameters at its first step, or ``None`` if it will not."""
-    # torch checks this only when it steps; its list of devices with fused kernels is private, hence the fallback
-    supported = getattr(torch_optimizer, "_get_fused_kernels_supported_devices", lambda: ["cuda"])()
-    for group in groups:
-        for p in group["params"]:
-            if p.device.type not in supported or not torch.is_floating_point(p):
-                return f"a {p.dtype} parameter on {p.device.type}; fused kernels need floating point on {supported}"
-    return None
-
-
-def _build_bnb(bnb: Any, target: _Target, groups: list[dict[str, Any]], min_8bit_size: int) -> Optimizer:
-    cls = getattr(bnb.optim, target.class_name)
-    if target.family == "sgd":
-        # bitsandbytes keeps SGD's momentum in betas[0] (and would ignore a group's "momentum" key)
-        for group in groups:
-            group["betas"] = (group.pop("momentum"), 0.0)
-            group["eps"] = 0.0
-        first = groups[0]["betas"][0] or 0.9  # constructor default only; every group sets its own
-        return cls(groups, lr=groups[0]["lr"], momentum=first, min_8bit_size=min_8bit_size)
-    return cls(groups, min_8bit_size=min_8bit_size)
-
-
-def _install_overrides(bnb: Any, optimizer: Optimizer, kept: Sequence[Tensor]) -> list[Tensor]:
+def _install_overrides(bnb: Any, optimizer: Optimizer, kept: Sequence[Tensor], module: nn.Module | None) -> None:
     """Give ``optimizer`` its own override manager: ``optim_bits=32`` for ``kept``, and the module-registered overrides.
 
     bitsandbytes 0.50 looks overrides up at step time through ``optimizer.mng`` by parameter id (``pid2config``) and
@@ -712,11 +570,7 @@ def _install_overrides(bnb: Any, optimizer: Optimizer, kept: Sequence[Tensor]) -
     (``register_module_override``, as ``bnb.nn.StableEmbedding`` and Hugging Face's Trainer do) reach their parameter
     through a module the manager holds, so each is copied when that module's attribute *is* one of these parameters.
     Those of ``override_config`` are keyed by ``id()`` alone: an entry a freed parameter left cannot be told from one
-    made for the parameter that now has its id, so none is copied.
-
-    Returns:
-        The parameters whose id has an ``override_config`` entry on the process-wide manager (and no module override),
-        for the caller's warning.
+    made for the parameter that now has its id, so none is copied: a warning names the parameters that have one.
     """
     manager_cls = bnb.optim.GlobalOptimManager
     if not isinstance(getattr(optimizer, "mng", None), manager_cls):
@@ -737,21 +591,21 @@ def _install_overrides(bnb: Any, optimizer: Optimizer, kept: Sequence[Tensor]) -
         manager.override_config(param, "optim_bits", 32)
     manager.register_parameters(optimizer.param_groups)
     optimizer.mng = manager  # type: ignore[attr-defined]
-    return [p for p in params if id(p) in shared.pid2config and id(p) not in manager.pid2config]
-
-
-def _unverified_overrides(params: Sequence[Tensor], module: nn.Module | None, shared: Any) -> str:
-    """The warning for parameters whose id has a process-wide ``override_config`` entry the swap did not copy."""
+    unverified = [p for p in params if id(p) in shared.pid2config and id(p) not in manager.pid2config]
+    if not unverified:
+        return
     names = {id(p): name for name, p in module.named_parameters()} if module is not None else {}
-    listed = [f"{names.get(id(p), f'a {tuple(p.shape)} tensor')} {shared.pid2config[id(p)]}" for p in params[:3]]
-    more = f" and {len(params) - 3} more" if len(params) > 3 else ""
-    return (
+    listed = [f"{names.get(id(p), f'a {tuple(p.shape)} tensor')} {shared.pid2config[id(p)]}" for p in unverified[:3]]
+    more = f" and {len(unverified) - 3} more" if len(unverified) > 3 else ""
+    warnings.warn(
         f"bitsandbytes' process-wide GlobalOptimManager holds `override_config` entries under the id() of "
-        f"{len(params)} parameter(s) being swapped ({', '.join(listed)}{more}). It keys them by id() alone and keeps "
-        "them after their parameter is freed, so each may belong to a freed parameter whose id this one reuses; the "
-        "swap does not apply them. For 32-bit state pass `keep_32bit=`; for other settings register them with "
+        f"{len(unverified)} parameter(s) being swapped ({', '.join(listed)}{more}). It keys them by id() alone and "
+        "keeps them after their parameter is freed, so each may belong to a freed parameter whose id this one reuses; "
+        "the swap does not apply them. For 32-bit state pass `keep_32bit=`; for other settings register them with "
         "`GlobalOptimManager.get_instance().register_module_override(module, 'weight', config)`, which names the "
-        "parameter through its module and which the swap applies."
+        "parameter through its module and which the swap applies.",
+        UserWarning,
+        stacklevel=3,
     )
 
 
@@ -766,9 +620,7 @@ def _kept_params(
     if keep_32bit == "embeddings":
         chosen = {id(p) for m in module.modules() if isinstance(m, _EMBEDDINGS) for p in m.parameters(recurse=False)}
     else:
-        assert callable(keep_32bit)
-        rule = keep_32bit
-        chosen = {id(p) for name, p in module.named_parameters(remove_duplicate=False) if rule(name, p)}
+        chosen = {id(p) for name, p in module.named_parameters(remove_duplicate=False) if keep_32bit(name, p)}
     kept = [p for p in _unique_params(optimizer) if id(p) in chosen]
     # a frozen parameter gets no state at all: it is counted in the frozen row, not named as kept 32-bit
     return kept, tuple(name for p in kept if p.requires_grad for name in names.get(id(p), ()))
@@ -819,16 +671,9 @@ def _local(tensor: Tensor) -> Tensor:
 def _tensors(value: Any) -> Iterator[Tensor]:
     if isinstance(value, Tensor):
         yield _local(value)
-    elif isinstance(value, Mapping):
-        for item in value.values():
+    elif isinstance(value, (Mapping, list, tuple)):
+        for item in value.values() if isinstance(value, Mapping) else value:
             yield from _tensors(item)
-    elif isinstance(value, (list, tuple)):
-        for item in value:
-            yield from _tensors(item)
-
-
-def _has_tensor(value: Any) -> bool:
-    return any(True for _ in _tensors(value))
 
 
 def _numel(params: Iterable[Tensor]) -> int:

@@ -21,8 +21,8 @@ from torch import nn
 from torch.utils.data import DataLoader, Dataset
 
 import lightning_tune as lt
-from lightning_tune.perf import count_samples
-from tests.helpers import make_trainer
+from lightning_tune.perf.batch import count_samples
+from tests.helpers import fit
 from tests.hf_data import VOCAB, tokenizer
 
 N = 20  # samples: two steps of 8 and a short one of 4
@@ -220,12 +220,6 @@ CASES = {
 }
 
 
-def fit(module: LightningModule, callbacks: list[Any], tmp_path: Path, accumulation: int) -> Trainer:
-    trainer = make_trainer(tmp_path, callbacks, max_epochs=1, accumulate_grad_batches=accumulation)
-    trainer.fit(module)
-    return trainer
-
-
 def assert_same_weights(ours: nn.Module, theirs: nn.Module) -> None:
     for a, b in zip(ours.parameters(), theirs.parameters(), strict=True):
         torch.testing.assert_close(a, b, rtol=0, atol=1e-6)
@@ -243,13 +237,13 @@ SETTINGS = {
 def test_each_batch_structure_trains_as_lightning(tmp_path: Path, name: str, setting: str) -> None:
     case, (batch_size, accumulation, per_sample) = CASES[name], SETTINGS[setting]
     reference = Net(case, batch_size)
-    fit(reference, [], tmp_path, accumulation)
+    fit(reference, [], tmp_path, accumulate_grad_batches=accumulation)
     probe = None if per_sample is None else lt.SimulatedMemory(10_000, 2_000, per_sample)
     declared = {"per_batch": case.per_batch} if case.per_batch else {}
     declared |= {"split_batch": case.split_batch} if case.split_batch else {}
     dyn = lt.DynamicBatchSize(probe=probe, multiple_of=2, adjust_every=1, **declared)
     model = Net(case, batch_size)
-    fit(model, [dyn], tmp_path, accumulation)
+    fit(model, [dyn], tmp_path, accumulate_grad_batches=accumulation)
     assert (dyn.oom_recoveries > 0) == (probe is not None)
     assert dyn.batch_size is not None and dyn.batch_size < 8  # the steps of 8 samples were cut
     assert_same_weights(model, reference)
@@ -358,10 +352,10 @@ def test_a_collate_that_keeps_fewer_samples_trains_as_lightning(
 
     case = dataclasses.replace(case, read=read)
     reference = Net(case, batch_size)
-    fit(reference, [], tmp_path, accumulation)
+    fit(reference, [], tmp_path, accumulate_grad_batches=accumulation)
     dyn = lt.DynamicBatchSize(max_batch_size=2, multiple_of=2)
     model = Net(case, batch_size)
-    fit(model, [dyn], tmp_path, accumulation)
+    fit(model, [dyn], tmp_path, accumulate_grad_batches=accumulation)
     assert dyn.step.consumed == N  # the epoch's position counts what the sampler drew
     assert_same_weights(model, reference)
 

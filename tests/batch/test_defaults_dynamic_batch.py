@@ -10,13 +10,13 @@ from typing import Any
 import pytest
 import torch
 import transformers
-from lightning.pytorch import Callback, LightningModule, Trainer
+from lightning.pytorch import LightningModule
 from torch import nn
 from torch.utils.data import DataLoader
 
 import lightning_tune as lt
-from lightning_tune.batch.step import DynamicStep, auto_weighting
-from tests.helpers import make_trainer
+from lightning_tune.batch.step import DynamicBatchSettings, DynamicStep, auto_weighting
+from tests.helpers import fit
 from tests.hf_data import VOCAB, TokenDataset, long_tailed_lengths, tokenizer
 
 transformers.logging.set_verbosity_error()
@@ -77,12 +77,6 @@ class CausalLM(LightningModule):
 
     def train_dataloader(self) -> DataLoader:
         return DataLoader(self.dataset, batch_size=self.batch_size, shuffle=False, collate_fn=self.collate)
-
-
-def fit(module: LightningModule, callbacks: list[Callback], tmp_path: Path, **kwargs: Any) -> Trainer:
-    trainer = make_trainer(tmp_path, callbacks, max_epochs=1, **kwargs)
-    trainer.fit(module)
-    return trainer
 
 
 def lengths() -> list[int]:
@@ -156,7 +150,7 @@ def test_auto_weighs_token_mean_losses_by_tokens_and_the_rest_by_samples(
 
 
 def _checkpoint(loss_weight: str, *, before_auto: bool = False) -> dict[str, Any]:
-    step = DynamicStep(loss_weight=loss_weight)  # type: ignore[arg-type]
+    step = DynamicStep(DynamicBatchSettings(loss_weight=loss_weight))  # type: ignore[arg-type]
     step.start(nn.Linear(1, 1), 1)
     step.install(4)
     step.weigh_by({"input_ids": torch.ones(4, 3, dtype=torch.long), "labels": torch.ones(4, 3, dtype=torch.long)})
@@ -168,7 +162,7 @@ def _checkpoint(loss_weight: str, *, before_auto: bool = False) -> dict[str, Any
 
 def _resume(state: dict[str, Any], loss_weight: str) -> tuple[DynamicStep, list[str]]:
     warned: list[str] = []
-    step = DynamicStep(loss_weight=loss_weight, warn=warned.append)  # type: ignore[arg-type]
+    step = DynamicStep(DynamicBatchSettings(loss_weight=loss_weight), warn=warned.append)  # type: ignore[arg-type]
     step.start(nn.Linear(1, 1), 1)
     step.install(4)
     step.load_state_dict(state)

@@ -17,8 +17,13 @@ from torch import nn
 from torch.utils.data import BatchSampler, DataLoader, Dataset, IterableDataset, SequentialSampler
 
 import lightning_tune as lt
-from lightning_tune.batch import BatchSizeController, MemoryModel, ResizableBatchSampler, split_batch
+from lightning_tune.batch import BatchSizeController
+from lightning_tune.batch.control import Decision
+from lightning_tune.batch.memory import MemoryModel
+from lightning_tune.batch.sampler import ResizableBatchSampler
+from lightning_tune.batch.split import split_batch
 from lightning_tune.callbacks import _resizable_loader
+from tests import helpers
 
 MiB = 1 << 20
 
@@ -88,21 +93,9 @@ class Record(Callback):
 
 
 def fit(model: LightningModule, callbacks: list[Callback], tmp_path: Path, **kwargs: Any) -> Trainer:
-    kwargs.setdefault("max_epochs", 1)
-    ckpt_path = kwargs.pop("ckpt_path", None)
-    trainer = Trainer(
-        default_root_dir=tmp_path,
-        callbacks=callbacks,
-        logger=kwargs.pop("logger", False),
-        enable_checkpointing=kwargs.pop("enable_checkpointing", False),
-        enable_progress_bar=False,
-        enable_model_summary=False,
-        accelerator="cpu",
-        devices=1,
-        **kwargs,
-    )
-    trainer.fit(model, ckpt_path=ckpt_path)
-    return trainer
+    """:func:`tests.helpers.fit` with Lightning's own validation defaults: these modules validate."""
+    defaults = {"limit_val_batches": None, "num_sanity_val_steps": None, "deterministic": None}
+    return helpers.fit(model, callbacks, tmp_path, **{**defaults, **kwargs})
 
 
 def sim(total: int = 10_000, fixed: int = 2_000, per_sample: int = 100) -> lt.SimulatedMemory:
@@ -143,7 +136,7 @@ def test_controller_holds_within_min_change() -> None:
     ctl = BatchSizeController(target=0.9, min_batch_size=1, max_batch_size=None, multiple_of=8, min_change=0.5)
     ctl.model.observe(40, 6_000)
     decision = ctl.decide(64, peak_bytes=8_400, total_bytes=10_000)  # 100/sample: 70 fits, 64 -> 64 (+0 %)
-    assert decision == lt.batch.Decision(64, 0.84, "hold")
+    assert decision == Decision(64, 0.84, "hold")
 
 
 @pytest.mark.parametrize(

@@ -23,7 +23,8 @@ from torch import nn
 from torch.utils.data import DataLoader
 
 import lightning_tune as lt
-from lightning_tune.batch import CudaMemory, MicroBatchRunner, cut_step, expandable_segments, is_allocation_failure
+from lightning_tune.batch.probes import CudaMemory, expandable_segments
+from lightning_tune.batch.runner import MicroBatchRunner, cut_step, is_allocation_failure
 from lightning_tune.perf.devices import cuda_memory_metrics, reset_run_peak
 from tests.batch.test_dynamic_batch import Indexed, Net, Record, _weights, assert_each_sample_once, fit, sim
 

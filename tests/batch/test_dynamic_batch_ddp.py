@@ -2,16 +2,15 @@
 
 from __future__ import annotations
 
-from pathlib import Path
+from collections.abc import Callable
+from typing import Any
 
 import pytest
 
-from tests.helpers import run_ddp_script
-
 
 @pytest.mark.slow
-def test_ranks_agree_on_every_decision_and_retry_together(tmp_path: Path) -> None:
-    ranks = run_ddp_script("ddp_dynamic_batch_script.py", tmp_path)
+def test_ranks_agree_on_every_decision_and_retry_together(two_ranks: Callable[[str], list[Any]]) -> None:
+    ranks = two_ranks("dynamic_batch")
     assert ranks[0]["sizes"] == ranks[1]["sizes"]  # same micro-batch on both ranks after every step
     assert ranks[0]["local_ooms"] == 0 and ranks[1]["local_ooms"] >= 1  # only rank 1 ran out of memory ...
     assert ranks[0]["oom_recoveries"] == ranks[1]["oom_recoveries"] >= 1  # ... and both retried
@@ -24,7 +23,6 @@ def test_ranks_agree_on_every_decision_and_retry_together(tmp_path: Path) -> Non
         both = ranks[0]["seen"][epoch] + ranks[1]["seen"][epoch]
         assert sorted(both) == list(range(1024))  # each sample once per epoch, across the two ranks
     # the same DDP run without the callback: the split micro-batches and the retries left the training unchanged
-    (tmp_path / "reference").mkdir()
-    reference = run_ddp_script("ddp_dynamic_batch_reference_script.py", tmp_path / "reference")
+    reference = two_ranks("dynamic_batch_reference")
     for ours, theirs in zip(ranks[0]["weights"], reference[0]["weights"], strict=True):
         assert ours == pytest.approx(theirs, rel=1e-5, abs=1e-6)

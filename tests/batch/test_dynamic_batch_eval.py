@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+from collections.abc import Callable
 from typing import Any
 
 import pytest
@@ -300,14 +301,8 @@ def test_private_lightning_names_are_where_they_were() -> None:
 
 
 @pytest.mark.slow
-def test_two_processes_agree_and_equal_the_plain_run(tmp_path: Any, monkeypatch: pytest.MonkeyPatch) -> None:
-    from tests.helpers import run_ddp_script
-
-    (tmp_path / "sized").mkdir()
-    (tmp_path / "plain").mkdir()
-    ranks = run_ddp_script("ddp_dynamic_batch_eval_script.py", tmp_path / "sized")
-    monkeypatch.setenv("DDP_EVAL_PLAIN", "1")
-    plain = run_ddp_script("ddp_dynamic_batch_eval_script.py", tmp_path / "plain")
+def test_two_processes_agree_and_equal_the_plain_run(two_ranks: Callable[[str], list[Any]]) -> None:
+    ranks, plain = two_ranks("eval_sized"), two_ranks("eval_plain")
     assert ranks[0]["sizes"] == ranks[1]["sizes"] and ranks[0]["eval_sizes"] == ranks[1]["eval_sizes"]
     assert max(ranks[0]["sizes"]) > 16 and ranks[1]["oom_recoveries"] >= 1 and ranks[0]["oom_recoveries"] == 0
     for ours, theirs in zip(ranks, plain, strict=True):
@@ -334,3 +329,48 @@ def test_fit_logs_the_evaluation_batch(tmp_path: Any) -> None:
     logger.save()
     logged = [float(row["tune/eval_batch_size"]) for row in csv_rows(logger.log_dir) if row.get("tune/eval_batch_size")]
     assert len(logged) == 2 and logged[-1] == callback.step.evaluation["fit"].size > 16  # once per validation
+
+
+@pytest.mark.parametrize("shards", [(102, 101), (45, 43)])
+def test_ranks_with_short_last_batches_of_different_sizes_take_one_decision(shards: tuple[int, int]) -> None:
+    """Predict's sampler gives ranks 102 and 101 samples: their last batches differ in size, and a decision after one
+    must still be one decision (on its own largest piece, a rank of 43 sized its next batch 42, the other 43)."""
+    import threading
+
+    from lightning_tune.batch.evaluate import EvalSizer
+
+    barrier, posted = threading.Barrier(2, timeout=20), [[], []]
+
+    def agree_for(rank: int) -> Callable[[Any], list[float]]:
+        def agree(figures: Any) -> list[float]:  # all_reduce_max between two threads, blocking as a collective
+            posted[rank] = list(figures)
+            barrier.wait()
+            agreed = [max(a, b) for a, b in zip(*posted, strict=True)]
+            barrier.wait()
+            return agreed
+
+        return agree
+
+    sizes: list[list[int | None]] = [[], []]
+
+    def rank(r: int) -> None:
+        controller = BatchSizeController(target=0.9, min_batch_size=1, max_batch_size=None, multiple_of=1)
+        probe = SimulatedMemory(total_bytes=1000, fixed_bytes=400, bytes_per_sample=20, eval_bytes_per_sample=11)
+        sizer = EvalSizer(controller, probe, lambda: (1000, 900.0), warn=lambda text: None)
+        agree, data = agree_for(r), torch.arange(shards[r])
+        sizer.begin(loader_batch=8, samples=shards[r], agree=agree)
+        start = 0
+        while start < shards[r]:
+            with torch.no_grad():
+                sizer.run(data[start : start + sizer.size], lambda piece: piece * 2)  # type: ignore[operator]
+            start += sizer.size  # type: ignore[operator]
+            sizer.batch_end(agree)
+            sizes[r].append(sizer.size)
+
+    threads = [threading.Thread(target=rank, args=(r,)) for r in (0, 1)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=30)
+    assert not barrier.broken, "the ranks called a different number of collectives"
+    assert sizes[0] == sizes[1], sizes

@@ -19,6 +19,7 @@ from torch.utils.data import DataLoader
 
 import lightning_tune as lt
 from lightning_tune import keys
+from tests.helpers import fit
 from tests.hf_data import VOCAB, TokenDataset, lm_collator, long_tailed_lengths
 
 
@@ -70,22 +71,6 @@ class TokenLM(LightningModule):
 
     def train_dataloader(self) -> DataLoader:
         return DataLoader(self.dataset, batch_size=self.batch_size, collate_fn=lm_collator())
-
-
-def fit(module: LightningModule, callbacks: list[Callback], tmp_path: Path, **kwargs: Any) -> Trainer:
-    trainer = Trainer(
-        default_root_dir=tmp_path,
-        callbacks=callbacks,
-        enable_checkpointing=False,
-        enable_progress_bar=False,
-        enable_model_summary=False,
-        accelerator="cpu",
-        devices=1,
-        max_epochs=1,
-        **kwargs,
-    )
-    trainer.fit(module)
-    return trainer
 
 
 def roomy() -> lt.SimulatedMemory:

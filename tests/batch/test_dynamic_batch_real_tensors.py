@@ -99,6 +99,7 @@ def device_bytes(row: Row, tmp_path: Path) -> int:
 
 
 @pytest.mark.parametrize("row", ROWS)
+@pytest.mark.slow
 def test_settles_within_the_target_of_the_real_memory(row: Row, tmp_path: Path) -> None:
     data = token_data(STEPS * 64, SEQ)
     memory = lt.TrackedMemory(total_bytes=device_bytes(row, tmp_path))

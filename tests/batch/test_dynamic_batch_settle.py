@@ -13,7 +13,9 @@ import torch
 from lightning.pytorch import Callback, Trainer
 
 import lightning_tune as lt
-from lightning_tune.batch import BatchSizeController, Decision, TokenBudget
+from lightning_tune.batch import BatchSizeController
+from lightning_tune.batch.control import Decision
+from lightning_tune.batch.tokens import TokenBudget
 from tests.batch.test_dynamic_batch import Net, fit
 
 GiB = 1 << 30

@@ -5,6 +5,7 @@ from __future__ import annotations
 import collections
 import copy
 import warnings
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -17,7 +18,7 @@ from torch import nn
 from torch.utils.data import DataLoader
 
 import lightning_tune as lt
-from tests.helpers import run_ddp_script
+from tests.helpers import fit
 from tests.hf_data import VOCAB, TokenDataset, lm_collator, long_tailed_lengths, tokenizer
 
 transformers.logging.set_verbosity_error()
@@ -60,23 +61,6 @@ class LM(LightningModule):
 
     def train_dataloader(self) -> DataLoader:
         return DataLoader(self.dataset, batch_size=self.batch_size, shuffle=False, collate_fn=self.collate)
-
-
-def fit(module: LightningModule, callbacks: list[Callback], tmp_path: Path, **kwargs: Any) -> Trainer:
-    kwargs.setdefault("max_epochs", 1)
-    trainer = Trainer(
-        default_root_dir=tmp_path,
-        callbacks=callbacks,
-        logger=kwargs.pop("logger", False),
-        enable_checkpointing=False,
-        enable_progress_bar=False,
-        enable_model_summary=False,
-        accelerator="cpu",
-        devices=1,
-        **kwargs,
-    )
-    trainer.fit(module)
-    return trainer
 
 
 def roomy() -> lt.SimulatedMemory:
@@ -186,6 +170,7 @@ class Trace(Callback):
         )
 
 
+@pytest.mark.slow
 def test_token_budget_settles_without_oom_retries_near_the_target(tmp_path: Path) -> None:
     per_token, fixed, total = 4000, 2_000_000, 20_000_000  # 8 samples of 1024 tokens would not fit
     probe = lt.SimulatedMemory(total_bytes=total, fixed_bytes=fixed, bytes_per_sample=1, bytes_per_token=per_token)
@@ -323,6 +308,7 @@ def torch_step_flops(samples: int, length: int) -> int:
 
 
 @pytest.mark.parametrize("dynamic", [False, True])
+@pytest.mark.slow
 def test_the_monitor_reports_the_padding_and_flops_of_the_micro_batches_run(tmp_path: Path, dynamic: bool) -> None:
     module = Counted(TokenDataset(long_tailed_lengths(64 * 4, median=64, max_len=1024, seed=8)))
     logger = Metrics()
@@ -355,6 +341,7 @@ def test_label_shift_and_compiled_modules_are_found_as_hugging_face_and_torch_se
     assert _has_compiled(bert)
 
 
+@pytest.mark.slow
 def test_the_token_budget_and_its_memory_model_survive_a_checkpoint(tmp_path: Path) -> None:
     probe = lt.SimulatedMemory(total_bytes=20_000_000, fixed_bytes=2_000_000, bytes_per_sample=1, bytes_per_token=4000)
     data = TokenDataset(long_tailed_lengths(64 * 6, median=64, max_len=1024, seed=9))
@@ -370,8 +357,8 @@ def test_the_token_budget_and_its_memory_model_survive_a_checkpoint(tmp_path: Pa
 
 
 @pytest.mark.slow
-def test_ddp_ranks_keep_one_token_budget_and_train_every_sample_once(tmp_path: Path) -> None:
-    ranks = run_ddp_script("ddp_varlen_script.py", tmp_path)
+def test_ddp_ranks_keep_one_token_budget_and_train_every_sample_once(two_ranks: Callable[[str], list[Any]]) -> None:
+    ranks = two_ranks("varlen")
     # the first budget is the configured micro-batch at the longest first step of the ranks, every decision is
     # taken on the ranks' agreed figures: one budget on both
     assert ranks[0]["budgets"] == ranks[1]["budgets"] and ranks[0]["decisions"] >= 2

@@ -13,8 +13,9 @@ from lightning.pytorch import Callback
 from torch import nn
 
 import lightning_tune as lt
-from lightning_tune.batch import Decision, MicroBatch, MicroBatchRunner
-from lightning_tune.batch.step import DynamicStep, IntervalFigures
+from lightning_tune.batch.control import Decision
+from lightning_tune.batch.runner import MicroBatch, MicroBatchRunner
+from lightning_tune.batch.step import DynamicBatchSettings, DynamicStep, IntervalFigures
 from lightning_tune.perf.step_run import StepRun
 from tests.batch.test_dynamic_batch_varlen import LM, fit, roomy, tiny_gpt2
 from tests.hf_data import TokenDataset, lm_collator, long_tailed_lengths
@@ -47,7 +48,7 @@ def _runner(step: DynamicStep, loss: Any, params: list[torch.Tensor], log: list[
 def test_a_short_last_batch_weighs_as_lightning_averages_it() -> None:
     """DataLoader batches of 4 and accumulation 3 over an epoch of 10 samples: the step is 4 + 4 + 2, each a third."""
     w = torch.zeros((), requires_grad=True)
-    step = DynamicStep(keep="effective")
+    step = DynamicStep(DynamicBatchSettings(keep="effective"))
     step.start(nn.Linear(1, 1), 3)
     step.install(4)
     pieces: list[MicroBatch] = []
@@ -74,7 +75,7 @@ def _hf_batch(lengths: list[int]) -> dict[str, torch.Tensor]:
 
 def test_token_weights_group_by_length_and_trim() -> None:
     """Lengths 2, 6, 4, 3 in micro-batches of 2: longest first, each trimmed; weights are label-token shares."""
-    step = DynamicStep(keep="none", loss_weight="tokens", label_shift=1, pad_to_multiple_of=1)
+    step = DynamicStep(DynamicBatchSettings(keep="none", loss_weight="tokens", label_shift=1, pad_to_multiple_of=1))
     step.start(nn.Linear(1, 1), 1)
     step.install(4)
     step.batch_size = 2
@@ -89,7 +90,7 @@ def test_token_weights_group_by_length_and_trim() -> None:
 
 
 def test_a_held_effective_batch_of_padded_sequences_becomes_a_token_budget() -> None:
-    step = DynamicStep(keep="effective", pad_to_multiple_of=1, loss_weight="samples")
+    step = DynamicStep(DynamicBatchSettings(keep="effective", pad_to_multiple_of=1, loss_weight="samples"))
     step.start(nn.Linear(1, 1), 1)
     step.install(4)
     step.batch_size = 2
@@ -106,7 +107,7 @@ def test_a_held_effective_batch_of_padded_sequences_becomes_a_token_budget() -> 
 def test_an_oom_in_a_forward_shrinks_and_runs_the_same_step_again() -> None:
     memory = lt.SimulatedMemory(total_bytes=10_000, fixed_bytes=2_000, bytes_per_sample=1_100)
     w = torch.zeros((), requires_grad=True)
-    step = DynamicStep(keep="effective", probe=memory, multiple_of=2)
+    step = DynamicStep(DynamicBatchSettings(keep="effective", multiple_of=2), probe=memory)
     step.start(nn.Linear(1, 1), 1)
     step.install(16)  # 16 samples need 19 600 bytes of the 10 000
     step.steps, step.agreed = 3, IntervalFigures(1.0, False, 1.0, 0, 0.0)  # an interval under way
@@ -121,7 +122,7 @@ def test_an_oom_in_a_forward_shrinks_and_runs_the_same_step_again() -> None:
 
 
 def test_without_a_probe_an_oom_names_what_to_do() -> None:
-    step = DynamicStep(keep="none")
+    step = DynamicStep(DynamicBatchSettings(keep="none"))
     step.start(nn.Linear(1, 1), 1)
     step.install(8)
 
@@ -166,7 +167,7 @@ def test_one_step_through_the_engine_is_the_callbacks_step_in_a_trainer(tmp_path
     module = LM(copy.deepcopy(model), data, collate, batch_size=4)
     fit(module, [dyn, grads], tmp_path, accumulate_grad_batches=4, max_steps=1)
     # the engine alone, on the same samples and weights
-    step = DynamicStep(probe=roomy(), loss_weight=loss_weight)
+    step = DynamicStep(DynamicBatchSettings(loss_weight=loss_weight), probe=roomy())
     step.start(model, 4)
     step.install(4)
     pieces: list[MicroBatch] = []

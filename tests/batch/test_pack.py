@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import warnings
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -18,7 +19,7 @@ from lightning_tune.batch.pack import PackingError, no_cache, pack
 from lightning_tune.batch.trim import padding_layout
 from lightning_tune.perf.counting import count_step_flops
 from tests.batch.test_dynamic_batch_varlen import Metrics
-from tests.helpers import make_trainer, run_ddp_script
+from tests.helpers import make_trainer
 from tests.hf_data import VOCAB, TokenDataset, lm_collator, long_tailed_lengths
 
 transformers.logging.set_verbosity_error()
@@ -87,6 +88,7 @@ def token_sum_grads(model: torch.nn.Module, batch: dict[str, Any]) -> tuple[floa
 @pytest.mark.parametrize("side", ["right", "left"])
 @pytest.mark.parametrize("attention", ["sdpa", "eager"])
 @pytest.mark.parametrize("name", list(CONFIGS))
+@pytest.mark.slow
 def test_the_packed_loss_and_every_gradient_are_the_padded_ones(name: str, attention: str, side: str) -> None:
     batch = padded(side)
     layout = padding_layout(batch)
@@ -241,6 +243,7 @@ def test_a_batch_without_labels_is_refused_naming_what_packing_needs(tmp_path: P
 
 
 @pytest.mark.parametrize("extra", ["loss-swap", "attention-swap", "checkpointing", "hf-checkpointing", "resume"])
+@pytest.mark.slow
 def test_a_packed_fit_trains_as_the_whole_step_token_mean_run_with_a_loss_swap_checkpointing_and_across_a_resume(
     tmp_path: Path, extra: str
 ) -> None:
@@ -270,14 +273,10 @@ def test_a_packed_fit_trains_as_the_whole_step_token_mean_run_with_a_loss_swap_c
 
 
 @pytest.mark.slow
-def test_under_ddp_and_fsdp2_a_packed_fit_trains_as_the_trimmed_ddp_one(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
+def test_under_ddp_and_fsdp2_a_packed_fit_trains_as_the_trimmed_ddp_one(two_ranks: Callable[[str], list[Any]]) -> None:
     runs = {}
     for strategy in ("ddp", "fsdp2"):
-        monkeypatch.setenv("PACK_STRATEGY", strategy)
-        (tmp_path / strategy).mkdir()
-        runs[strategy] = run_ddp_script("ddp_pack_script.py", tmp_path / strategy)
+        runs[strategy] = two_ranks(f"pack_{strategy}")
         for rank in runs[strategy]:
             assert (rank["oom"] >= 1) == (strategy == "ddp") and rank["steps"] == 2
             assert rank["packed_calls"].count(False) == 1  # the guard's padded forward
@@ -288,6 +287,7 @@ def test_under_ddp_and_fsdp2_a_packed_fit_trains_as_the_trimmed_ddp_one(
     assert runs["ddp"][0]["packed"] == runs["ddp"][1]["packed"]  # the gradients were all-reduced
 
 
+@pytest.mark.slow
 def test_dropout_does_not_trip_the_guard(tmp_path: Path) -> None:
     module = CausalLM(batch_size=4)
     torch.manual_seed(0)

@@ -17,7 +17,7 @@ from lightning.pytorch import Callback, Trainer
 from lightning.pytorch.callbacks import BatchSizeFinder, ModelCheckpoint
 
 import lightning_tune as lt
-from lightning_tune.batch import ResizableBatchSampler
+from lightning_tune.batch.sampler import ResizableBatchSampler
 from tests.batch.test_dynamic_batch import Net, fit, sim
 from tests.batch.test_dynamic_batch_varlen import LM, tiny_gpt2
 from tests.hf_data import TokenDataset, lm_collator, long_tailed_lengths
@@ -160,6 +160,7 @@ def test_a_new_max_batch_size_is_honoured_and_said(
 
 
 @pytest.mark.filterwarnings("ignore:.*max_val.*", "ignore:.*steps_per_trial.*")
+@pytest.mark.slow
 def test_batch_size_finder_picks_the_starting_micro_batch(tmp_path: Path) -> None:
     """Lightning's BatchSizeFinder saves a checkpoint before its trials and restores it after them, mid-setup."""
     lengths = long_tailed_lengths(32, median=8, max_len=32, seed=2)

@@ -5,7 +5,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from lightning_tune.batch import BatchSizeController, TokenBudget
+from lightning_tune.batch import BatchSizeController
+from lightning_tune.batch.tokens import TokenBudget
 
 
 def _budget(min_batch_size: int = 1, max_batch_size: int | None = None) -> TokenBudget:
@@ -110,9 +111,3 @@ def test_the_state_round_trips_and_an_older_checkpoint_loads() -> None:
     old = _budget()
     old.load_state_dict({"batch_size": 8})  # a checkpoint from before token budgets
     assert (old.budget, old.longest) == (None, 0)
-
-
-def test_pad_to_multiple_of_is_checked() -> None:
-    samples = BatchSizeController(target=0.9, min_batch_size=1, max_batch_size=None, multiple_of=8)
-    with pytest.raises(ValueError, match="`pad_to_multiple_of` must be"):
-        TokenBudget(samples, pad_to_multiple_of=0)

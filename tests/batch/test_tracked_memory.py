@@ -15,7 +15,7 @@ from torch import nn
 from torch.utils.data import DataLoader
 
 import lightning_tune as lt
-from lightning_tune.batch import is_allocation_failure
+from lightning_tune.batch.runner import is_allocation_failure
 from tests.helpers import make_trainer
 
 VOCAB = 128

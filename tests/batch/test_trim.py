@@ -6,7 +6,8 @@ import pytest
 import torch
 import transformers
 
-from lightning_tune.batch.trim import cut_sequences, label_tokens, length_order, padding_layout, take, trim
+from lightning_tune.batch.split import select
+from lightning_tune.batch.trim import cut_sequences, label_tokens, length_order, padding_layout, trim
 from tests.hf_data import TokenDataset, lm_collator
 
 
@@ -49,21 +50,21 @@ def test_unknown_sequence_key_leaves_batch_untrimmed_with_warning() -> None:
         assert padding_layout(batch) is None
     layout = padding_layout(batch, trim_keys=["loss_weights"])
     assert layout is not None and "loss_weights" in layout.keys
-    assert trim(take(batch, [0], 2), layout, 2)["loss_weights"].shape == (1, 2)
+    assert trim(select(batch, [0]), layout, 2)["loss_weights"].shape == (1, 2)
 
 
-def test_order_groups_lengths_and_take_keeps_samples_together() -> None:
+def test_order_groups_lengths_and_select_keeps_samples_together() -> None:
     batch = _batch([3, 9, 3, 7])
     batch["id"] = ["a", "b", "c", "d"]
     order = length_order(padding_layout(batch).lengths)
     assert order == [1, 3, 0, 2]
-    taken = take(batch, order, 4)
+    taken = select(batch, order)
     assert taken["id"] == ["b", "d", "a", "c"]
     assert taken["attention_mask"].sum(1).tolist() == [9, 7, 3, 3]
     assert torch.equal(taken["input_ids"][2], batch["input_ids"][0])
 
 
-def test_take_on_a_device_copies_its_index_without_blocking() -> None:
+def test_select_on_a_device_copies_its_index_without_blocking() -> None:
     """A blocking host-to-device copy waits for the device's queue: once per micro-batch, it would stall the GPU.
 
     ``torch.as_tensor(..., device=...)`` copies blocking and out of the dispatcher's sight, so the test sees what it
@@ -84,7 +85,7 @@ def test_take_on_a_device_copies_its_index_without_blocking() -> None:
 
     batch = {k: v.to("meta") for k, v in _batch([3, 9, 3, 7]).items()}
     with Copies() as copies:
-        taken = take(batch, [1, 3], 4)
+        taken = select(batch, [1, 3])
     assert taken["input_ids"].shape == (2, batch["input_ids"].shape[1]) and taken["input_ids"].device.type == "meta"
     assert copies.seen == [("meta", True)]  # one index, copied once for all the batch's tensors, non-blocking
 
@@ -105,7 +106,7 @@ def test_trimmed_causal_lm_gives_the_same_loss_and_gradients() -> None:
     model = _tiny_gpt2()
     batch = _batch([30, 4, 6, 3])  # the step's longest (30) is not in the micro-batch below
     layout = padding_layout(batch)
-    micro = take(batch, [1, 2, 3], 4)
+    micro = select(batch, [1, 2, 3])
     trimmed = trim(micro, layout, layout.longest([1, 2, 3]))
     assert trimmed["input_ids"].shape == (3, 6)
     # Hugging Face's own causal-LM loss, token mean over the labels (-100 ignored)
@@ -125,7 +126,7 @@ def test_trimmed_classifier_gives_the_same_logits_and_gradients() -> None:
     batch = _batch([25, 5, 8])
     del batch["labels"]
     layout = padding_layout(batch)
-    micro = take(batch, [1, 2], 3)
+    micro = select(batch, [1, 2])
     trimmed = trim(micro, layout, layout.longest([1, 2]))
     assert trimmed["input_ids"].shape == (2, 8)
     target = torch.tensor([0, 2])
@@ -142,7 +143,7 @@ def test_left_padding_with_position_ids_trims_them_together() -> None:
     batch["position_ids"] = (batch["attention_mask"].cumsum(1) - 1).clamp(min=0)
     layout = padding_layout(batch)
     assert layout.side == "left" and "position_ids" in layout.keys
-    micro = take(batch, [1, 2], 3)
+    micro = select(batch, [1, 2])
     trimmed = trim(micro, layout, 6)
     assert trimmed["attention_mask"][:, -1].all() and trimmed["input_ids"].shape == (2, 6)
     # positions come from the mask, so the real tokens see the same inputs: same logits where labels count

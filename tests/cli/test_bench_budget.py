@@ -125,6 +125,7 @@ def spiky(steps: int) -> list[float]:
     return [BASE_MS + (3.0 if i in (5, 15) else 0.0) for i in range(steps)]
 
 
+@pytest.mark.slow
 def test_noisy_timings_with_too_few_steps_give_the_uncertain_mark(clock: Any) -> None:
     budget = LatencyBudget(p95_budget_ms=4.2)
     # 5 steps never see a stall: batch size 8 (p95 2.5 ms) looks within the budget

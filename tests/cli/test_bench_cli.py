@@ -136,6 +136,7 @@ def test_demo_sweep_prints_one_table_and_writes_the_same_figures(
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
+@pytest.mark.slow
 def test_predict_mode_reports_request_latency_and_oom_rows(
     clock: Any, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -275,6 +276,7 @@ def test_bench_is_a_command_of_lightning_tune(capsys: pytest.CaptureFixture[str]
 CLOCKED = ["--model", f"{MODULES}:ClockedModule", "--accelerator", "cpu", "--no-progress-bar", "--warmup", "0"]
 
 
+@pytest.mark.slow
 def test_huge_budget_recommends_the_largest_batch_size_of_the_demo(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -305,6 +307,7 @@ def test_impossible_budget_exits_1_naming_the_smallest_batch_size_latency(
     assert json.loads(Path("out/bench.json").read_text())["recommendation"]["batch_size"] is None
 
 
+@pytest.mark.slow
 def test_train_mode_budget_on_a_fake_clock_goes_into_the_json_and_the_plot(
     clock: Any, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:

@@ -337,6 +337,7 @@ def test_what_would_fit_leaves_out_what_saves_nothing(capsys: pytest.CaptureFixt
         pytest.param({"n_embd": 768, "n_layer": 12, "n_head": 12}, "124 M", id="gpt2"),
     ],
 )
+@pytest.mark.slow
 def test_small_models_print_their_parameters_in_a_readable_unit(
     config: dict[str, int], parameters: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:

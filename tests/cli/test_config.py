@@ -15,8 +15,7 @@ import pytest
 import torch
 from lightning.pytorch.callbacks import ModelCheckpoint
 from lightning.pytorch.plugins.io import AsyncCheckpointIO
-from lightning.pytorch.strategies import DDPStrategy
-from lightning.pytorch.strategies import deepspeed as lightning_deepspeed
+from lightning.pytorch.strategies import DDPStrategy, deepspeed as lightning_deepspeed
 
 import lightning_tune as lt
 from lightning_tune.callbacks import ActivationCheckpointing, TorchCompile

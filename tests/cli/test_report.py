@@ -181,6 +181,7 @@ def test_read_scalars_rejects_a_non_path() -> None:
 # ------------------------------------------------------------------------------------------------ render_report
 
 
+@pytest.mark.slow
 def test_render_report_from_event_files_draws_every_panel(two_runs: tuple[Path, Runs], tmp_path: Path) -> None:
     logdir, _ = two_runs
     out = tmp_path / "report.png"
@@ -429,6 +430,7 @@ def test_summarise_with_no_known_columns() -> None:
 # ------------------------------------------------------------------------------------------------ command line
 
 
+@pytest.mark.slow
 def test_report_command_writes_the_png_and_prints_the_summary(
     two_runs: tuple[Path, Runs], tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -486,6 +488,7 @@ def test_report_help(capsys: pytest.CaptureFixture[str]) -> None:
 # ------------------------------------------------------------------------------------------------ a real run
 
 
+@pytest.mark.slow
 def test_report_renders_a_real_lightning_run(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     from lightning.pytorch.loggers import TensorBoardLogger
 

@@ -2,17 +2,17 @@
 
 from __future__ import annotations
 
-from pathlib import Path
+from collections.abc import Callable
+from typing import Any
 
 import pytest
 
 from lightning_tune.lr import warmup_cosine_lr
-from tests.helpers import run_ddp_script
 
 
 @pytest.mark.slow
-def test_two_ranks_use_identical_lrs_and_agree_on_plateau_decisions(tmp_path: Path) -> None:
-    ranks = run_ddp_script("ddp_lr_script.py", tmp_path)
+def test_two_ranks_use_identical_lrs_and_agree_on_plateau_decisions(two_ranks: Callable[[str], list[Any]]) -> None:
+    ranks = two_ranks("lr")
     # 64 samples split over 2 ranks, batch 4 -> 8 batches per rank per epoch, accumulation 2 -> 4 steps, 4 epochs
     assert ranks[0]["global_step"] == ranks[1]["global_step"] == 16
     assert ranks[0]["batches"] == 32

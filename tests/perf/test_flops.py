@@ -588,6 +588,7 @@ def _fit_monitored(tmp_path: Path, swaps: list[Callback], plugins: list[Any]) ->
         pytest.param(lambda: ([], [lt.TunePlugin(attention="auto", loss="auto")]), id="plugin-auto"),
     ],
 )
+@pytest.mark.slow
 def test_mfu_with_the_loss_and_attention_swaps_together_is_the_unswapped_count(tmp_path: Path, swaps: Any) -> None:
     plain = _fit_monitored(tmp_path, [], [])
     callbacks, plugins = swaps()

@@ -2,18 +2,18 @@
 
 from __future__ import annotations
 
-from pathlib import Path
+from collections.abc import Callable
+from typing import Any
 
 import pytest
 
-from tests.helpers import csv_rows, run_ddp_script
-
 
 @pytest.mark.slow
-def test_throughput_is_summed_over_ranks_and_the_straggler_is_seen(tmp_path: Path) -> None:
-    local = run_ddp_script("ddp_throughput_script.py", tmp_path)
+def test_throughput_is_summed_over_ranks_and_the_straggler_is_seen(two_ranks: Callable[[str], list[Any]]) -> None:
+    ranks = two_ranks("throughput")
+    local = [rank["intervals"] for rank in ranks]
     assert len(local[0]) == len(local[1]) == 2  # both ranks took part in both collectives
-    rows = [r for r in csv_rows(str(tmp_path / "csv" / "version_0")) if r.get("perf/train/samples_per_sec")]
+    rows = [r for r in ranks[0]["rows"] if r.get("perf/train/samples_per_sec")]
     assert [int(r["step"]) for r in rows] == [3, 7]  # Lightning's step numbering, as its own rows
     for row, rank0, rank1 in zip(rows, local[0], local[1], strict=True):
         assert float(row["perf/train/samples_per_sec"]) == pytest.approx(

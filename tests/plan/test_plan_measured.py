@@ -60,6 +60,7 @@ def test_the_module_is_left_as_it_was() -> None:
         assert not isinstance(param.data, torch._subclasses.fake_tensor.FakeTensor)
 
 
+@pytest.mark.slow
 def test_a_large_model_costs_no_memory_of_its_size() -> None:
     # 16 layers of width 2048 on the meta device: 0.8 B parameters, 13 GB of fp32 weights, gradients and AdamW state
     config = GPTConfig(vocab_size=64, seq_len=128, d_model=2048, n_layers=16, n_heads=16)

@@ -7,20 +7,16 @@ take the next size on the worst rank's figures.
 
 from __future__ import annotations
 
-import os
-import sys
 from pathlib import Path
 from typing import Any
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+import torch
+from lightning.pytorch import Callback, Trainer
+from lightning.pytorch.callbacks import EarlyStopping, ModelCheckpoint
 
-import torch  # noqa: E402
-from lightning.pytorch import Callback, Trainer  # noqa: E402
-from lightning.pytorch.callbacks import EarlyStopping, ModelCheckpoint  # noqa: E402
-
-import lightning_tune as lt  # noqa: E402
-from tests.batch.test_dynamic_batch_eval import Indices, Tagger, finetune  # noqa: E402
-from tests.helpers import finish_ddp  # noqa: E402
+import lightning_tune as lt
+from tests.batch.test_dynamic_batch_eval import Indices, Tagger, finetune
+from tests.helpers import finish_ddp
 
 
 class Sizes(Callback):
@@ -74,7 +70,3 @@ def main(out: Path, *, sized: bool) -> None:
         "oom_recoveries": 0 if dyn is None else sum(s.oom_recoveries for s in dyn.step.evaluation.values()),
     }
     finish_ddp(out, rank, payload)
-
-
-if __name__ == "__main__":
-    main(Path(sys.argv[1]), sized=os.environ.get("DDP_EVAL_PLAIN") != "1")

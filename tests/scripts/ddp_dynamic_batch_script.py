@@ -6,18 +6,15 @@ rank 1: both ranks must retry together and take every later decision on the wors
 
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 from typing import Any
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+import torch.distributed as dist
+from lightning.pytorch import Callback, Trainer
 
-import torch.distributed as dist  # noqa: E402
-from lightning.pytorch import Callback, Trainer  # noqa: E402
-
-import lightning_tune as lt  # noqa: E402
-from tests.batch.test_dynamic_batch import Net, Record  # noqa: E402
-from tests.helpers import finish_ddp  # noqa: E402
+import lightning_tune as lt
+from tests.batch.test_dynamic_batch import Net, Record
+from tests.helpers import finish_ddp
 
 
 class Collectives(Callback):
@@ -73,7 +70,3 @@ def main(out: Path, *, with_callback: bool = True) -> None:
         "collectives": collectives.counts,
     }
     finish_ddp(out, trainer.global_rank, payload)
-
-
-if __name__ == "__main__":
-    main(Path(sys.argv[1]))

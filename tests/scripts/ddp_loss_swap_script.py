@@ -12,25 +12,22 @@ FSDP2) of the gradients at every step and of the final weights, or the error a r
 from __future__ import annotations
 
 import os
-import sys
 import traceback
 from collections.abc import Callable
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+import torch
+from lightning.pytorch import LightningModule, Trainer
+from lightning.pytorch.strategies import DDPStrategy, ModelParallelStrategy
+from torch import nn
+from torch.distributed.fsdp import FSDPModule, fully_shard
+from torch.utils.data import DataLoader
 
-import torch  # noqa: E402
-from lightning.pytorch import LightningModule, Trainer  # noqa: E402
-from lightning.pytorch.strategies import DDPStrategy, ModelParallelStrategy  # noqa: E402
-from torch import nn  # noqa: E402
-from torch.distributed.fsdp import FSDPModule, fully_shard  # noqa: E402
-from torch.utils.data import DataLoader  # noqa: E402
-
-import lightning_tune as lt  # noqa: E402
-from tests.helpers import finish_ddp  # noqa: E402
-from tests.swaps.test_loss_swap import collated, gemma, llama, padded_batch  # noqa: E402
+import lightning_tune as lt
+from tests.helpers import finish_ddp
+from tests.swaps.test_loss_swap import collated, gemma, llama, padded_batch
 
 
 def local(tensor: torch.Tensor) -> torch.Tensor:
@@ -133,7 +130,3 @@ def main(out: Path) -> None:
     cell("llama", "fsdp2", llama, ("callback", "plugin"))
     rank = cell("gemma-tied", "fsdp2", gemma, ("callback",))
     finish_ddp(out, rank, payload)
-
-
-if __name__ == "__main__":
-    main(Path(sys.argv[1]))

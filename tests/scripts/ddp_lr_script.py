@@ -6,16 +6,13 @@ it used at each optimizer step to ``<out>/rank<r>.json``.
 
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+import torch
+from lightning.pytorch import Trainer
 
-import torch  # noqa: E402
-from lightning.pytorch import Trainer  # noqa: E402
-
-import lightning_tune as lt  # noqa: E402
-from tests.helpers import LRRecorder, Regressor, finish_ddp  # noqa: E402
+import lightning_tune as lt
+from tests.helpers import LRRecorder, Regressor, finish_ddp
 
 
 class PerRankLoss(Regressor):
@@ -50,7 +47,3 @@ def main(out: Path) -> None:
         "reductions": plateau.reductions,
     }
     finish_ddp(out, trainer.global_rank, payload)
-
-
-if __name__ == "__main__":
-    main(Path(sys.argv[1]))

@@ -1,29 +1,24 @@
 """Run by test_pack.py: two CPU processes (gloo), a Llama trained by DynamicBatchSize packed (under DDP, trimmed too).
 
-``python ddp_pack_script.py OUT`` with the environment's ``PACK_STRATEGY`` ``ddp`` or ``fsdp2``
-(``ModelParallelStrategy``, the module sharding itself in ``configure_model``). Under DDP both fits run the same steps
-through an injected out-of-memory error; under FSDP2 none is injected (on a CPU, recovering from one fails inside
-torch's own ``reset_iter_state``, packed or not).
+``main(out, strategy=...)`` with ``ddp`` or ``fsdp2`` (``ModelParallelStrategy``, the module sharding itself in
+``configure_model``). Under DDP both fits run the same steps through an injected out-of-memory error; under FSDP2 none
+is injected (on a CPU, recovering from one fails inside torch's own ``reset_iter_state``, packed or not).
 """
 
 from __future__ import annotations
 
-import os
-import sys
 import warnings
 from datetime import timedelta
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+import torch
+from lightning.pytorch import Trainer
+from lightning.pytorch.strategies import ModelParallelStrategy
+from torch.distributed.fsdp import FSDPModule, fully_shard
 
-import torch  # noqa: E402
-from lightning.pytorch import Trainer  # noqa: E402
-from lightning.pytorch.strategies import ModelParallelStrategy  # noqa: E402
-from torch.distributed.fsdp import FSDPModule, fully_shard  # noqa: E402
-
-import lightning_tune as lt  # noqa: E402
-from tests.batch.test_pack import CausalLM, small_device  # noqa: E402
-from tests.helpers import finish_ddp  # noqa: E402
+import lightning_tune as lt
+from tests.batch.test_pack import CausalLM, small_device
+from tests.helpers import finish_ddp
 
 
 class Sharded(CausalLM):
@@ -69,8 +64,7 @@ def train(pack: bool, out: Path, strategy: str) -> tuple[Trainer, Sharded, lt.Dy
     return trainer, module, dyn
 
 
-if __name__ == "__main__":
-    out, strategy = Path(sys.argv[1]), os.environ["PACK_STRATEGY"]
+def main(out: Path, *, strategy: str) -> None:
     trimmed = train(False, out, strategy)[1] if strategy == "ddp" else None
     trainer, packed, dyn = train(True, out, strategy)
     payload = {

@@ -2,16 +2,13 @@
 
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+from lightning.pytorch import Trainer
 
-from lightning.pytorch import Trainer  # noqa: E402
-
-import lightning_tune as lt  # noqa: E402
-from lightning_tune.demos import DemoGPT, GPTConfig, SyntheticTokenDataModule  # noqa: E402
-from tests.helpers import finish_ddp  # noqa: E402
+import lightning_tune as lt
+from lightning_tune.demos import DemoGPT, GPTConfig, SyntheticTokenDataModule
+from tests.helpers import finish_ddp
 
 
 def main(out: Path) -> None:
@@ -34,7 +31,3 @@ def main(out: Path) -> None:
     checksum = float(sum(p.detach().double().sum() for p in model.parameters()))
     payload = {"optimizer": type(trainer.optimizers[0]).__name__, "checksum": checksum, "steps": trainer.global_step}
     finish_ddp(out, trainer.global_rank, payload)
-
-
-if __name__ == "__main__":
-    main(Path(sys.argv[1]))

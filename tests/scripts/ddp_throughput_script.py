@@ -2,17 +2,14 @@
 
 from __future__ import annotations
 
-import sys
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+from lightning.pytorch import Trainer
+from lightning.pytorch.loggers import CSVLogger
 
-from lightning.pytorch import Trainer  # noqa: E402
-from lightning.pytorch.loggers import CSVLogger  # noqa: E402
-
-import lightning_tune as lt  # noqa: E402
-from tests.helpers import Regressor, finish_ddp  # noqa: E402
+import lightning_tune as lt
+from tests.helpers import Regressor, csv_rows, finish_ddp
 
 
 class SlowRank(Regressor):
@@ -47,8 +44,5 @@ def main(out: Path) -> None:
 
     monitor._train_metrics = record  # type: ignore[method-assign]
     trainer.fit(SlowRank())
-    finish_ddp(out, trainer.global_rank, intervals)
-
-
-if __name__ == "__main__":
-    main(Path(sys.argv[1]))
+    rows = csv_rows(trainer.logger.log_dir) if trainer.global_rank == 0 else []  # type: ignore[union-attr]
+    finish_ddp(out, trainer.global_rank, {"intervals": intervals, "rows": rows})

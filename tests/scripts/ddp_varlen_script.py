@@ -6,19 +6,16 @@ train every sample once and end with the same weights.
 
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 from typing import Any
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+import torch
+from lightning.pytorch import Callback, Trainer
 
-import torch  # noqa: E402
-from lightning.pytorch import Callback, Trainer  # noqa: E402
-
-import lightning_tune as lt  # noqa: E402
-from tests.batch.test_dynamic_batch_varlen import Cheap  # noqa: E402
-from tests.helpers import finish_ddp  # noqa: E402
-from tests.hf_data import TokenDataset, long_tailed_lengths  # noqa: E402
+import lightning_tune as lt
+from tests.batch.test_dynamic_batch_varlen import Cheap
+from tests.helpers import finish_ddp
+from tests.hf_data import TokenDataset, long_tailed_lengths
 
 
 class Seen(Cheap):
@@ -43,8 +40,7 @@ class Budgets(Callback):
         self.budgets.append(self.dyn.micro_batch_tokens)
 
 
-if __name__ == "__main__":
-    out = Path(sys.argv[1])
+def main(out: Path) -> None:
     data = TokenDataset(long_tailed_lengths(64 * 2 * 6, median=64, max_len=1024, seed=4))
     probe = lt.SimulatedMemory(total_bytes=20_000_000, fixed_bytes=2_000_000, bytes_per_sample=1, bytes_per_token=4000)
     dyn = lt.DynamicBatchSize(probe=probe, adjust_every=2, loss_weight="tokens")

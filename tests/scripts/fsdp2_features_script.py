@@ -1,14 +1,13 @@
 """Run by test_fsdp2_features.py: the CPU cells of docs/multi_gpu.md for one strategy in one 2-process launch (gloo).
 
-``python fsdp2_features_script.py OUT STRATEGY [CELL ...]`` with STRATEGY ``fsdp2`` (``ModelParallelStrategy``; the
-module shards itself in ``configure_model`` with ``fully_shard``), ``ddp``, or ``fsdp`` (``FSDPStrategy``, 2 GPUs).
-Each cell is one or more short ``fit`` runs; every rank writes what it saw to ``<out>/rank<r>.json`` under the cell's
-id, and the test compares ranks, runs and references.
+``main(out, strategy=...)`` with ``fsdp2`` (``ModelParallelStrategy``; the module shards itself in ``configure_model``
+with ``fully_shard``), ``ddp``, or ``fsdp`` (``FSDPStrategy``, 2 GPUs). Each cell is one or more short ``fit`` runs;
+every rank writes what it saw to ``<out>/rank<r>.json`` under the cell's id, and the test compares ranks, runs and
+references.
 """
 
 from __future__ import annotations
 
-import sys
 import time
 import traceback
 from collections.abc import Callable
@@ -16,20 +15,18 @@ from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+import torch
+from lightning.pytorch import Callback, Trainer
+from lightning.pytorch.loggers import Logger
+from lightning.pytorch.strategies import DDPStrategy, FSDPStrategy, ModelParallelStrategy, Strategy
+from torch.distributed.fsdp import FSDPModule, fully_shard
 
-import torch  # noqa: E402
-from lightning.pytorch import Callback, Trainer  # noqa: E402
-from lightning.pytorch.loggers import Logger  # noqa: E402
-from lightning.pytorch.strategies import DDPStrategy, FSDPStrategy, ModelParallelStrategy, Strategy  # noqa: E402
-from torch.distributed.fsdp import FSDPModule, fully_shard  # noqa: E402
-
-import lightning_tune as lt  # noqa: E402
-from lightning_tune.demos import DemoGPT, GPTConfig, SyntheticTokenDataModule  # noqa: E402
-from tests.helpers import LRRecorder, finish_ddp  # noqa: E402
+import lightning_tune as lt
+from lightning_tune.demos import DemoGPT, GPTConfig, SyntheticTokenDataModule
+from tests.helpers import LRRecorder, finish_ddp
 
 CONFIG = GPTConfig(vocab_size=32, seq_len=16, d_model=32, n_layers=2, n_heads=2)
-STRATEGY = sys.argv[2] if len(sys.argv) > 2 else "fsdp2"
+STRATEGY = "fsdp2"  # set by main
 
 
 class ShardedGPT(DemoGPT):
@@ -363,7 +360,9 @@ def cell_dynamic_batch_refused() -> dict[str, Any]:
     return refused(lambda: fit_one_step([dyn], []))
 
 
-def main(out: Path) -> None:
+def main(out: Path, *, strategy: str, only: tuple[str, ...] = ()) -> None:
+    global STRATEGY
+    STRATEGY = strategy
     cells: dict[str, Callable[[], dict[str, Any]]] = {
         "plugin_precision": cell_plugin_precision,
         "lr_monitor": cell_lr_monitor,
@@ -375,7 +374,6 @@ def main(out: Path) -> None:
         "dynamic_batch": cell_dynamic_batch,
         "dynamic_batch_refused": cell_dynamic_batch_refused,
     }
-    only = set(sys.argv[3:])
     results: dict[str, Any] = {}
     rank = 0
     for name, run in cells.items():
@@ -391,7 +389,3 @@ def main(out: Path) -> None:
         results[name]["seconds"] = time.perf_counter() - start
         rank = torch.distributed.get_rank() if torch.distributed.is_initialized() else 0
     finish_ddp(out, rank, results)
-
-
-if __name__ == "__main__":
-    main(Path(sys.argv[1]))

@@ -326,6 +326,7 @@ def test_transformers_model_without_sdpa_falls_back_under_auto_and_fails_when_ex
     result.restore()
 
 
+@pytest.mark.slow
 def test_detection_does_not_import_transformers_models() -> None:
     # Lightning may import the top-level (lazy) transformers package; its modeling code must stay unloaded
     code = (

@@ -20,7 +20,7 @@ import lightning_tune as lt
 from lightning_tune.callbacks import LossSwap
 from lightning_tune.plan import measure_memory
 from lightning_tune.swaps import linear_cross_entropy, swap_loss
-from tests.helpers import Regressor, make_trainer, run_ddp_script
+from tests.helpers import Regressor, make_trainer
 from tests.hf_data import TokenDataset, lm_collator
 
 VOCAB = 1000
@@ -443,6 +443,7 @@ def test_auto_is_chunked_off_cuda_and_says_so() -> None:
     ]
 
 
+@pytest.mark.slow
 def test_torch_compile_of_a_swapped_model_gives_its_loss_and_gradients_in_one_graph() -> None:
     """Dynamo and AOTAutograd (backend "aot_eager": inductor's code generation aside) capture the swapped forward, the
     chunked loss's autograd function included, in one graph, compiled once; only the output without logits is built
@@ -511,6 +512,7 @@ def test_trainer_run_matches_the_unswapped_run(tmp_path: Any, how: str) -> None:
         torch.testing.assert_close(got, want, atol=1e-5, rtol=0, msg=lambda m, n=name: f"{n}: {m}")
 
 
+@pytest.mark.slow
 def test_torch_compile_callback_and_the_loss_swap_compose_in_either_order(tmp_path: Any) -> None:
     """TorchCompile compiles whatever forward the model has at its setup: the swapped one (LossSwap first), or the
     model's own, which then calls the swapped head (TorchCompile first, as under TunePlugin(loss=...)). Either way the
@@ -581,6 +583,7 @@ def test_the_plugin_swaps_a_model_built_in_configure_model(tmp_path: Any) -> Non
 # ------------------------------------------------------------------------------------------------------ memory
 
 
+@pytest.mark.slow
 def test_measured_bytes_per_sample_fall_by_the_logits_and_become_batch(tmp_path: Any) -> None:
     """A large-vocabulary, narrow model on fake tensors: the logits are most of what a sample costs. DynamicBatchSize
     on a device priced from the two measurements settles at a micro-batch as much larger as a sample is cheaper."""
@@ -665,9 +668,9 @@ def test_estimate_memory_shows_the_logits_term_and_what_the_swap_leaves() -> Non
 
 
 @pytest.fixture(scope="module")
-def ranks(tmp_path_factory: pytest.TempPathFactory) -> list[dict[str, Any]]:
-    """Both ranks' runs of tests/scripts/ddp_loss_swap_script.py: DDP and FSDP2 on CPU, in one 2-process launch."""
-    return run_ddp_script("ddp_loss_swap_script.py", tmp_path_factory.mktemp("loss_swap_ranks"))
+def ranks(two_ranks: Callable[[str], list[Any]]) -> list[dict[str, Any]]:
+    """Both ranks' runs of tests/scripts/ddp_loss_swap_script.py: DDP and FSDP2 on CPU."""
+    return two_ranks("loss_swap")
 
 
 def assert_same_run(run: dict[str, Any]) -> None:

@@ -131,6 +131,7 @@ def assert_same_evaluation(swapped: EvalLM, plain: EvalLM) -> None:
 
 
 @pytest.mark.parametrize("factory", FAMILIES)
+@pytest.mark.slow
 def test_validation_loss_and_accuracy_equal_the_unswapped_model_without_the_logits(
     factory: Callable[[], nn.Module], tmp_path: Any
 ) -> None:
@@ -149,6 +150,7 @@ def test_validation_loss_and_accuracy_equal_the_unswapped_model_without_the_logi
     assert "forward" not in vars(twin)  # teardown restored the model
 
 
+@pytest.mark.slow
 def test_test_and_predict_are_swapped_too_and_the_plugin_option_does_the_same(tmp_path: Any) -> None:
     model, twin, batches = models_and_batches(llama)
     plain, swapped = EvalLM(model), EvalLM(twin)

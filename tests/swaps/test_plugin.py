@@ -2,16 +2,18 @@
 
 from __future__ import annotations
 
+import inspect
 import re
 from pathlib import Path
 
 import pytest
 import torch
 from lightning.pytorch import Trainer
-from lightning.pytorch.plugins.precision import MixedPrecision, Precision
+from lightning.pytorch.plugins.precision import FSDPPrecision, MixedPrecision, Precision
 
 import lightning_tune as lt
 from lightning_tune.demos import DemoGPT, GPTConfig, SyntheticTokenDataModule
+from lightning_tune.plugins import tune
 from tests.helpers import Regressor, make_trainer
 
 SMALL = GPTConfig(d_model=64, n_layers=2, n_heads=4, seq_len=32)
@@ -29,6 +31,7 @@ def _weights(module: torch.nn.Module) -> dict[str, torch.Tensor]:
     ("precision", "alias"),
     [("32-true", "32-true"), ("bf16-mixed", "bf16-mixed"), ("bf16-true", "bf16-true"), ("bf16-mixed", "bf16")],
 )
+@pytest.mark.slow
 def test_plugin_without_swaps_trains_exactly_like_trainer_precision(tmp_path: Path, precision: str, alias: str) -> None:
     torch.manual_seed(0)
     reference = DemoGPT(SMALL)
@@ -235,3 +238,23 @@ def test_loss_scale_moves_between_trainer_precision_and_the_plugin() -> None:
     fresh.inner = MixedPrecision("16-mixed", "cpu", scaler=torch.amp.GradScaler("cpu", init_scale=2.0))
     fresh.on_load_checkpoint({"MixedPrecision": {**checkpoint["MixedPrecision"], "scale": 512.0}})
     assert fresh.inner.scaler.get_scale() == 512.0
+
+
+@pytest.mark.parametrize(
+    "hook",
+    [
+        "post_backward",
+        "unscale_gradients",
+        "main_params",
+        "train_step_context",
+        "val_step_context",
+        "test_step_context",
+        "predict_step_context",
+    ],
+)
+def test_the_hooks_the_plugin_does_not_delegate_are_precisions_own_in_every_plugin_it_wraps(hook: str) -> None:
+    """TunePlugin inherits these hooks rather than delegating them: right only while no wrapped plugin overrides one."""
+    wrapped = {getattr(tune, name) for name in re.findall(r"return (\w+)\(", inspect.getsource(tune._inner_plugin))}
+    assert {MixedPrecision, Precision} < wrapped  # the source was read: every class the plugin can wrap
+    for cls in wrapped | {FSDPPrecision}:
+        assert getattr(cls, hook) is getattr(Precision, hook), f"{cls.__name__} overrides {hook}: delegate it"

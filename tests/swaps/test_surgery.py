@@ -49,6 +49,7 @@ SURGERY_CALLBACKS = [
 
 
 @pytest.mark.parametrize(("make", "paths"), SURGERY_CALLBACKS)
+@pytest.mark.slow
 def test_surgery_callbacks_swap_in_setup_undo_in_teardown_and_never_stack(
     make: Any, paths: list[str], tmp_path: Any
 ) -> None:
@@ -101,6 +102,7 @@ class _Dispatched(PassThroughProfiler):
         self.actions.append(action_name)
 
 
+@pytest.mark.slow
 def test_swap_callbacks_get_no_per_batch_hook_calls_and_a_subclass_hook_still_runs(tmp_path: Any) -> None:
     """Lightning skips the swap callbacks in every step (it dispatches a hook only when it is callable, checked on
     Lightning 2.6.6): the test fails if Lightning starts dispatching them again or calling a ``None`` hook."""
@@ -163,6 +165,7 @@ def grads_and_saved_bytes(model: nn.Module, x: torch.Tensor, seed: int = 0) -> t
     return [p.grad.clone() for p in model.parameters()], saved  # type: ignore[union-attr]
 
 
+@pytest.mark.slow
 def test_checkpointed_gradients_equal_the_original_module_and_keep_less() -> None:
     torch.manual_seed(0)
     original = encoder()
@@ -206,6 +209,7 @@ def test_block_types_by_class_or_name_take_the_outermost_instances() -> None:
     by_class.restore()
 
 
+@pytest.mark.slow
 def test_hugging_face_models_use_their_own_switch_and_get_it_back() -> None:
     transformers = pytest.importorskip("transformers")
     config = transformers.GPT2Config(n_layer=2, n_embd=16, n_head=2, vocab_size=50, n_positions=16)

@@ -16,7 +16,7 @@ import pytest
 import torch
 from lightning.pytorch.utilities.memory import is_oom_error
 
-from lightning_tune.batch import MicroBatchRunner, cut_step, is_allocation_failure
+from lightning_tune.batch.runner import MicroBatchRunner, cut_step, is_allocation_failure
 
 should_reduce_batch_size = pytest.importorskip(
     "accelerate.utils.memory", reason="the reference is accelerate's own (pip install accelerate)"

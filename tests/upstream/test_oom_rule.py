@@ -14,7 +14,7 @@ import pytest
 import torch
 from lightning.pytorch.utilities.memory import is_oom_error
 
-from lightning_tune.batch import MicroBatchRunner, cut_step, is_allocation_failure
+from lightning_tune.batch.runner import MicroBatchRunner, cut_step, is_allocation_failure
 
 _memory = pytest.importorskip("accelerate.utils.memory", reason="accelerate is the reference here")
 find_executable_batch_size = _memory.find_executable_batch_size

@@ -1,0 +1,60 @@
+"""Every 2-process scenario of the suite in one launch: two CPU processes (gloo) start Python, torch and Lightning once.
+
+``python two_ranks.py OUT [SCENARIO ...]`` runs the named scenarios (all but the GPU ones when none is named) one after
+another in the same two processes; each writes what its rank saw to ``OUT/<scenario>/rank<r>.json``, or the error it
+raised. Lightning starts rank 1 by running this command again, so both ranks run the same scenarios in the same order.
+"""
+
+from __future__ import annotations
+
+import importlib
+import json
+import os
+import sys
+import traceback
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+#: name: (module in tests/scripts, its ``main``'s keyword arguments)
+SCENARIOS: dict[str, tuple[str, dict[str, Any]]] = {
+    "dynamic_batch": ("ddp_dynamic_batch_script", {}),
+    "dynamic_batch_reference": ("ddp_dynamic_batch_script", {"with_callback": False}),
+    "eval_sized": ("ddp_dynamic_batch_eval_script", {"sized": True}),
+    "eval_plain": ("ddp_dynamic_batch_eval_script", {"sized": False}),
+    "features_ddp": ("fsdp2_features_script", {"strategy": "ddp"}),
+    "features_fsdp2": ("fsdp2_features_script", {"strategy": "fsdp2"}),
+    "loss_swap": ("ddp_loss_swap_script", {}),
+    "lr": ("ddp_lr_script", {}),
+    "pack_ddp": ("ddp_pack_script", {"strategy": "ddp"}),
+    "pack_fsdp2": ("ddp_pack_script", {"strategy": "fsdp2"}),
+    "plugin": ("ddp_plugin_script", {}),
+    "throughput": ("ddp_throughput_script", {}),
+    "varlen": ("ddp_varlen_script", {}),
+}
+#: FSDPStrategy refuses a CPU: run only by name, on a machine with 2 GPUs
+GPU_SCENARIOS = {"features_fsdp": ("fsdp2_features_script", {"strategy": "fsdp", "only": ("dynamic_batch_refused",)})}
+
+
+def main(out: Path, names: list[str]) -> None:
+    seed = torch.initial_seed()  # what a fresh process starts from: each scenario starts from it too
+    for name in names or list(SCENARIOS):
+        module, kwargs = {**SCENARIOS, **GPU_SCENARIOS}[name]
+        where = out / name
+        where.mkdir(parents=True, exist_ok=True)
+        os.chdir(where)
+        torch.manual_seed(seed)
+        try:
+            importlib.import_module(f"tests.scripts.{module}").main(where, **kwargs)
+        except Exception:  # noqa: BLE001 - recorded so the test names the failing scenario; the others still run
+            rank = int(os.environ.get("LOCAL_RANK", 0))
+            (where / f"rank{rank}.json").write_text(json.dumps({"error": traceback.format_exc()[-4000:]}))
+    if dist.is_initialized():  # torn down before exit: exit-time teardown of a gloo group can abort
+        dist.barrier()
+        dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main(Path(sys.argv[1]).resolve(), sys.argv[2:])
