@@ -65,7 +65,7 @@ def two_ranks(tmp_path_factory: pytest.TempPathFactory) -> Callable[[str], list[
         if not done.exists():
             try:
                 results: dict[str, Any] = launch_two_ranks(out)
-            except AssertionError as error:  # every scenario's test reports it, without a second launch
+            except Exception as error:  # noqa: BLE001 - every scenario's test reports it, without a second launch
                 results = {"failed": str(error)}
             done.write_text(json.dumps(results))
         results = json.loads(done.read_text())

@@ -75,8 +75,7 @@ class EvalSizer:
         else:
             self.samples = int(-agree([-float(samples)])[0])
             first = self.controller.round_down(start) if start else loader_batch
-            self.size = max(self.controller.min_batch_size, self.size or first)
-            self.size = self.piece = max(self.controller.min_batch_size, min(self.size, max(self.samples, 1)))
+            self.size = self.piece = max(self.controller.min_batch_size, min(self.size or first, max(self.samples, 1)))
         self._new_interval()
 
     def _new_interval(self) -> None:

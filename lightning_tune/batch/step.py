@@ -173,14 +173,8 @@ class DynamicBatchSettings:
             raise ValueError("`pack=True` packs the samples itself: `split_batch` must be None, got a callable")
         what = "a MemoryEstimate (estimate_memory, measure_memory)"
         check_instance("prior", self.prior, MemoryEstimate, what, allow_none=True)
-        for name in ("min_batch_size", "multiple_of", "pad_to_multiple_of"):
-            check_int(name, getattr(self, name), minimum=1)
-        check_int("max_batch_size", self.max_batch_size, minimum=1, allow_none=True)
-        if self.max_batch_size is not None and self.min_batch_size > self.max_batch_size:
-            raise ValueError(
-                f"`min_batch_size` ({self.min_batch_size}) must not exceed `max_batch_size` ({self.max_batch_size})"
-            )
-        check_float("min_change", self.min_change, low=0.0)
+        check_int("pad_to_multiple_of", self.pad_to_multiple_of, minimum=1)
+        self.new_controller()  # the controller checks the sizes and `min_change`
         check_strings("per_batch", self.per_batch, what="mapping keys or places in the batch (strings)")
         object.__setattr__(self, "trim_keys", tuple(self.trim_keys))
         object.__setattr__(self, "per_batch", tuple(self.per_batch))
@@ -581,7 +575,7 @@ class DynamicStep:
                 controller, self.probe, self.budget, layout=self.batch_layout, split=split, warn=self.warn
             )
         sizer = self.evaluation[loop]
-        sizer.probe = self.probe
+        sizer.probe, sizer.layout = self.probe, self.batch_layout  # both are replaced at each fit's start
         return sizer
 
     def eval_start(self) -> int | None:

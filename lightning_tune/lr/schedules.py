@@ -194,6 +194,8 @@ def _checked_decay(step: int, *, base_lr: float, warmup_steps: int, total_steps:
     check_int("total_steps", total_steps, minimum=1)
     if warmup_steps >= total_steps:
         raise ValueError(f"`warmup_steps` must be smaller than `total_steps` ({total_steps}), got {warmup_steps}")
+    if min_lr > 0 and base_lr == 0:  # the floor is a ratio of the peak: a peak of 0 has none
+        raise ValueError(f"`min_lr` must be 0 when `base_lr` is 0 (the floor is a ratio of the peak), got {min_lr}")
     return {"warmup_steps": warmup_steps, "total_steps": total_steps, "min_ratio": floor_ratio(min_lr, base_lr)}
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import cProfile
+import functools
 import math
 import pstats
 from collections.abc import Callable
@@ -23,6 +24,8 @@ from lightning_tune.lr import (
     warmup_cosine,
     warmup_cosine_lr,
     warmup_polynomial,
+    warmup_polynomial_lr,
+    warmup_stable_decay_lr,
 )
 from lightning_tune.lr.scheduler import from_data, to_data
 
@@ -327,3 +330,12 @@ def test_schedule_lr_flags_are_configuration_not_checkpoint_state() -> None:
     plain.load_state_dict(flagged.state_dict())
     assert plain.schedule == flagged.schedule and not plain.follows_run
     assert math.isclose(plain.get_lr()[0], flagged.get_lr()[0])
+
+
+@pytest.mark.parametrize(
+    "function", [warmup_cosine_lr, warmup_polynomial_lr, functools.partial(warmup_stable_decay_lr, decay_steps=4)]
+)
+def test_a_floor_above_a_peak_of_zero_is_refused(function: Any) -> None:
+    with pytest.raises(ValueError, match=r"`min_lr` must be 0 when `base_lr` is 0 .*got 0.1"):
+        function(5, base_lr=0.0, warmup_steps=2, total_steps=10, min_lr=0.1)
+    assert function(5, base_lr=0.0, warmup_steps=2, total_steps=10) == 0.0

@@ -6,11 +6,13 @@ rank 1: both ranks must retry together and take every later decision on the wors
 
 from __future__ import annotations
 
+from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
 import torch.distributed as dist
 from lightning.pytorch import Callback, Trainer
+from lightning.pytorch.strategies import DDPStrategy
 
 import lightning_tune as lt
 from tests.batch.test_dynamic_batch import Net, Record
@@ -38,6 +40,9 @@ class Collectives(Callback):
         for name, original in self._originals.items():
             setattr(dist, name, original)
 
+    def on_exception(self, trainer: Trainer, pl_module: Any, exception: BaseException) -> None:
+        self.on_train_end(trainer, pl_module)  # the later scenarios of the launch run in this process
+
 
 def main(out: Path, *, with_callback: bool = True) -> None:
     memories = [lt.SimulatedMemory(10_000, 2_000, 100), lt.SimulatedMemory(10_000, 2_000, 150)]
@@ -47,7 +52,7 @@ def main(out: Path, *, with_callback: bool = True) -> None:
     trainer = Trainer(
         accelerator="cpu",
         devices=2,
-        strategy="ddp",
+        strategy=DDPStrategy(timeout=timedelta(seconds=60)),  # the launch's first group: every scenario's timeout
         max_epochs=2,
         callbacks=[dyn, record, collectives] if with_callback else [record, collectives],
         logger=False,

@@ -1,6 +1,6 @@
 """Run by test_loss_swap.py: two CPU processes (gloo) fine-tune small causal LMs with and without the loss swap.
 
-``python ddp_loss_swap_script.py OUT``, in one launch: under DDP a Llama without the swap and with ``LossSwap``; under
+``main(out)``, in one launch: under DDP a Llama without the swap and with ``LossSwap``; under
 FSDP2 (``ModelParallelStrategy``, the module sharding itself in ``configure_model`` with ``fully_shard``) a Llama whose
 untied ``lm_head`` is a unit of its own (its weight gathered in the head's forward and freed after it) without the
 swap, with ``LossSwap`` (swapped before ``configure_model``) and with ``TunePlugin(loss=...)`` (swapped after it), and

@@ -18,7 +18,8 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-#: name: (module in tests/scripts, its ``main``'s keyword arguments)
+#: name: (module in tests/scripts, its ``main``'s keyword arguments); the first creates the gloo group, with a 60 s
+#: timeout on every collective, so a rank left waiting by the other's failure fails in a minute, not half an hour
 SCENARIOS: dict[str, tuple[str, dict[str, Any]]] = {
     "dynamic_batch": ("ddp_dynamic_batch_script", {}),
     "dynamic_batch_reference": ("ddp_dynamic_batch_script", {"with_callback": False}),
