@@ -2,11 +2,13 @@
 
 ``python two_ranks.py OUT [SCENARIO ...]`` runs the named scenarios (all but the GPU ones when none is named) one after
 another in the same two processes; each writes what its rank saw to ``OUT/<scenario>/rank<r>.json``, or the error it
-raised. Lightning starts rank 1 by running this command again, so both ranks run the same scenarios in the same order.
+raised (once one fails on any rank, the later ones are not run). Lightning starts rank 1 by running this command again,
+so both ranks run the same scenarios in the same order.
 """
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 import json
 import os
@@ -41,20 +43,40 @@ GPU_SCENARIOS = {"features_fsdp": ("fsdp2_features_script", {"strategy": "fsdp",
 
 def main(out: Path, names: list[str]) -> None:
     seed = torch.initial_seed()  # what a fresh process starts from: each scenario starts from it too
+    rank, failed = int(os.environ.get("LOCAL_RANK", 0)), ""
     for name in names or list(SCENARIOS):
         module, kwargs = {**SCENARIOS, **GPU_SCENARIOS}[name]
         where = out / name
         where.mkdir(parents=True, exist_ok=True)
         os.chdir(where)
         torch.manual_seed(seed)
-        try:
-            importlib.import_module(f"tests.scripts.{module}").main(where, **kwargs)
-        except Exception:  # noqa: BLE001 - recorded so the test names the failing scenario; the others still run
-            rank = int(os.environ.get("LOCAL_RANK", 0))
-            (where / f"rank{rank}.json").write_text(json.dumps({"error": traceback.format_exc()[-4000:]}))
+        error = (
+            f"not run: scenario {failed!r} failed before it, and the ranks may no longer be in step" if failed else ""
+        )
+        if not failed:
+            try:
+                importlib.import_module(f"tests.scripts.{module}").main(where, **kwargs)
+            except Exception:  # noqa: BLE001 - recorded so the test names the failing scenario
+                error = traceback.format_exc()[-4000:]
+            failed = name if _on_any_rank(bool(error)) else ""
+        if error:
+            (where / f"rank{rank}.json").write_text(json.dumps({"error": error}))
     if dist.is_initialized():  # torn down before exit: exit-time teardown of a gloo group can abort
-        dist.barrier()
-        dist.destroy_process_group()
+        with contextlib.suppress(Exception) if failed else contextlib.nullcontext():  # out of step: recorded already
+            dist.barrier()
+            dist.destroy_process_group()
+
+
+def _on_any_rank(flag: bool) -> bool:
+    """Whether any rank raised; a rank that raised alone leaves the other in a collective, which then times out."""
+    if not dist.is_initialized():
+        return flag
+    try:
+        agreed = torch.tensor([float(flag)])
+        dist.all_reduce(agreed, op=dist.ReduceOp.MAX)
+        return flag or bool(agreed.item())
+    except Exception:  # noqa: BLE001 - a collective out of step: the ranks are no longer in step
+        return True
 
 
 if __name__ == "__main__":
